@@ -1,0 +1,1 @@
+"""Shared pieces of the FedEFC app: config, data, noise, partitions, models, math, loops."""

@@ -1,0 +1,25 @@
+"""Model state <-> lists of NumPy arrays (all state, BatchNorm statistics included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """Every entry of the state dict, in its order, as NumPy arrays."""
+    return [t.detach().cpu().numpy().copy() for t in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
+    """Load arrays produced by :func:`get_weights` (same order, shapes and dtypes)."""
+    state = model.state_dict()
+    if len(weights) != len(state):
+        raise ValueError(f"expected {len(state)} arrays for the model, got {len(weights)}")
+    new = {}
+    for (name, ref), arr in zip(state.items(), weights):
+        if tuple(arr.shape) != tuple(ref.shape):
+            raise ValueError(f"array for {name!r} has shape {arr.shape}, expected {tuple(ref.shape)}")
+        new[name] = torch.as_tensor(np.asarray(arr), dtype=ref.dtype)
+    model.load_state_dict(new)

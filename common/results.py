@@ -1,0 +1,123 @@
+"""A run's output folder: resolved config, per-round metrics, summary, final model.
+
+Layout (all under an absolute ``out-dir``)::
+
+    config.json     the resolved run config (every key, defaults filled in)
+    metrics.jsonl   one JSON object per round (round 0 = the initial model)
+    summary.json    final / best / mean-of-last-10 test accuracy, T_e, wall time
+    model.pt        the final global model's state dict (torch.save)
+
+Files are written atomically (temp file + rename), so a crash never leaves a
+half-written summary or model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULT_FILES = ("metrics.jsonl", "summary.json", "model.pt")
+
+
+class OutputDirError(ValueError):
+    """The output folder cannot be used; the message names it and the fix."""
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.ndarray):
+        return _clean(value.tolist())
+    return value
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n").encode())
+
+
+def check_output_dir(out_dir: str | Path) -> Path:
+    """Refuse a relative, unwritable or already-used folder before anything runs."""
+    path = Path(out_dir)
+    if not path.is_absolute():
+        raise OutputDirError(f"out-dir={str(out_dir)!r} is not absolute; give an absolute path")
+    used = [name for name in RESULT_FILES if (path / name).exists()]
+    if used:
+        raise OutputDirError(
+            f"out-dir={str(path)!r} already holds results ({', '.join(used)}); "
+            "choose a new folder so nothing is overwritten"
+        )
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise OutputDirError(f"out-dir={str(path)!r} is not writable (no write access to {probe})")
+    return path
+
+
+class RunRecorder:
+    """Writes one run's output folder."""
+
+    def __init__(self, out_dir: str | Path, resolved_config: dict[str, Any]):
+        self.out_dir = check_output_dir(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.out_dir / "config.json", resolved_config)
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.rounds: list[dict[str, Any]] = []
+
+    def write_round(self, record: dict[str, Any]) -> None:
+        """Append one round's record (and keep it for the summary)."""
+        clean = _clean(record)
+        self.rounds.append(clean)
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(clean, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
+        accs = [r["test_acc"] for r in self.rounds if r.get("round", 0) > 0
+                and r.get("test_acc") is not None]
+        summary = dict(extra)
+        if accs:
+            best = int(np.argmax(accs))
+            summary.update(final_acc=accs[-1], best_acc=accs[best],
+                           best_round=self.rounds[-len(accs):][best]["round"],
+                           mean_last10_acc=float(np.mean(accs[-10:])))
+        summary["out_dir"] = str(self.out_dir)
+        atomic_write_json(self.out_dir / "summary.json", summary)
+        return _clean(summary)
+
+    def write_model(self, state_dict: dict[str, Any]) -> None:
+        import io
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(state_dict, buf)
+        atomic_write_bytes(self.out_dir / "model.pt", buf.getvalue())

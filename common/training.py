@@ -1,0 +1,158 @@
+"""Local training and evaluation loops over uint8 image tensors.
+
+Batches are built by indexing a tensor that already sits on the training device;
+normalization (and CIFAR's random crop + flip) is done on the batch tensor, with no
+per-sample PIL work (ALGORITHM.md section 2). A fresh SGD optimizer every round.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Regularizer = Callable[[nn.Module], torch.Tensor]
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto`` is CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is visible; use device=auto or cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def configure_threads(requested: int = 0) -> int:
+    """Match torch's intra-op threads to this process's CPUs.
+
+    ``requested`` > 0 wins; otherwise OMP_NUM_THREADS (Ray sets it to the CPUs it
+    gave the actor), otherwise the CPUs this process may run on.
+    """
+    n = requested or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+class BatchTransform:
+    """uint8 N x C x H x W batch -> normalized float batch (optionally augmented)."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255.0
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255.0
+
+    def __call__(self, xb: torch.Tensor, augment: bool = False,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        if augment:
+            xb = random_crop_flip(xb, generator)
+        return (xb.float() - self.mean) / self.std
+
+
+def random_crop_flip(xb: torch.Tensor, generator: torch.Generator | None,
+                     pad: int = 4) -> torch.Tensor:
+    """RandomCrop(size, padding=pad) + RandomHorizontalFlip, vectorized over the batch."""
+    n, _, h, w = xb.shape
+    padded = nn.functional.pad(xb, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(xb.device)
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(xb.device)
+    flip = (torch.rand(n, generator=generator) < 0.5).to(xb.device)
+    rows = (dy[:, None] + torch.arange(h, device=xb.device)[None, :])  # n x h
+    cols = dx[:, None] + torch.arange(w, device=xb.device)[None, :]  # n x w
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    batch = torch.arange(n, device=xb.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """The local optimizer of ALGORITHM.md section 2."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one local update measured."""
+
+    mean_loss: float
+    mean_accuracy: float  # training accuracy averaged over the local epochs
+    steps: int
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """A shuffled epoch as index batches; a trailing batch of one sample is dropped
+    (BatchNorm cannot train on it) unless it is the only sample."""
+    perm = torch.randperm(n, generator=generator)
+    out = list(perm.split(batch_size))
+    if len(out) > 1 and len(out[-1]) == 1:
+        out.pop()
+    return out
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
+          settings: SGDSettings, transform: BatchTransform, augment: bool,
+          generator: torch.Generator, regularizer: Regularizer | None = None) -> TrainStats:
+    """``settings.epochs`` epochs of SGD on (x, y), both already on the model's device."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                          weight_decay=settings.weight_decay)
+    total_loss, steps, epoch_accs = 0.0, 0, []
+    for _ in range(settings.epochs):
+        correct, seen = 0, 0
+        for idx in batches(len(y), settings.batch_size, generator):
+            idx = idx.to(x.device)
+            xb, yb = transform(x[idx], augment, generator), y[idx]
+            logits = model(xb)
+            loss = loss_fn(logits, yb)
+            if regularizer is not None:
+                loss = loss + regularizer(model)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total_loss += float(loss.detach())
+            steps += 1
+            correct += int((logits.detach().argmax(1) == yb).sum())
+            seen += len(yb)
+        if seen:
+            epoch_accs.append(correct / seen)
+    return TrainStats(mean_loss=total_loss / max(steps, 1),
+                      mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0,
+                      steps=steps)
+
+
+@torch.no_grad()
+def predict_proba(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
+                  batch_size: int = 1024) -> np.ndarray:
+    """Softmax predictions in eval mode, no augmentation (ALGORITHM.md sections 2 and 4)."""
+    model.eval()
+    out = [torch.softmax(model(transform(x[i:i + batch_size])), dim=1)
+           for i in range(0, len(x), batch_size)]
+    if not out:
+        return np.zeros((0, 0))
+    return torch.cat(out).double().cpu().numpy()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, transform: BatchTransform,
+             batch_size: int = 1024) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on (x, y) in eval mode."""
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for i in range(0, len(x), batch_size):
+        logits = model(transform(x[i:i + batch_size]))
+        yb = y[i:i + batch_size]
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    n = max(len(x), 1)
+    return loss_sum / n, correct / n

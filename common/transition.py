@@ -1,0 +1,95 @@
+"""FedEFC's noise transition matrix from a client's predictions (ALGORITHM.md section 4).
+
+All functions are plain NumPy on ``probs`` (n x K softmax of the received global
+model) and ``labels`` (the client's observed labels). Orientation everywhere:
+rows = observed label i, columns = true label j, so ``Q[i, j] ~ P(noisy=i | true=j)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COUNT_RULES = ("cleanlab", "masked", "paper")
+# cleanlab's fuzzy comparison (cleanlab.internal.constants.FLOATING_POINT_COMPARISON).
+TOLERANCE = 1e-6
+# cleanlab's floor on thresholds (CONFIDENT_THRESHOLDS_LOWER_BOUND), so a class the
+# model gives ~0 probability everywhere does not count every sample.
+THRESHOLD_FLOOR = 2 * TOLERANCE
+
+
+def class_thresholds(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Paper eq. (5): tau_j = mean of P[n, j] over samples labelled j; +inf if none."""
+    k = probs.shape[1]
+    counts = np.bincount(labels, minlength=k)
+    sums = np.zeros(k)
+    np.add.at(sums, labels, probs[np.arange(len(labels)), labels])
+    tau = np.full(k, np.inf)
+    seen = counts > 0
+    tau[seen] = sums[seen] / counts[seen]
+    return np.maximum(tau, THRESHOLD_FLOOR)
+
+
+def count_matrix(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab") -> np.ndarray:
+    """Paper eq. (4): C[i, j] = #samples labelled i whose P[., j] meets tau_j.
+
+    ``rule`` decides a sample that meets two or more thresholds (section 4.2):
+    ``cleanlab`` counts it at the argmax over all classes (cleanlab's confident joint,
+    calibrate=False), ``masked`` at the argmax among the classes that met their
+    threshold, ``paper`` in every such column. Diagonal entries are raised to >= 1.
+    """
+    probs = np.asarray(probs, dtype=float)
+    labels = np.asarray(labels, dtype=np.int64)
+    k = probs.shape[1]
+    confident = probs >= class_thresholds(probs, labels) - TOLERANCE
+    counts = np.zeros((k, k), dtype=np.int64)
+    if rule == "paper":
+        np.add.at(counts, labels, confident.astype(np.int64))
+    elif rule in ("cleanlab", "masked"):
+        n_conf = confident.sum(axis=1)
+        if rule == "cleanlab":
+            several = probs.argmax(axis=1)
+        else:
+            several = np.where(confident, probs, -np.inf).argmax(axis=1)
+        guess = np.where(n_conf > 1, several, confident.argmax(axis=1))
+        keep = n_conf > 0
+        np.add.at(counts, (labels[keep], guess[keep]), 1)
+    else:
+        raise ValueError(f"count-rule={rule!r} is unknown; use one of {COUNT_RULES}")
+    np.fill_diagonal(counts, np.maximum(counts.diagonal(), 1))
+    return counts
+
+
+def label_prior_weighting(counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Section 4.4: rescale row i of C to sum to p~_i, the local fraction labelled i."""
+    k = counts.shape[0]
+    prior = np.bincount(np.asarray(labels, dtype=np.int64), minlength=k) / max(len(labels), 1)
+    rows = counts.sum(axis=1, keepdims=True).astype(float)
+    return prior[:, None] * counts / np.where(rows > 0, rows, 1.0)
+
+
+def column_normalize(counts: np.ndarray) -> np.ndarray:
+    """Section 4.3: Q[i, j] = C[i, j] / sum_i' C[i', j]; an all-zero column gives e_j."""
+    counts = np.asarray(counts, dtype=float)
+    cols = counts.sum(axis=0)
+    q = np.eye(counts.shape[0])
+    seen = cols > 0
+    q[:, seen] = counts[:, seen] / cols[seen]
+    return q
+
+
+def estimate_transition(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab",
+                        weighting: str = "none") -> np.ndarray:
+    """The client's Q (paper eq. (6), columns normalized; optional label-prior weighting)."""
+    counts = count_matrix(probs, labels, rule)
+    if weighting == "label-prior":
+        return column_normalize(label_prior_weighting(counts, labels))
+    if weighting != "none":
+        raise ValueError(f"weighting={weighting!r} is unknown; use 'none' or 'label-prior'")
+    return column_normalize(counts)
+
+
+def matrix_agreement(estimate: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    """Cosine similarity of the flattened matrices and their L1 distance (section 6)."""
+    a, b = np.ravel(estimate), np.ravel(truth)
+    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    return cos, float(np.abs(a - b).sum())

@@ -1,0 +1,1 @@
+"""Client side of FedEFC on Flower: the NumPyClient and the ClientApp."""

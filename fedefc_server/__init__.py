@@ -1,0 +1,1 @@
+"""Server side of FedEFC on Flower: strategy, prestopping, ServerApp and launcher."""

@@ -1,0 +1,34 @@
+"""Centralized evaluation of the global model on the clean test set, every round."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.config import RunConfig
+from common.datasets import load_dataset
+from common.params import set_weights
+from common.runtime import model_for, on_device
+from common.training import BatchTransform, evaluate, pick_device
+
+
+class TestSetEvaluator:
+    """Callable ``(weights) -> (loss, accuracy)`` on the dataset's clean test split."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+        self.device = pick_device(cfg.device)
+        self.model = model_for(cfg, self.data, self.device, slot="server")
+        self.x = on_device(self.data, "test", self.device)
+        self.y = self.data.test_y.to(self.device)
+        self.transform = BatchTransform(self.data.mean, self.data.std, self.device)
+
+    def __call__(self, weights: list[np.ndarray]) -> tuple[float, float]:
+        set_weights(self.model, weights)
+        return evaluate(self.model, self.x, self.y, self.transform, self.cfg.eval_batch_size)
+
+    def state_dict(self, weights: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        """The weights as a CPU state dict of the model (for model.pt)."""
+        set_weights(self.model, weights)
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}

@@ -1,0 +1,165 @@
+"""The FedEFC strategy: Flower's FedAvg plus accuracy aggregation and the phase switch.
+
+Per round (paper Algorithm 1, ALGORITHM.md section 3):
+
+- ``configure_fit`` samples ``max(1, int(fraction * N))`` partition ids with a
+  generator seeded by (seed, round) and sends each client its own copy of the
+  config: the phase, the round and a per-client seed.
+- ``aggregate_fit`` sorts the replies by partition id (a fixed float summation
+  order), averages the weights with Flower's own FedAvg (by sample count), averages
+  the clients' accuracies without weights (paper eq. (3)) and feeds A(t) to the
+  :class:`Prestopper`. From round T_e + 1 on every client is told phase 2.
+- ``evaluate`` tests the global model on the clean test set and writes the round's
+  record; after the last round it writes the summary and the final model.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from common.config import RunConfig
+from common.results import RunRecorder
+from common.seeds import derive_seed
+
+from .evaluation import TestSetEvaluator
+from .prestopping import Prestopper
+from .registry import PartitionRegistry
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+class FedEFCStrategy(FedAvg):
+    """FedAvg with FedEFC's prestopping detection and phase switch."""
+
+    def __init__(self, cfg: RunConfig, evaluator: TestSetEvaluator, recorder: RunRecorder,
+                 initial_parameters: Parameters, run_info: dict[str, Any] | None = None,
+                 registry: PartitionRegistry | None = None):
+        super().__init__(fraction_fit=cfg.fraction, fraction_evaluate=0.0, min_fit_clients=1,
+                         min_evaluate_clients=0, min_available_clients=1,
+                         initial_parameters=initial_parameters, accept_failures=True)
+        self.cfg = cfg
+        self.evaluator = evaluator
+        self.recorder = recorder
+        self.registry = registry or PartitionRegistry()
+        self.prestopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
+        self.run_info = dict(run_info or {})
+        self._round_info: dict[str, Any] = {}
+        self._t0 = time.monotonic()
+        self._round_start = self._t0
+
+    def __repr__(self) -> str:
+        return f"FedEFCStrategy(method={self.cfg.method}, seed={self.cfg.seed})"
+
+    # -- sampling ---------------------------------------------------------------------
+    def sample_partitions(self, available: list[int], server_round: int) -> list[int]:
+        """Partition ids of this round: a pure function of (seed, round, available ids)."""
+        wanted = max(1, int(self.cfg.num_clients * self.cfg.fraction))
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
+        pool = np.array(sorted(available))
+        picked = rng.choice(pool, size=min(wanted, len(pool)), replace=False)
+        return sorted(int(p) for p in picked)
+
+    def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
+        """The per-client copy of the round config."""
+        return {"phase": self.prestopper.phase(server_round), "round": server_round,
+                "seed": derive_seed(self.cfg.seed, "client", partition_id, server_round)}
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        self._round_start = time.monotonic()
+        if server_round == 1:
+            client_manager.wait_for(min(self.cfg.num_clients, 10_000), timeout=600)
+        serving = self.registry.refresh(client_manager, server_round)
+        chosen = self.sample_partitions(list(serving), server_round)
+        phase = self.prestopper.phase(server_round)
+        self._round_info = {"phase": phase, "sampled": chosen}
+        return [(serving[pid], FitIns(parameters, self.client_config(pid, server_round)))
+                for pid in chosen]
+
+    # -- aggregation ------------------------------------------------------------------
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException],
+                      ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        results = sorted(results, key=lambda r: int(r[1].metrics["partition-id"]))
+        params, _ = super().aggregate_fit(server_round, results, failures)
+        metrics = [res.metrics for _, res in results]
+        info = self._round_info
+        info.update(n_clients=len(results), failures=len(failures),
+                    partition_ids=[int(m["partition-id"]) for m in metrics],
+                    num_examples=[int(res.num_examples) for _, res in results],
+                    client_loss=[str(m.get("loss", "")) for m in metrics])
+        if info["phase"] == 1:
+            accs = [float(m["accuracy"]) for m in metrics if "accuracy" in m]
+            info["client_acc"] = accs
+            info["A"] = _mean(accs)
+            if info["A"] is not None and self.prestopper.observe(server_round, info["A"]):
+                log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
+                    "phase 2, enhanced forward correction, from round %d", server_round,
+                    self.prestopper.a_max, self.prestopper.patience, server_round + 1)
+        for key in ("q-cos", "q-l1", "noise-rate"):
+            info[key.replace("-", "_")] = _mean([float(m[key]) for m in metrics if key in m])
+        info["q_cos_clients"] = [float(m["q-cos"]) for m in metrics if "q-cos" in m]
+        return params, {}
+
+    # -- evaluation and records -------------------------------------------------------
+    def evaluate(self, server_round: int, parameters: Parameters
+                 ) -> tuple[float, dict[str, Scalar]] | None:
+        weights = parameters_to_ndarrays(parameters)
+        loss, acc = self.evaluator(weights)
+        now = time.monotonic()
+        record: dict[str, Any] = {"round": server_round, "test_acc": acc, "test_loss": loss,
+                                  "A_max": self.prestopper.a_max,
+                                  "patience": self.prestopper.patience,
+                                  "t_e": self.prestopper.t_e, "elapsed_s": now - self._t0}
+        if server_round == 0:
+            record.update(phase=1, n_clients=0)
+        else:
+            record.update(self._round_info, round_s=now - self._round_start)
+        self.recorder.write_round(record)
+        self._log_round(record)
+        if server_round == self.cfg.rounds:
+            self.finish(weights)
+        return loss, {"accuracy": acc}
+
+    def _log_round(self, r: dict[str, Any]) -> None:
+        head = f"[round {r['round']}/{self.cfg.rounds}] phase {r['phase']}"
+        if r["round"] == 0:
+            log(INFO, "%s | initial model: test acc %.4f", head, r["test_acc"])
+        elif r["phase"] == 1:
+            a = r.get("A")
+            log(INFO, "%s | A(t) %s  A_max %.4f  patience %d/%d | test acc %.4f  loss %.4f",
+                head, "n/a" if a is None else f"{a:.4f}", r["A_max"], r["patience"],
+                self.cfg.gamma_thr, r["test_acc"], r["test_loss"])
+        else:
+            cos = r.get("q_cos")
+            log(INFO, "%s | %d clients trained with forward-corrected loss%s | "
+                "test acc %.4f  loss %.4f", head, r.get("n_clients", 0),
+                "" if cos is None else f" (Q vs true: cos {cos:.3f}, L1 {r['q_l1']:.3f})",
+                r["test_acc"], r["test_loss"])
+
+    def finish(self, weights: list[np.ndarray]) -> dict[str, Any]:
+        """Write summary.json and model.pt, and log the summary."""
+        self.recorder.write_model(self.evaluator.state_dict(weights))
+        summary = self.recorder.write_summary({
+            **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
+            "seed": self.cfg.seed, "rounds": self.cfg.rounds, "t_e": self.prestopper.t_e,
+            "A_max": self.prestopper.a_max, "wall_time_s": time.monotonic() - self._t0,
+        })
+        log(INFO, "SUMMARY | final acc %.4f | best %.4f (round %s) | mean of last 10 %.4f | "
+            "T_e %s | wall time %.1f s", summary.get("final_acc", float("nan")),
+            summary.get("best_acc", float("nan")), summary.get("best_round"),
+            summary.get("mean_last10_acc", float("nan")), summary["t_e"],
+            summary["wall_time_s"])
+        log(INFO, "results: %s", summary["out_dir"])
+        return summary

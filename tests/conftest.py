@@ -1,0 +1,78 @@
+"""Shared fixtures: small real data written in torchvision's layouts (no network, no shared/)."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.datasets import load_dataset
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write an IDX file (the MNIST format) for a uint8 array."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(
+        struct.pack(">I", d) for d in array.shape)
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def write_mnist(root: Path, train_x, train_y, test_x, test_y) -> Path:
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    write_idx(raw / "train-images-idx3-ubyte", train_x)
+    write_idx(raw / "train-labels-idx1-ubyte", train_y)
+    write_idx(raw / "t10k-images-idx3-ubyte", test_x)
+    write_idx(raw / "t10k-labels-idx1-ubyte", test_y)
+    return root
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    return load_dataset("mnist-embedded")
+
+
+def real_mnist_subset(root: Path, embedded, train_per_class: int, test_per_class: int) -> Path:
+    """Real MNIST images (from the embedded subset) written in torchvision's layout."""
+    x = embedded.train_x.numpy()[:, 0]
+    y = embedded.train_y.numpy()
+    tr = np.concatenate([np.flatnonzero(y == c)[:train_per_class] for c in range(10)])
+    te = np.concatenate([np.flatnonzero(y == c)[-test_per_class:] for c in range(10)])
+    return write_mnist(root, x[tr], y[tr].astype(np.uint8), x[te], y[te].astype(np.uint8))
+
+
+@pytest.fixture(scope="session")
+def tiny_mnist_dir(tmp_path_factory, embedded) -> Path:
+    """60 train / 20 test images per class."""
+    return real_mnist_subset(tmp_path_factory.mktemp("tiny-mnist"), embedded, 60, 20)
+
+
+@pytest.fixture(scope="session")
+def micro_mnist_dir(tmp_path_factory, embedded) -> Path:
+    """8 train / 20 test images per class: clients small enough to memorize their labels,
+    so the averaged accuracy A(t) plateaus within a few rounds and prestopping triggers."""
+    return real_mnist_subset(tmp_path_factory.mktemp("micro-mnist"), embedded, 8, 20)
+
+
+@pytest.fixture(scope="session")
+def tiny_cifar10_dir(tmp_path_factory) -> Path:
+    """A CIFAR-10 folder in the Toronto pickle layout with random images."""
+    root = tmp_path_factory.mktemp("tiny-cifar")
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+
+    def batch(name, n):
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        labels = list(rng.integers(0, 10, size=n).tolist())
+        with open(folder / name, "wb") as fh:
+            pickle.dump({"data": data, "labels": labels}, fh)
+
+    for i in range(1, 6):
+        batch(f"data_batch_{i}", 20)
+    batch("test_batch", 10)
+    with open(folder / "batches.meta", "wb") as fh:
+        pickle.dump({"label_names": [str(i) for i in range(10)]}, fh)
+    return root

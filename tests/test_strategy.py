@@ -1,0 +1,144 @@
+"""The FedEFC strategy against Flower's own FedAvg, and its phase switch."""
+
+import numpy as np
+import pytest
+from flwr.common import (Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters,
+                         parameters_to_ndarrays)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from common.config import load_run_config
+from common.results import RunRecorder
+from fedefc_server.strategy import FedEFCStrategy
+
+OK = Status(code=Code.OK, message="")
+
+
+class FakeProxy(ClientProxy):
+    """A node that only answers the registry's partition-id query."""
+
+    def __init__(self, cid: str, partition_id: int):
+        super().__init__(cid)
+        self.partition_id = partition_id
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(OK, {"partition-id": self.partition_id})
+
+    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+
+def make_strategy(tmp_path, **overrides):
+    cfg = load_run_config({"num-clients": 10, "fraction": 0.5, "start-round": 0,
+                           "gamma-thr": 1, "rounds": 10, **overrides})
+    evaluator = lambda weights: (0.0, 0.0)  # noqa: E731 - the tests here do not evaluate
+    return FedEFCStrategy(cfg, evaluator, RunRecorder(tmp_path / "out", cfg.to_flat()),
+                          ndarrays_to_parameters([np.zeros(1)]))
+
+
+def fit_results(rng, n_clients, accuracies=None):
+    results = []
+    for pid in range(n_clients):
+        arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
+        metrics = {"partition-id": pid}
+        if accuracies is not None:
+            metrics["accuracy"] = accuracies[pid]
+        res = FitRes(OK, ndarrays_to_parameters(arrays), int(rng.integers(1, 500)), metrics)
+        results.append((FakeProxy(str(1000 + pid), pid), res))
+    return results
+
+
+def test_phase1_aggregation_equals_flower_fedavg(tmp_path):
+    rng = np.random.default_rng(0)
+    results = fit_results(rng, 6, accuracies=[0.5] * 6)
+    strategy = make_strategy(tmp_path)
+    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    ours, _ = strategy.aggregate_fit(1, list(results), [])
+    theirs, _ = FedAvg().aggregate_fit(1, list(results), [])
+    for a, b in zip(parameters_to_ndarrays(ours), parameters_to_ndarrays(theirs)):
+        np.testing.assert_array_equal(a, b)
+    # and the weighted mean by sample count, computed independently
+    n = np.array([r.num_examples for _, r in results], dtype=float)
+    arrays = [parameters_to_ndarrays(r.parameters) for _, r in results]
+    for layer, got in enumerate(parameters_to_ndarrays(ours)):
+        expected = sum(w * a[layer] for w, a in zip(n / n.sum(), arrays))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_reply_order_does_not_change_the_aggregate(tmp_path):
+    rng = np.random.default_rng(1)
+    results = fit_results(rng, 8, accuracies=[0.5] * 8)
+    strategy = make_strategy(tmp_path)
+    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    first, _ = strategy.aggregate_fit(1, list(results), [])
+    shuffled = [results[i] for i in rng.permutation(len(results))]
+    second, _ = strategy.aggregate_fit(1, shuffled, [])
+    assert first.tensors == second.tensors
+
+
+def test_accuracy_is_unweighted_mean(tmp_path):
+    rng = np.random.default_rng(2)
+    strategy = make_strategy(tmp_path)
+    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    strategy.aggregate_fit(1, fit_results(rng, 4, accuracies=[0.1, 0.2, 0.3, 1.0]), [])
+    assert strategy.prestopper.history == [(1, pytest.approx(0.4))]
+
+
+def _manager(n):
+    manager = SimpleClientManager()
+    for pid in range(n):
+        manager.register(FakeProxy(str(7_000_000 + 13 * pid), pid))
+    return manager
+
+
+def test_after_the_switch_every_client_gets_phase_2(tmp_path):
+    rng = np.random.default_rng(3)
+    strategy = make_strategy(tmp_path)
+    manager = _manager(10)
+    params = ndarrays_to_parameters([np.zeros(1)])
+    phases = []
+    for rnd, acc in enumerate([0.5, 0.4, 0.9, 0.9], start=1):
+        instructions = strategy.configure_fit(rnd, params, manager)
+        assert len(instructions) == 5
+        phases.append({int(ins.config["phase"]) for _, ins in instructions})
+        pids = [p.partition_id for p, _ in instructions]
+        strategy.aggregate_fit(rnd, [r for r in fit_results(rng, 10, [acc] * 10)
+                                     if r[1].metrics["partition-id"] in pids], [])
+    assert strategy.prestopper.t_e == 2
+    assert phases == [{1}, {1}, {2}, {2}]
+
+
+def test_each_client_gets_its_own_config_copy_and_seed(tmp_path):
+    strategy = make_strategy(tmp_path)
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    configs = [ins.config for _, ins in instructions]
+    assert len({id(c) for c in configs}) == len(configs)
+    assert len({c["seed"] for c in configs}) == len(configs)
+    assert {c["round"] for c in configs} == {1}
+
+
+def test_sampling_is_by_partition_id_and_seeded(tmp_path):
+    a = make_strategy(tmp_path / "a")
+    b = make_strategy(tmp_path / "b")
+    params = ndarrays_to_parameters([np.zeros(1)])
+    for rnd in (1, 2, 3):
+        # different node ids (as in two Flower runs), same partitions -> same sample
+        pa = [p.partition_id for p, _ in a.configure_fit(rnd, params, _manager(10))]
+        other = SimpleClientManager()
+        for pid in range(10):
+            other.register(FakeProxy(str(99 + 7 * (10 - pid)), pid))
+        pb = [p.partition_id for p, _ in b.configure_fit(rnd, params, other)]
+        assert pa == pb and len(set(pa)) == 5
+    c = make_strategy(tmp_path / "c", seed=1)
+    assert [p.partition_id for p, _ in c.configure_fit(1, params, _manager(10))] != \
+        [p.partition_id for p, _ in a.configure_fit(1, params, _manager(10))]

@@ -1,0 +1,76 @@
+"""Local loops: batch transforms, training, and that phase 2 trains a different model."""
+
+from functools import partial
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as TF
+
+from common.losses import cross_entropy, forward_corrected_loss
+from common.models import build_model
+from common.training import (BatchTransform, SGDSettings, batches, evaluate, predict_proba,
+                             random_crop_flip, train)
+
+
+def test_random_crop_flip_matches_torchvision_crops():
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(0)
+    out = random_crop_flip(x, gen)
+    gen = torch.Generator().manual_seed(0)
+    dy = torch.randint(0, 9, (16,), generator=gen)
+    dx = torch.randint(0, 9, (16,), generator=gen)
+    flip = torch.rand(16, generator=gen) < 0.5
+    for i in range(16):
+        ref = TF.crop(TF.pad(x[i], [4, 4, 4, 4]), int(dy[i]), int(dx[i]), 32, 32)
+        if flip[i]:
+            ref = TF.horizontal_flip(ref)
+        assert torch.equal(out[i], ref)
+
+
+def test_normalization():
+    t = BatchTransform((0.5,), (0.25,), torch.device("cpu"))
+    x = torch.tensor([[[[0, 255]]]], dtype=torch.uint8)
+    assert torch.allclose(t(x), torch.tensor([[[[-2.0, 2.0]]]]))
+
+
+def test_batches_cover_the_data_and_drop_a_lone_last_sample():
+    gen = torch.Generator().manual_seed(0)
+    b = batches(65, 32, gen)
+    assert [len(x) for x in b] == [32, 32]
+    b = batches(66, 32, gen)
+    assert sorted(torch.cat(b).tolist()) == list(range(66))
+
+
+def _toy(embedded, n=256):
+    idx = torch.arange(0, len(embedded.train_y), len(embedded.train_y) // n)[:n]  # all classes
+    x, y = embedded.train_x[idx], embedded.train_y[idx]
+    return x, y, BatchTransform(embedded.mean, embedded.std, torch.device("cpu"))
+
+
+def test_training_learns_and_is_deterministic(embedded):
+    x, y, t = _toy(embedded)
+    settings = SGDSettings(epochs=5, batch_size=32, lr=0.05, momentum=0.5)
+    weights = []
+    for _ in range(2):
+        model = build_model("lenet", 1, 10, 28, seed=0)
+        loss0, _ = evaluate(model, x, y, t)
+        torch.manual_seed(1)
+        train(model, x, y, cross_entropy, settings, t, False, torch.Generator().manual_seed(1))
+        loss1, acc1 = evaluate(model, x, y, t)
+        assert loss1 < loss0 and acc1 > 0.5
+        weights.append([v.clone() for v in model.state_dict().values()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+def test_forward_loss_with_non_identity_q_trains_a_different_model(embedded):
+    x, y, t = _toy(embedded)
+    settings = SGDSettings(epochs=1, batch_size=32, lr=0.05, momentum=0.5)
+    q = torch.full((10, 10), 0.02) + torch.eye(10) * 0.8
+    out = []
+    for loss_fn in (cross_entropy, partial(forward_corrected_loss, q=torch.eye(10)),
+                    partial(forward_corrected_loss, q=q)):
+        model = build_model("lenet", 1, 10, 28, seed=0)
+        train(model, x, y, loss_fn, settings, t, False, torch.Generator().manual_seed(1))
+        out.append(predict_proba(model, x, t))
+    np.testing.assert_allclose(out[0], out[1], atol=1e-4)  # Q = I is cross-entropy
+    assert np.abs(out[0] - out[2]).max() > 1e-3

@@ -1,0 +1,153 @@
+"""FedEFC's count matrix and Q (ALGORITHM.md section 4) against cleanlab and hand computations."""
+
+import numpy as np
+import pytest
+from cleanlab.count import calibrate_confident_joint, compute_confident_joint
+
+from common.noise import apply_noise, empirical_transition, noise_matrix
+from common.transition import (class_thresholds, column_normalize, count_matrix,
+                               estimate_transition, label_prior_weighting, matrix_agreement)
+
+
+def random_probs(rng, n, k, temperature=1.0):
+    logits = rng.normal(size=(n, k)) / temperature
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cleanlab_rule_equals_cleanlab_confident_joint(seed):
+    rng = np.random.default_rng(seed)
+    k = 10
+    probs = random_probs(rng, 500, k, temperature=0.3 + 0.3 * seed)
+    labels = rng.integers(0, k, 500)
+    if seed % 2:  # some classes absent locally, as on non-IID clients
+        labels = labels % 6
+    expected = compute_confident_joint(labels, probs, calibrate=False)
+    np.testing.assert_array_equal(count_matrix(probs, labels, "cleanlab"), expected)
+
+
+# Hand-computed case: 3 classes, 5 samples.
+PROBS = np.array([
+    [0.70, 0.20, 0.10],  # label 0
+    [0.50, 0.45, 0.05],  # label 0
+    [0.10, 0.80, 0.10],  # label 1
+    [0.40, 0.50, 0.10],  # label 1
+    [0.30, 0.30, 0.40],  # label 2
+])
+LABELS = np.array([0, 0, 1, 1, 2])
+# tau = (mean P[:,0] over label 0, mean P[:,1] over label 1, mean P[:,2] over label 2)
+TAU = np.array([0.60, 0.65, 0.40])
+
+
+def test_thresholds_are_class_means_and_absent_class_has_none():
+    np.testing.assert_allclose(class_thresholds(PROBS, LABELS), TAU)
+    tau = class_thresholds(PROBS[:4], LABELS[:4])
+    assert np.isinf(tau[2])
+
+
+def test_paper_rule_counts_every_column_that_meets_its_threshold():
+    # confident sets: s0 {0}, s1 {} , s2 {1}, s3 {}, s4 {2}; plus s1: 0.45<0.65 no, 0.5<0.6 no.
+    # P[s0,2]=0.10<0.4; P[s4,*]: 0.3<0.6, 0.3<0.65, 0.4>=0.4 -> {2}
+    expected = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    np.testing.assert_array_equal(count_matrix(PROBS, LABELS, "paper"), expected)
+
+
+def test_rules_differ_on_a_sample_above_two_thresholds():
+    # One sample labelled 0 that meets the thresholds of classes 1 and 2 but whose
+    # argmax over all classes is class 0 (which it does not meet).
+    probs = np.array([
+        [0.90, 0.05, 0.05],  # label 0 -> tau_0 = mean(0.9, 0.46) = 0.68
+        [0.46, 0.30, 0.24],  # label 0: P0 .46 < .68; P1 .30 >= .25; P2 .24 >= .2
+        [0.10, 0.20, 0.70],  # label 1 -> tau_1 = mean(.20, .30) = .25
+        [0.20, 0.30, 0.50],  # label 1
+        [0.30, 0.50, 0.20],  # label 2 -> tau_2 = .20
+    ])
+    labels = np.array([0, 0, 1, 1, 2])
+    # sample 1 meets {1, 2}: cleanlab -> argmax over all = 0; masked -> argmax of {1, 2} = 1;
+    # paper -> both 1 and 2.
+    # Other samples: s0 meets {0}; s2 meets {2} (.2<.25; .7>=.2); s3 meets {1,2}: cleanlab
+    # argmax all=2, masked argmax{1,2}=2, paper both; s4 meets {1, 2}: .5>=.25,.2>=.2 ->
+    # cleanlab argmax all = 1, masked = 1, paper both.
+    cl = count_matrix(probs, labels, "cleanlab")
+    ma = count_matrix(probs, labels, "masked")
+    pa = count_matrix(probs, labels, "paper")
+    np.testing.assert_array_equal(cl, [[2, 0, 0], [0, 1, 2], [0, 1, 1]])
+    np.testing.assert_array_equal(ma, [[1, 1, 0], [0, 1, 2], [0, 1, 1]])
+    np.testing.assert_array_equal(pa, [[1, 1, 1], [0, 1, 2], [0, 1, 1]])
+
+
+def test_columns_sum_to_one_and_absent_class_is_unit_column():
+    rng = np.random.default_rng(0)
+    probs = random_probs(rng, 300, 5)
+    labels = rng.integers(0, 4, 300)  # class 4 never observed
+    for rule in ("cleanlab", "masked", "paper"):
+        for weighting in ("none", "label-prior"):
+            q = estimate_transition(probs, labels, rule, weighting)
+            np.testing.assert_allclose(q.sum(axis=0), 1.0)
+            if rule != "cleanlab":
+                np.testing.assert_array_equal(q[:, 4], np.eye(5)[4])
+
+
+def test_cleanlab_rule_can_count_an_absent_class_through_the_overall_argmax():
+    """cleanlab's confident joint sends a sample above two thresholds to its argmax over
+    ALL classes, which may be a class nobody holds locally: that column is then not e_4
+    (ALGORITHM.md says e_j for every rule; it holds for 'masked' and 'paper' only)."""
+    rng = np.random.default_rng(0)
+    probs = random_probs(rng, 300, 5)
+    labels = rng.integers(0, 4, 300)
+    tau = class_thresholds(probs, labels)
+    several = (probs >= tau - 1e-6).sum(1) > 1
+    to_absent = several & (probs.argmax(1) == 4)
+    assert to_absent.any()
+    counts = count_matrix(probs, labels, "cleanlab")
+    np.testing.assert_array_equal(counts[:, 4] - np.eye(5, dtype=int)[4] * (counts[4, 4] == 1),
+                                  np.bincount(labels[to_absent], minlength=5))
+
+
+def test_column_normalize_hand_case():
+    c = np.array([[3, 1], [1, 4]])
+    np.testing.assert_allclose(column_normalize(c), [[0.75, 0.2], [0.25, 0.8]])
+    np.testing.assert_allclose(column_normalize(np.zeros((2, 2))), np.eye(2))
+
+
+def test_label_prior_weighting_hand_case():
+    # rows rescaled to the local label fractions: p~ = (3/4, 1/4)
+    c = np.array([[2, 2], [1, 3]])
+    labels = np.array([0, 0, 0, 1])
+    w = label_prior_weighting(c, labels)
+    np.testing.assert_allclose(w, [[0.375, 0.375], [0.0625, 0.1875]])
+    np.testing.assert_allclose(column_normalize(w), [[0.375 / 0.4375, 0.375 / 0.5625],
+                                                     [0.0625 / 0.4375, 0.1875 / 0.5625]])
+
+
+def test_label_prior_weighting_matches_cleanlab_calibration_up_to_rounding():
+    rng = np.random.default_rng(1)
+    probs = random_probs(rng, 4000, 6, 0.5)
+    labels = rng.integers(0, 6, 4000)
+    cj = compute_confident_joint(labels, probs, calibrate=False)
+    ours = column_normalize(label_prior_weighting(cj, labels))
+    theirs = column_normalize(calibrate_confident_joint(cj, labels))
+    assert np.abs(ours - theirs).max() < 2e-3
+
+
+@pytest.mark.parametrize("rule", ["cleanlab", "masked", "paper"])
+def test_oracle_predictor_recovers_the_noise_matrix(rule):
+    k = 10
+    true = np.repeat(np.arange(k), 1000)
+    nm = noise_matrix(k, 0.3, 0.6, np.full(k, 0.1), 11)
+    noisy = apply_noise(true, nm, 11)
+    probs = np.full((len(true), k), 0.1 / (k - 1))
+    probs[np.arange(len(true)), true] = 0.9  # an oracle that knows the true label
+    q = estimate_transition(probs, noisy, rule)
+    assert np.abs(q - nm).max() < 0.05
+    assert np.abs(q - empirical_transition(noisy, true, k)).max() < 1e-2
+
+
+def test_matrix_agreement():
+    a = np.eye(3)
+    assert matrix_agreement(a, a) == (pytest.approx(1.0), 0.0)
+    b = np.full((3, 3), 1 / 3)
+    cos, l1 = matrix_agreement(a, b)
+    assert cos == pytest.approx(1 / np.sqrt(3))
+    assert l1 == pytest.approx(3 * (2 / 3) + 6 * (1 / 3))
