@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100")
 MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34")
-METHODS = ("fedefc",)
+METHODS = ("fedefc", "fedavg", "fedprox", "fedditto", "forward-correction",
+           "confident-learning")
 
 
 class ConfigError(ValueError):
@@ -74,6 +75,9 @@ class RunConfig(BaseModel):
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
+    mu: float = Field(1e-5, ge=0.0, le=1e4)
+    ditto_lambda: float = Field(0.1, ge=0.0, le=1e4)
+    fc_percentile: float = Field(97.0, ge=0.0, le=100.0)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

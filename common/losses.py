@@ -23,3 +23,11 @@ def forward_corrected_loss(logits: torch.Tensor, targets: torch.Tensor,
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Plain cross-entropy (phase 1 and FedAvg)."""
     return F.cross_entropy(logits, targets)
+
+
+def proximal_term(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    """0.5 * ||w - w_anchor||^2 over the trainable parameters (FedProx, Ditto).
+
+    ``anchor`` holds detached copies of the parameters, in ``model.parameters()`` order.
+    """
+    return 0.5 * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))

@@ -156,3 +156,17 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, transform: Batc
         correct += int((logits.argmax(1) == yb).sum())
     n = max(len(x), 1)
     return loss_sum / n, correct / n
+
+
+@torch.no_grad()
+def evaluate_per_class(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       transform: BatchTransform, batch_size: int = 1024) -> np.ndarray:
+    """Accuracy of ``model`` on each class of (x, y); 0 for a class with no sample."""
+    model.eval()
+    preds = torch.cat([model(transform(x[i:i + batch_size])).argmax(1)
+                       for i in range(0, len(x), batch_size)]).cpu().numpy()
+    labels = y.cpu().numpy()
+    k = int(getattr(model, "classifier").out_features)
+    total = np.bincount(labels, minlength=k)
+    correct = np.bincount(labels[preds == labels], minlength=k)
+    return np.where(total > 0, correct / np.maximum(total, 1), 0.0)

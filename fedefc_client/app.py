@@ -7,7 +7,10 @@ from flwr.common import Context
 
 from common.config import ConfigError, load_run_config
 
+from common.training import pick_device
+
 from .client import FedEFCClient
+from .local_data import partition_data
 
 
 def partition_of(context: Context, num_clients: int) -> int:
@@ -34,7 +37,9 @@ def partition_of(context: Context, num_clients: int) -> int:
 
 def client_fn(context: Context):
     cfg = load_run_config(context.run_config)
-    return FedEFCClient(cfg, partition_of(context, cfg.num_clients)).to_client()
+    pid = partition_of(context, cfg.num_clients)
+    return FedEFCClient(cfg, pid, lambda: partition_data(cfg, pid, pick_device(cfg.device)),
+                        context.state).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

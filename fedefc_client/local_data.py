@@ -32,6 +32,13 @@ class LocalData:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def test_split(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The dataset's clean test split on this device (None for private node data)."""
+        if self.true_transition is None:
+            return None
+        device = self.x.device
+        return on_device(self.data, "test", device), self.data.test_y.to(device)
+
 
 _CACHE: dict[tuple, LocalData] = {}
 _LOCK = threading.Lock()

@@ -35,6 +35,11 @@ from .prestopping import Prestopper
 from .registry import PartitionRegistry
 
 
+# Client metrics the round record averages (simulation diagnostics, Ditto) or sums.
+MEAN_METRICS = ("q-cos", "q-l1", "noise-rate", "personal-acc", "train-loss")
+SUM_METRICS = ("kept", "removed")
+
+
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
@@ -92,7 +97,8 @@ class FedEFCStrategy(FedAvg):
                       failures: list[tuple[ClientProxy, FitRes] | BaseException],
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
         results = sorted(results, key=lambda r: int(r[1].metrics["partition-id"]))
-        params, _ = super().aggregate_fit(server_round, results, failures)
+        trained = [r for r in results if r[1].num_examples > 0]
+        params = super().aggregate_fit(server_round, trained, failures)[0] if trained else None
         metrics = [res.metrics for _, res in results]
         info = self._round_info
         info.update(n_clients=len(results), failures=len(failures),
@@ -105,10 +111,13 @@ class FedEFCStrategy(FedAvg):
             info["A"] = _mean(accs)
             if info["A"] is not None and self.prestopper.observe(server_round, info["A"]):
                 log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
-                    "phase 2, enhanced forward correction, from round %d", server_round,
-                    self.prestopper.a_max, self.prestopper.patience, server_round + 1)
-        for key in ("q-cos", "q-l1", "noise-rate"):
+                    "phase 2 from round %d", server_round, self.prestopper.a_max,
+                    self.prestopper.patience, server_round + 1)
+        for key in MEAN_METRICS:
             info[key.replace("-", "_")] = _mean([float(m[key]) for m in metrics if key in m])
+        for key in SUM_METRICS:
+            if any(key in m for m in metrics):
+                info[key] = int(sum(int(m.get(key, 0)) for m in metrics))
         info["q_cos_clients"] = [float(m["q-cos"]) for m in metrics if "q-cos" in m]
         return params, {}
 
@@ -142,9 +151,10 @@ class FedEFCStrategy(FedAvg):
                 head, "n/a" if a is None else f"{a:.4f}", r["A_max"], r["patience"],
                 self.cfg.gamma_thr, r["test_acc"], r["test_loss"])
         else:
+            kinds = ", ".join(sorted(set(r.get("client_loss", [])))) or "no clients"
             cos = r.get("q_cos")
-            log(INFO, "%s | %d clients trained with forward-corrected loss%s | "
-                "test acc %.4f  loss %.4f", head, r.get("n_clients", 0),
+            log(INFO, "%s | %d clients, loss: %s%s | test acc %.4f  loss %.4f", head,
+                r.get("n_clients", 0), kinds,
                 "" if cos is None else f" (Q vs true: cos {cos:.3f}, L1 {r['q_l1']:.3f})",
                 r["test_acc"], r["test_loss"])
 

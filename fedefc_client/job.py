@@ -1,0 +1,75 @@
+"""One client's work for one round: the received global model, its data and helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.config import RunConfig
+from common.losses import cross_entropy
+from common.models import FeatureClassifier
+from common.training import (BatchTransform, LossFn, Regularizer, SGDSettings, TrainStats,
+                             predict_proba, train)
+
+from .local_data import LocalData
+
+
+@dataclass
+class LocalJob:
+    """Everything a method's local update needs; ``probs`` are the RECEIVED global
+    model's predictions on the local data (taken before any training)."""
+
+    cfg: RunConfig
+    local: LocalData
+    model: FeatureClassifier
+    phase: int
+    server_round: int
+    seed: int
+    state: object = None  # the node's persistent context.state (a RecordDict)
+    config: dict = field(default_factory=dict)  # the round config the server sent
+    transform: BatchTransform = field(init=False)
+    generator: torch.Generator = field(init=False)
+    probs: np.ndarray = field(init=False)
+    last_q: np.ndarray | None = field(init=False, default=None)  # the matrix used, if any
+
+    def __post_init__(self) -> None:
+        device = self.local.x.device
+        torch.manual_seed(self.seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.transform = BatchTransform(self.local.data.mean, self.local.data.std, device)
+        self.probs = predict_proba(self.model, self.local.x, self.transform,
+                                   self.cfg.eval_batch_size)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.local.labels
+
+    @property
+    def device(self) -> torch.device:
+        return self.local.x.device
+
+    def settings(self) -> SGDSettings:
+        c = self.cfg
+        return SGDSettings(c.local_epochs, c.batch_size, c.lr, c.momentum, c.weight_decay)
+
+    def global_accuracy(self) -> float:
+        """Accuracy of the received global model on the local (observed) labels."""
+        return float(np.mean(self.probs.argmax(1) == self.labels))
+
+    def anchor(self, model: nn.Module | None = None) -> list[torch.Tensor]:
+        """Detached copies of the trainable parameters (the proximal terms' w_g)."""
+        return [p.detach().clone() for p in (model or self.model).parameters()]
+
+    def train(self, loss_fn: LossFn = cross_entropy, keep: np.ndarray | None = None,
+              regularizer: Regularizer | None = None,
+              model: nn.Module | None = None) -> TrainStats:
+        """Local SGD on all samples, or on the ``keep`` mask's samples only."""
+        x, y = self.local.x, self.local.y
+        if keep is not None:
+            idx = torch.as_tensor(np.flatnonzero(keep), device=self.device)
+            x, y = x[idx], y[idx]
+        return train(model or self.model, x, y, loss_fn, self.settings(), self.transform,
+                     self.local.data.augment, self.generator, regularizer)
