@@ -168,7 +168,8 @@ class LocalSimulation:
                 self.proc.wait()
 
     def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,
-            client_gpus: float, app_dir: Path = APP_DIR) -> tuple[int, str]:
+            client_gpus: float, app_dir: Path = APP_DIR,
+            log_path: Path | None = None) -> tuple[int, str]:
         """Submit the app, stream its log, and return (run id, status) once it ends."""
         cfg_file = self.work_dir / "run-config.toml"
         cfg_file.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
@@ -176,7 +177,12 @@ class LocalSimulation:
                f"client-resources-num-gpus={client_gpus}")
         cmd = [_bin("flwr"), "run", str(app_dir), "fedefc-sim", "--stream",
                "--run-config", str(cfg_file), "--federation-config", fed]
-        code = subprocess.call(cmd, env=self.env, cwd=self.work_dir)
+        if log_path is None:
+            code = subprocess.call(cmd, env=self.env, cwd=self.work_dir)
+        else:
+            with open(log_path, "ab") as log:
+                code = subprocess.call(cmd, env=self.env, cwd=self.work_dir, stdout=log,
+                                       stderr=subprocess.STDOUT)
         if code != 0:
             raise LaunchError(f"flwr run exited with code {code}")
         return self.latest_status()
@@ -193,13 +199,15 @@ class LocalSimulation:
 
 
 def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
-                       client_gpus: float = 0.0) -> dict[str, Any]:
-    """Run one job through ``flwr run`` and return its summary (raises on failure)."""
+                       client_gpus: float = 0.0, log_path: Path | None = None) -> dict[str, Any]:
+    """Run one job through ``flwr run`` and return its summary (raises on failure).
+
+    The run's log streams to stdout, or is appended to ``log_path`` when given."""
     out_dir = Path(run_config["out-dir"])
     with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
         with LocalSimulation(Path(tmp)) as sim:
             run_id, status = sim.run(run_config, int(run_config["num-clients"]), client_cpus,
-                                     client_gpus)
+                                     client_gpus, log_path=log_path)
         if status != "finished:completed":
             log_tail = (Path(tmp) / "superlink.log").read_text(errors="replace")[-4000:]
             raise LaunchError(f"run {run_id} ended {status!r}, not finished:completed.\n"
@@ -224,10 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--client-gpus", type=float, default=None,
                      help="GPUs per simulated client (default 0.25 when CUDA is visible, else 0)")
     sub.add_parser("presets", help="list the presets in configs/")
+    sub.add_parser("grid", help="run or tabulate a grid of runs: fedefc grid {run,report,list} "
+                   "GRID [--set KEY=VALUE] (see fedefc grid -h)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["grid"]:
+        from .grid import main as grid_main
+
+        return grid_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "presets":
         for path in sorted(CONFIGS_DIR.glob("*.toml")):

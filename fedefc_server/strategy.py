@@ -38,10 +38,28 @@ from .registry import PartitionRegistry
 # Client metrics the round record averages (simulation diagnostics, Ditto) or sums.
 MEAN_METRICS = ("q-cos", "q-l1", "noise-rate", "personal-acc", "train-loss")
 SUM_METRICS = ("kept", "removed")
+PER_CLIENT_METRICS = ("personal-updates",)
 
 
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
+
+
+def sample_round(cfg: RunConfig, available: list[int], server_round: int) -> list[int]:
+    """max(1, int(fraction * N)) partition ids, sorted: a pure function of (seed, round,
+    available ids), so every run with the same seed trains the same clients."""
+    wanted = max(1, int(cfg.num_clients * cfg.fraction))
+    rng = np.random.default_rng(derive_seed(cfg.seed, "sample", server_round))
+    pool = np.array(sorted(available))
+    picked = rng.choice(pool, size=min(wanted, len(pool)), replace=False)
+    return sorted(int(p) for p in picked)
+
+
+def round_config(cfg: RunConfig, partition_id: int, server_round: int,
+                 phase: int) -> dict[str, Scalar]:
+    """What one client is told for one round: its phase, the round and its own seed."""
+    return {"phase": phase, "round": server_round,
+            "seed": derive_seed(cfg.seed, "client", partition_id, server_round)}
 
 
 class FedEFCStrategy(FedAvg):
@@ -68,17 +86,13 @@ class FedEFCStrategy(FedAvg):
 
     # -- sampling ---------------------------------------------------------------------
     def sample_partitions(self, available: list[int], server_round: int) -> list[int]:
-        """Partition ids of this round: a pure function of (seed, round, available ids)."""
-        wanted = max(1, int(self.cfg.num_clients * self.cfg.fraction))
-        rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
-        pool = np.array(sorted(available))
-        picked = rng.choice(pool, size=min(wanted, len(pool)), replace=False)
-        return sorted(int(p) for p in picked)
+        """Partition ids of this round (see :func:`sample_round`)."""
+        return sample_round(self.cfg, available, server_round)
 
     def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
         """The per-client copy of the round config."""
-        return {"phase": self.prestopper.phase(server_round), "round": server_round,
-                "seed": derive_seed(self.cfg.seed, "client", partition_id, server_round)}
+        return round_config(self.cfg, partition_id, server_round,
+                            self.prestopper.phase(server_round))
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
@@ -119,6 +133,9 @@ class FedEFCStrategy(FedAvg):
             if any(key in m for m in metrics):
                 info[key] = int(sum(int(m.get(key, 0)) for m in metrics))
         info["q_cos_clients"] = [float(m["q-cos"]) for m in metrics if "q-cos" in m]
+        for key in PER_CLIENT_METRICS:
+            if any(key in m for m in metrics):
+                info[key.replace("-", "_")] = [m.get(key) for m in metrics]
         return params, {}
 
     # -- evaluation and records -------------------------------------------------------

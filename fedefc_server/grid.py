@@ -1,0 +1,212 @@
+"""The experiment runner: a grid of methods x settings x seeds, each cell one Flower run.
+
+A grid file (TOML, see ``configs/grids/``)::
+
+    name = "mnist-lite-table1"          # results go to <results-dir>/<name>/
+    title = "..."                       # the table's caption
+    preset = "mnist-lite"               # configs/<preset>.toml
+    seeds = [0]
+    [rows]                              # table rows: label -> run-config overrides
+    "FedEFC" = { method = "fedefc" }
+    [columns]                           # table columns: label -> run-config overrides
+    "(10, 0.5)" = { alpha-dir = 10.0, p = 0.5 }
+    [[extra]]                           # optional: more seeds for some rows
+    rows = ["FedEFC"]
+    seeds = [1, 2]
+
+A cell's run config is pyproject defaults < grid preset < column (its own ``preset``
+first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells run in
+order through :func:`fedefc_server.launch.run_simulation_job` (real ``flwr run``);
+a cell whose folder holds ``summary.json`` is finished and skipped, so an interrupted
+grid resumes where it stopped. A finished cell whose stored config differs from the
+one the grid asks for now is an error (results are never mixed silently).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.config import ConfigError, load_run_config
+from common.results import check_output_dir
+
+from .launch import CONFIGS_DIR, LaunchError, parse_overrides, read_app_defaults, read_preset
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    row: str
+    column: str
+    seed: int
+    config: dict[str, Any]
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config["out-dir"])
+
+    @property
+    def done(self) -> bool:
+        return (self.out_dir / "summary.json").exists()
+
+
+@dataclass
+class Grid:
+    """A parsed grid file."""
+
+    name: str
+    title: str
+    preset: str | None
+    seeds: list[int]
+    rows: dict[str, dict[str, Any]]
+    columns: dict[str, dict[str, Any]]
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Grid":
+        path = Path(path)
+        if not path.suffix:
+            path = CONFIGS_DIR / "grids" / f"{path}.toml"
+        try:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"grid file {path} not found") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"grid file {path} is not valid TOML: {err}") from None
+        unknown = set(raw) - {"name", "title", "preset", "seeds", "rows", "columns", "extra"}
+        if unknown:
+            raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)}")
+        for key in ("name", "rows", "columns"):
+            if key not in raw:
+                raise ConfigError(f"grid file {path}: missing {key!r}")
+        grid = cls(name=raw["name"], title=raw.get("title", raw["name"]),
+                   preset=raw.get("preset"), seeds=list(raw.get("seeds", [0])),
+                   rows=dict(raw["rows"]), columns=dict(raw["columns"]),
+                   extra=list(raw.get("extra", [])), path=path)
+        for block in grid.extra:
+            missing = set(block.get("rows", [])) - set(grid.rows)
+            if missing:
+                raise ConfigError(f"grid file {path}: [[extra]] names unknown rows {missing}")
+        return grid
+
+    def cells(self, results_dir: Path, overrides: list[str]) -> list[Cell]:
+        """Every cell with its validated run config, in run order (seed-major)."""
+        base = {**read_app_defaults(), **read_preset(self.preset)}
+        cli = parse_overrides(overrides)
+        plan: list[tuple[str, str, int]] = []
+        for seed in self.seeds:
+            plan += [(r, c, seed) for c in self.columns for r in self.rows]
+        for block in self.extra:
+            for seed in block["seeds"]:
+                plan += [(r, c, seed) for c in self.columns for r in block["rows"]
+                         if (r, c, seed) not in plan]
+        cells = []
+        for row, col, seed in plan:
+            column = dict(self.columns[col])
+            merged = {**base, **read_preset(column.pop("preset", None)), **column,
+                      **self.rows[row], **cli, "seed": seed}
+            merged["out-dir"] = str(results_dir / self.name / slug(row) / slug(col)
+                                    / f"seed{seed}")
+            try:
+                cfg = load_run_config(merged)
+            except ConfigError as err:
+                raise ConfigError(f"cell ({row}, {col}, seed {seed}): {err}") from None
+            cells.append(Cell(row, col, seed, cfg.to_flat()))
+        return cells
+
+
+def slug(label: str) -> str:
+    """A folder name for a row or column label."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", label).strip("-").lower() or "x"
+
+
+def check_finished(cell: Cell) -> None:
+    """A finished cell must have been run with exactly this config."""
+    stored = json.loads((cell.out_dir / "config.json").read_text())
+    diff = {k: (stored.get(k), v) for k, v in cell.config.items() if stored.get(k) != v}
+    if diff:
+        raise ConfigError(
+            f"cell {cell.out_dir} was run with another config ({diff}, stored -> wanted); "
+            "use another --results-dir or remove that cell"
+        )
+
+
+def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int | None = None,
+             client_cpus: int = 1, client_gpus: float = 0.0, log=print) -> int:
+    """Run the unfinished cells; return how many failed."""
+    from .launch import run_simulation_job
+
+    cells = grid.cells(results_dir, overrides)
+    for cell in cells:
+        if cell.done:
+            check_finished(cell)
+    todo = [c for c in cells if not c.done][:max_cells]
+    total, done0 = len(cells), sum(c.done for c in cells)
+    log(f"grid {grid.name}: {total} cells, {done0} finished, {len(todo)} to run now")
+    failures, durations = 0, []
+    for i, cell in enumerate(todo):
+        if cell.out_dir.exists():  # an interrupted attempt: its partial files are not a result
+            shutil.rmtree(cell.out_dir)
+        check_output_dir(cell.out_dir)
+        eta = (sum(durations) / len(durations) * (len(todo) - i)) if durations else None
+        log(f"[{done0 + i + 1}/{total}] {cell.row} | {cell.column} | seed {cell.seed}"
+            + (f" | ETA {eta / 60:.0f} min" if eta is not None else ""))
+        start = time.monotonic()
+        cell.out_dir.mkdir(parents=True)
+        try:
+            summary = run_simulation_job(cell.config, client_cpus, client_gpus,
+                                         log_path=cell.out_dir / "run.log")
+            log(f"    final acc {summary.get('final_acc')}, T_e {summary.get('t_e')}, "
+                f"{time.monotonic() - start:.0f} s")
+        except (LaunchError, OSError) as err:
+            failures += 1
+            log(f"    FAILED: {err}")
+        durations.append(time.monotonic() - start)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="fedefc grid",
+                                 description="Run a grid of Flower simulations and tabulate it.")
+    ap.add_argument("action", choices=["run", "report", "list"])
+    ap.add_argument("grid", help="configs/grids/<name>.toml name or a grid file path")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a run-config key in every cell, e.g. --set data-dir=/data")
+    ap.add_argument("--results-dir", default="results",
+                    help="root folder of grid results (default ./results)")
+    ap.add_argument("--max-cells", type=int, default=None, help="run at most this many cells")
+    ap.add_argument("--client-cpus", type=int, default=1)
+    ap.add_argument("--client-gpus", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    results_dir = Path(args.results_dir).expanduser().resolve()
+    try:
+        grid = Grid.load(args.grid)
+        if args.action == "list":
+            for cell in grid.cells(results_dir, args.overrides):
+                print(f"{'done' if cell.done else 'todo'}  {cell.out_dir}")
+            return 0
+        failures = 0
+        if args.action == "run":
+            failures = run_grid(grid, results_dir, args.overrides, args.max_cells,
+                                args.client_cpus, args.client_gpus)
+        from .report import write_report
+
+        written = write_report(grid, results_dir, args.overrides)
+        for path in written:
+            print(f"wrote {path}")
+        return 1 if failures else 0
+    except ConfigError as err:
+        print(f"fedefc grid: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,91 @@
+"""The experiment runner on a tiny grid: real runs, resume, table and plots."""
+
+import csv
+import json
+
+import pytest
+
+from common.config import ConfigError
+from fedefc_server.grid import Grid, main, run_grid
+from fedefc_server.report import load_paper_numbers, paper_key
+
+GRID = """
+name = "tiny"
+title = "tiny grid"
+seeds = [0, 1]
+[rows]
+"FedAvg" = {{ method = "fedavg" }}
+"FedEFC" = {{ method = "fedefc" }}
+[columns.small]
+dataset = "mnist"
+data-dir = "{data}"
+model = "lenet"
+num-clients = 4
+fraction = 1.0
+rounds = 3
+local-epochs = 1
+batch-size = 16
+start-round = 0
+gamma-thr = 1
+iid = true
+rho = 0.2
+zeta = 0.4
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_grid(tmp_path_factory, tiny_mnist_dir):
+    base = tmp_path_factory.mktemp("grid")
+    path = base / "tiny.toml"
+    path.write_text(GRID.format(data=tiny_mnist_dir))
+    logs = []
+    failures = run_grid(Grid.load(path), base / "results", [], log=logs.append)
+    return path, base / "results", failures, logs
+
+
+def test_grid_runs_every_cell(finished_grid):
+    path, results, failures, logs = finished_grid
+    assert failures == 0
+    cells = Grid.load(path).cells(results, [])
+    assert len(cells) == 4 and all(c.done for c in cells)
+    assert any("[4/4]" in line for line in logs)
+
+
+def test_rerun_skips_finished_cells_and_writes_the_report(finished_grid, capsys):
+    path, results, _, _ = finished_grid
+    before = {c.out_dir: (c.out_dir / "summary.json").stat().st_mtime_ns
+              for c in Grid.load(path).cells(results, [])}
+    assert main(["run", str(path), "--results-dir", str(results)]) == 0
+    assert "0 to run now" in capsys.readouterr().out
+    after = {d: (d / "summary.json").stat().st_mtime_ns for d in before}
+    assert before == after
+    table = (results / "tiny" / "table.md").read_text()
+    assert "| FedAvg |" in table and "| FedEFC |" in table and "±" in table
+    rows = list(csv.DictReader(open(results / "tiny" / "table.csv")))
+    assert {r["row"] for r in rows} == {"FedAvg", "FedEFC"}
+    assert all(r["n_seeds"] == "2" for r in rows)
+    summaries = [json.loads((c.out_dir / "summary.json").read_text())
+                 for c in Grid.load(path).cells(results, []) if c.row == "FedEFC"]
+    mean = sum(100 * s["final_acc"] for s in summaries) / 2
+    assert float(next(r for r in rows if r["row"] == "FedEFC")["final_mean"]) == \
+        pytest.approx(mean, abs=1e-3)
+    for name in ("acc-small.png", "fig1-small.png", "q-heatmap-small.png"):
+        png = results / "tiny" / "plots" / name
+        assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_finished_cell_with_another_config_is_refused(finished_grid):
+    path, results, _, _ = finished_grid
+    with pytest.raises(ConfigError, match="another config"):
+        run_grid(Grid.load(path), results, ["lr=0.05"], log=lambda *_: None)
+
+
+def test_paper_numbers_match_the_spec_table():
+    paper = load_paper_numbers()
+    cfg = {"dataset": "mnist", "alpha-dir": 10.0, "p": 0.5, "rho": 0.2, "zeta": 0.8,
+           "noise-groups": "", "iid": False}
+    assert paper[paper_key({**cfg, "method": "fedefc"})] == (98.51, 0.46)
+    assert paper[paper_key({**cfg, "method": "fedavg"})] == (96.31, 0.42)
+    assert paper[paper_key({**cfg, "method": "fedavg", "rho": 0.0})] == (99.51, 0.02)
+    assert paper_key({**cfg, "dataset": "mnist-embedded", "method": "fedefc"}) is None
+    assert len(paper) == 9 * 10 + 9 * 9 + 3 * 9
