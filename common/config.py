@@ -16,10 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .fedcorr import plan_fedcorr
+from .faults import parse_faults
+
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100")
 MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34")
 METHODS = ("fedefc", "fedavg", "fedprox", "fedditto", "forward-correction",
-           "confident-learning")
+           "confident-learning", "fedcorr", "fednoro", "rofl")
 
 
 class ConfigError(ValueError):
@@ -75,9 +78,41 @@ class RunConfig(BaseModel):
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
+    # reliability (docs/RELIABILITY.md)
+    resume_from: str = ""
+    min_fit_clients: int = Field(1, ge=1, le=100_000)
+    client_timeout: float = Field(0.0, ge=0.0, le=1e6)
+    accuracy_aggregation: Literal["mean", "median", "trimmed-mean"] = "mean"
+    trim_fraction: float = Field(0.1, ge=0.0, lt=0.5)
+    max_client_samples: int = Field(0, ge=0)
+    faults: str = ""
     mu: float = Field(1e-5, ge=0.0, le=1e4)
     ditto_lambda: float = Field(0.1, ge=0.0, le=1e4)
     fc_percentile: float = Field(97.0, ge=0.0, le=100.0)
+    # noise-robust baselines (docs/BASELINES.md; defaults: the references')
+    fedcorr_iterations: int = Field(5, ge=1, le=1000)
+    fedcorr_frac1: float = Field(0.0, ge=0.0, le=1.0)  # 0: the run's fraction
+    fedcorr_beta: float = Field(5.0, ge=0.0, le=1e4)
+    fedcorr_lid_k: int = Field(20, ge=1, le=10_000)
+    fedcorr_relabel_ratio: float = Field(0.5, ge=0.0, le=1.0)
+    fedcorr_confidence_thres: float = Field(0.5, ge=0.0, le=1.0)
+    fedcorr_clean_set_thres: float = Field(0.1, ge=0.0, le=1.0)
+    fedcorr_finetune_share: float = Field(0.5, ge=0.0, le=1.0)
+    fednoro_warmup: int = Field(10, ge=1, le=100_000)
+    fednoro_kd_begin: int = Field(10, ge=0, le=100_000)
+    fednoro_kd_end: int = Field(49, ge=0, le=100_000)
+    fednoro_kd_weight: float = Field(0.8, ge=0.0, le=1.0)
+    fednoro_temperature: float = Field(0.8, gt=0.0, le=100.0)
+    fednoro_gmm_votes: int = Field(9, ge=1, le=1000)
+    fednoro_optimizer: Literal["sgd", "adam"] = "sgd"
+    fednoro_adam_lr: float = Field(3e-4, gt=0.0, le=10.0)
+    fednoro_adam_weight_decay: float = Field(5e-4, ge=0.0, le=1.0)
+    rofl_forget_rate: float = Field(0.2, ge=0.0, lt=1.0)
+    rofl_num_gradual: int = Field(10, ge=1, le=100_000)
+    rofl_t_pl: int = Field(100, ge=1, le=100_000)
+    rofl_lambda_cen: float = Field(1.0, ge=0.0, le=1e4)
+    rofl_lambda_e: float = Field(0.8, ge=0.0, le=1e4)
+    rofl_detach_centroid_feature: bool = False  # true: the reimplementation's no-gradient term
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
@@ -86,6 +121,18 @@ class RunConfig(BaseModel):
                 f"data-dir={self.data_dir!r}: dataset {self.dataset!r} needs an absolute "
                 "folder in torchvision's layout (the app runs from Flower's app "
                 "directory, so relative paths break); e.g. data-dir=\"/data\""
+            )
+        if self.resume_from and not os.path.isabs(self.resume_from):
+            raise ValueError(
+                f"resume-from={self.resume_from!r} is not absolute; give the absolute out-dir "
+                "of the run to continue"
+            )
+        parse_faults(self.faults)
+        if self.min_fit_clients > max(1, int(self.num_clients * self.fraction)):
+            raise ValueError(
+                f"min-fit-clients={self.min_fit_clients} exceeds the "
+                f"{max(1, int(self.num_clients * self.fraction))} clients sampled per round; "
+                "lower it or raise fraction"
             )
         if self.out_dir and not os.path.isabs(self.out_dir):
             raise ValueError(
@@ -105,6 +152,7 @@ class RunConfig(BaseModel):
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
                 "prestopping could never trigger; lower start-round or set prestopping=false"
             )
+        _check_noise_robust(self)
         return self
 
     def noise_group_list(self) -> list[NoiseGroup]:
@@ -162,6 +210,18 @@ def _check_noise(rho: float, zeta: float, key: str) -> None:
         raise ValueError(
             f"{key}: zeta=1 (no off-diagonal noise rate) contradicts rho={rho}>0; "
             "use zeta<1, or rho=0 for clean labels"
+        )
+
+
+def _check_noise_robust(cfg: RunConfig) -> None:
+    """The noise-robust baselines' schedules must fit in ``rounds``."""
+    if cfg.method == "fedcorr":
+        plan_fedcorr(cfg.rounds, cfg.num_clients, cfg.fraction, cfg.fedcorr_frac1,
+                     cfg.fedcorr_iterations, cfg.fedcorr_finetune_share)
+    if cfg.method == "fednoro" and cfg.fednoro_warmup >= cfg.rounds:
+        raise ValueError(
+            f"fednoro-warmup={cfg.fednoro_warmup} is not below rounds={cfg.rounds}: the "
+            "noisy-client detection would never run; lower fednoro-warmup or raise rounds"
         )
 
 

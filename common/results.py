@@ -48,6 +48,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -76,20 +77,47 @@ def check_output_dir(out_dir: str | Path) -> Path:
     probe = path
     while not probe.exists():
         probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise OutputDirError(f"out-dir={str(path)!r} is not writable (no write access to {probe})")
+    if not probe.is_dir():
+        raise OutputDirError(f"out-dir={str(path)!r} is not writable: {probe} is a file")
+    try:  # a real write: permissions, read-only file systems, full disks
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as err:
+        raise OutputDirError(f"out-dir={str(path)!r} is not writable ({probe}: {err.strerror}); "
+                             "choose a folder you can write to") from None
     return path
 
 
 class RunRecorder:
     """Writes one run's output folder."""
 
-    def __init__(self, out_dir: str | Path, resolved_config: dict[str, Any]):
-        self.out_dir = check_output_dir(out_dir)
+    def __init__(self, out_dir: str | Path, resolved_config: dict[str, Any],
+                 resume_round: int | None = None):
+        """A new, unused folder; or, with ``resume_round``, the folder of the run being
+        resumed, whose records after that round (written before the crash) are dropped."""
+        self.out_dir = Path(out_dir) if resume_round is not None else check_output_dir(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.out_dir / "config.json", resolved_config)
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.rounds: list[dict[str, Any]] = []
+        if resume_round is not None:
+            kept = [r for r in self._read_rounds() if r["round"] <= resume_round]
+            atomic_write_bytes(self.metrics_path,
+                               "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept).encode())
+            self.rounds = kept
+            for name in ("summary.json", "model.pt"):
+                (self.out_dir / name).unlink(missing_ok=True)
+
+    def _read_rounds(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        out = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by the crash
+                break
+        return out
 
     def write_round(self, record: dict[str, Any]) -> None:
         """Append one round's record (and keep it for the summary)."""

@@ -20,6 +20,7 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 
 from common.config import RunConfig
+from common.faults import before_training, corrupt_reply, parse_faults
 from common.params import get_weights, set_weights
 from common.runtime import model_for
 from common.training import configure_threads
@@ -39,6 +40,7 @@ class FedEFCClient(NumPyClient):
         self._load = load
         self._local: LocalData | None = None
         self.state = state
+        self.faults = parse_faults(cfg.faults)
 
     # The registry asks every node once which partition it serves (no data is loaded).
     def get_properties(self, config):
@@ -56,6 +58,7 @@ class FedEFCClient(NumPyClient):
         return get_weights(model_for(self.cfg, local.data, local.x.device))
 
     def fit(self, parameters, config):
+        before_training(self.faults, self.partition_id, int(config["round"]))
         local = self.local
         model = model_for(self.cfg, local.data, local.x.device)
         set_weights(model, parameters)
@@ -75,4 +78,5 @@ class FedEFCClient(NumPyClient):
         if job.last_q is not None:
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
-        return get_weights(model), num_examples, metrics
+        return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),
+                             num_examples, metrics)

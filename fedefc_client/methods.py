@@ -13,7 +13,7 @@ from functools import partial
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord
 
 from common.confident_learning import label_issue_mask
 from common.forward_correction import patrini_transition
@@ -22,7 +22,10 @@ from common.runtime import model_for
 from common.training import TrainStats, evaluate_per_class
 from common.transition import estimate_transition, matrix_agreement
 
+from .fedcorr import fedcorr
+from .fednoro import fednoro
 from .job import LocalJob
+from .rofl import rofl
 
 Update = tuple[int, dict, TrainStats]
 
@@ -80,6 +83,7 @@ def fedprox(job: LocalJob) -> Update:
 
 
 DITTO_KEY = "ditto-personal"
+DITTO_COUNT = "ditto-updates"
 
 
 def fedditto(job: LocalJob) -> Update:
@@ -99,7 +103,9 @@ def fedditto(job: LocalJob) -> Update:
     job.train(regularizer=lambda m: lam * proximal_term(m, anchor), model=personal)
     job.state[DITTO_KEY] = ArrayRecord(
         torch_state_dict={k: v.detach().cpu() for k, v in personal.state_dict().items()})
-    metrics = {"loss": "cross-entropy"}
+    updates = int(job.state[DITTO_COUNT]["updates"]) + 1 if DITTO_COUNT in job.state else 1
+    job.state[DITTO_COUNT] = ConfigRecord({"updates": updates})
+    metrics = {"loss": "cross-entropy", "personal-updates": updates}
     test = job.local.test_split()
     if test is not None:
         per_class = evaluate_per_class(personal, *test, job.transform, job.cfg.eval_batch_size)
@@ -115,4 +121,7 @@ METHODS: dict[str, Callable[[LocalJob], Update]] = {
     "fedditto": fedditto,
     "forward-correction": forward_correction,
     "confident-learning": confident_learning,
+    "fedcorr": fedcorr,  # noise-robust baselines: fedefc_client/{fedcorr,fednoro,rofl}.py
+    "fednoro": fednoro,
+    "rofl": rofl,
 }

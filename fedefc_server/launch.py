@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, load_run_config
+from common.datasets import DatasetError
+from common.noise import NoiseError
+from common.partition import PartitionError
 from common.results import OutputDirError, check_output_dir
+
+from .checkpoint import CheckpointError
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONFIGS_DIR = APP_DIR / "configs"
@@ -85,13 +90,44 @@ def resolve_run_config(preset: str | None, overrides: list[str],
     merged = {**read_app_defaults(), **read_preset(preset), **parse_overrides(overrides)}
     if out_dir:
         merged["out-dir"] = str(Path(out_dir).expanduser().resolve())
+    if merged.get("resume-from") and not merged.get("out-dir"):
+        merged["out-dir"] = merged["resume-from"]  # a resumed run continues in its folder
     if not merged.get("out-dir"):
         name = Path(preset).stem if preset else "default"
         stamp = time.strftime("%Y%m%d-%H%M%S")
         merged["out-dir"] = str(Path.cwd().resolve() / "runs" / f"{name}-{stamp}")
     cfg = load_run_config(merged)
-    check_output_dir(cfg.out_dir)
+    if not cfg.resume_from:
+        check_output_dir(cfg.out_dir)
     return cfg.to_flat()
+
+
+def resume_config(folder: str, overrides: list[str]) -> dict[str, Any]:
+    """The config of the run in ``folder`` (its config.json), set to resume it there."""
+    path = Path(folder).expanduser().resolve()
+    try:
+        stored = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot resume {str(path)!r}: its config.json is unreadable ({err}); "
+                          "give the out-dir of an earlier run") from None
+    merged = {**stored, **parse_overrides(overrides), "resume-from": str(path),
+              "out-dir": str(path)}
+    return load_run_config(merged).to_flat()
+
+
+def preflight(run_config: dict[str, Any]) -> None:
+    """Load the data, build the partitions and noise, and check a checkpoint to resume,
+    so that bad data or an unusable checkpoint fails before any Flower process starts."""
+    from common.federation import federated_data
+
+    from .checkpoint import check_compatible, load
+    from .app import initial_weights
+
+    cfg = load_run_config(run_config)
+    federated_data(cfg)
+    if cfg.resume_from:
+        check_compatible(load(cfg.resume_from), cfg.to_flat(), cfg.resume_from,
+                         [w.shape for w in initial_weights(cfg)])
 
 
 def _free_port() -> int:
@@ -203,6 +239,7 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
     """Run one job through ``flwr run`` and return its summary (raises on failure).
 
     The run's log streams to stdout, or is appended to ``log_path`` when given."""
+    preflight(run_config)
     out_dir = Path(run_config["out-dir"])
     with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
         with LocalSimulation(Path(tmp)) as sim:
@@ -231,14 +268,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--client-cpus", type=int, default=1, help="CPUs per simulated client")
     run.add_argument("--client-gpus", type=float, default=None,
                      help="GPUs per simulated client (default 0.25 when CUDA is visible, else 0)")
+    res = sub.add_parser("resume", help="continue an interrupted run from its checkpoint")
+    res.add_argument("folder", help="the out-dir of the run to continue")
+    res.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="e.g. --set rounds=200 to extend the run")
+    res.add_argument("--client-cpus", type=int, default=1)
+    res.add_argument("--client-gpus", type=float, default=None)
     sub.add_parser("presets", help="list the presets in configs/")
     sub.add_parser("grid", help="run or tabulate a grid of runs: fedefc grid {run,report,list} "
                    "GRID [--set KEY=VALUE] (see fedefc grid -h)")
     return ap
 
 
+def _exit_on_signal(signum, _frame) -> None:
+    """SIGTERM/SIGHUP unwind the stack, so every SuperLink we started is stopped."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     if argv[:1] == ["grid"]:
         from .grid import main as grid_main
 
@@ -249,8 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             print(path.stem)
         return 0
     try:
-        run_config = resolve_run_config(args.preset, args.overrides, args.out_dir)
-    except (ConfigError, OutputDirError) as err:
+        if args.command == "resume":
+            run_config = resume_config(args.folder, args.overrides)
+        else:
+            run_config = resolve_run_config(args.preset, args.overrides, args.out_dir)
+        preflight(run_config)
+    except (ConfigError, OutputDirError, DatasetError, NoiseError, PartitionError,
+            CheckpointError) as err:
         print(f"fedefc: error: {err}", file=sys.stderr)
         return 2
     gpus = args.client_gpus

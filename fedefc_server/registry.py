@@ -25,6 +25,10 @@ class PartitionRegistry:
         self.max_workers = max_workers
         self._pid_of_cid: dict[str, int] = {}
 
+    def partition_of(self, cid: str) -> int | None:
+        """The partition id node ``cid`` reported, if it did."""
+        return self._pid_of_cid.get(cid)
+
     def refresh(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
         """Query unknown nodes for their partition id; return {partition id: proxy}."""
         proxies = client_manager.all()
@@ -42,12 +46,11 @@ class PartitionRegistry:
                         log(WARNING, "node %s did not report its partition id: %s", cid, err)
             log(INFO, "partition registry: %d nodes known", len(self._pid_of_cid))
         serving: dict[int, ClientProxy] = {}
-        for cid in sorted(proxies, key=lambda c: (self._pid_of_cid.get(c, -1), c)):
-            pid = self._pid_of_cid.get(cid)
-            if pid is None:
-                continue
+        order = {cid: i for i, cid in enumerate(self._pid_of_cid)}
+        for cid in sorted((c for c in proxies if c in order), key=order.__getitem__):
+            pid = self._pid_of_cid[cid]
             if pid in serving:
-                log(WARNING, "partition %d is claimed by two nodes; keeping one", pid)
-                continue
-            serving[pid] = proxies[cid]
+                log(WARNING, "partition %d is claimed by nodes %s and %s; using the newer",
+                    pid, serving[pid].cid, cid)
+            serving[pid] = proxies[cid]  # a node that came back replaces its old entry
         return serving

@@ -5,7 +5,7 @@ Written into ``<results-dir>/<grid name>/``:
 - ``table.md`` / ``table.csv``: final-round test accuracy (%) per row and column,
   mean +- std over the finished seeds, the best two per column in bold (rows without
   noise excluded, as in the paper), and the paper's number beside ours where the
-  paper has that cell (``configs/paper-results.toml``).
+  paper has that cell (``configs/reference/paper-results.toml``).
 - ``plots/acc-<column>.png``: test accuracy vs round, one line per row (first seed).
 - ``plots/fig1-<column>.png``: FedEFC's averaged client accuracy A(t) with A_max and
   T_e marked beside the test accuracy (Fig. 1 left), and the clients' mean cosine
@@ -27,7 +27,7 @@ import numpy as np
 from .grid import Cell, Grid, slug
 from .launch import CONFIGS_DIR
 
-PAPER_FILE = CONFIGS_DIR / "paper-results.toml"
+PAPER_FILE = CONFIGS_DIR / "reference" / "paper-results.toml"
 DATASET_FAMILY = {"mnist": "mnist", "cifar10": "cifar10", "cifar100": "cifar100"}
 
 

@@ -9,14 +9,21 @@ Per round (paper Algorithm 1, ALGORITHM.md section 3):
   order), averages the weights with Flower's own FedAvg (by sample count), averages
   the clients' accuracies without weights (paper eq. (3)) and feeds A(t) to the
   :class:`Prestopper`. From round T_e + 1 on every client is told phase 2.
-- ``evaluate`` tests the global model on the clean test set and writes the round's
-  record; after the last round it writes the summary and the final model.
+- ``evaluate`` tests the global model on the clean test set, writes the round's
+  record and a checkpoint; after the last round it writes the summary and the final model.
+
+Reliability (docs/RELIABILITY.md): every reply is validated before aggregation
+(:mod:`.validation`); failed and rejected clients are logged and counted, and a round
+with fewer than ``min-fit-clients`` valid replies keeps the global model; A(t) can be
+a median or trimmed mean (:mod:`.robust`); a run resumes from its checkpoint
+(:mod:`.checkpoint`, :class:`.server.ResumableServer`).
 """
 
 from __future__ import annotations
 
 import time
-from logging import INFO
+from dataclasses import asdict
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -30,15 +37,25 @@ from common.config import RunConfig
 from common.results import RunRecorder
 from common.seeds import derive_seed
 
+from . import checkpoint
 from .evaluation import TestSetEvaluator
 from .prestopping import Prestopper
 from .registry import PartitionRegistry
+from .robust import aggregate_accuracy
+from .validation import Expected, check_reply
 
 
 # Client metrics the round record averages (simulation diagnostics, Ditto) or sums.
 MEAN_METRICS = ("q-cos", "q-l1", "noise-rate", "personal-acc", "train-loss")
 SUM_METRICS = ("kept", "removed")
-PER_CLIENT_METRICS = ("personal-updates",)
+PER_CLIENT_METRICS = ("personal-updates", "fit-s")
+
+
+def _describe_failure(failure) -> str:
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    proxy, res = failure
+    return f"node {proxy.cid}: status {res.status.code.name} {res.status.message}"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -67,7 +84,7 @@ class FedEFCStrategy(FedAvg):
 
     def __init__(self, cfg: RunConfig, evaluator: TestSetEvaluator, recorder: RunRecorder,
                  initial_parameters: Parameters, run_info: dict[str, Any] | None = None,
-                 registry: PartitionRegistry | None = None):
+                 registry: PartitionRegistry | None = None, max_samples: int = 10**8):
         super().__init__(fraction_fit=cfg.fraction, fraction_evaluate=0.0, min_fit_clients=1,
                          min_evaluate_clients=0, min_available_clients=1,
                          initial_parameters=initial_parameters, accept_failures=True)
@@ -80,6 +97,10 @@ class FedEFCStrategy(FedAvg):
         self._round_info: dict[str, Any] = {}
         self._t0 = time.monotonic()
         self._round_start = self._t0
+        self._elapsed_before = 0.0  # wall time of the interrupted run(s) this one resumes
+        self.max_samples = cfg.max_client_samples or max_samples
+        self._expected: Expected | None = None
+        self.accepted: list[tuple[ClientProxy, FitRes]] = []  # this round's valid replies
 
     def __repr__(self) -> str:
         return f"FedEFCStrategy(method={self.cfg.method}, seed={self.cfg.seed})"
@@ -103,6 +124,9 @@ class FedEFCStrategy(FedAvg):
         chosen = self.sample_partitions(list(serving), server_round)
         phase = self.prestopper.phase(server_round)
         self._round_info = {"phase": phase, "sampled": chosen}
+        arrays = parameters_to_ndarrays(parameters)
+        self._expected = Expected([a.shape for a in arrays], [a.dtype for a in arrays],
+                                  frozenset(chosen), phase, self.max_samples)
         return [(serving[pid], FitIns(parameters, self.client_config(pid, server_round)))
                 for pid in chosen]
 
@@ -110,19 +134,25 @@ class FedEFCStrategy(FedAvg):
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException],
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        results = sorted(results, key=lambda r: int(r[1].metrics["partition-id"]))
-        trained = [r for r in results if r[1].num_examples > 0]
-        params = super().aggregate_fit(server_round, trained, failures)[0] if trained else None
+        results = self.screen(server_round, results, failures)
+        self.accepted = results
         metrics = [res.metrics for _, res in results]
         info = self._round_info
-        info.update(n_clients=len(results), failures=len(failures),
+        info.update(n_clients=len(results),
                     partition_ids=[int(m["partition-id"]) for m in metrics],
                     num_examples=[int(res.num_examples) for _, res in results],
                     client_loss=[str(m.get("loss", "")) for m in metrics])
+        if len(results) < self.cfg.min_fit_clients:
+            log(WARNING, "round %d: %d valid replies < min-fit-clients=%d: round skipped, "
+                "global model kept", server_round, len(results), self.cfg.min_fit_clients)
+            info["skipped"] = True
+            return None, {}
+        params = super().aggregate_fit(server_round, results, failures)[0]
         if info["phase"] == 1:
-            accs = [float(m["accuracy"]) for m in metrics if "accuracy" in m]
+            accs = [float(m["accuracy"]) for m in metrics]
             info["client_acc"] = accs
-            info["A"] = _mean(accs)
+            info["A"] = aggregate_accuracy(accs, self.cfg.accuracy_aggregation,
+                                           self.cfg.trim_fraction)
             if info["A"] is not None and self.prestopper.observe(server_round, info["A"]):
                 log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
                     "phase 2 from round %d", server_round, self.prestopper.a_max,
@@ -138,6 +168,43 @@ class FedEFCStrategy(FedAvg):
                 info[key.replace("-", "_")] = [m.get(key) for m in metrics]
         return params, {}
 
+    def screen(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+               failures: list[tuple[ClientProxy, FitRes] | BaseException],
+               ) -> list[tuple[ClientProxy, FitRes]]:
+        """The valid replies sorted by partition id; failures and rejections are logged
+        and recorded with their reasons."""
+        seen: set[int] = set()
+        accepted, rejected = [], []
+        for proxy, res in results:
+            reason = check_reply(res, self._expected, seen)
+            if reason is None:
+                accepted.append((proxy, res))
+            else:
+                rejected.append({"node": proxy.cid, "partition": self.registry.partition_of(
+                    proxy.cid), "reason": reason})
+                log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
+                    server_round, proxy.cid, self.registry.partition_of(proxy.cid), reason)
+        failed = [_describe_failure(f) for f in failures]
+        for reason in failed:
+            log(WARNING, "round %d: client failed: %s", server_round, reason)
+        self._round_info.update(failures=len(failed), failure_reasons=failed,
+                                rejected=len(rejected), rejected_reasons=rejected)
+        return sorted(accepted, key=lambda r: int(r[1].metrics["partition-id"]))
+
+    # -- state for checkpoints ----------------------------------------------------------
+    def server_state(self) -> dict[str, Any]:
+        """Everything the server must remember to continue the run (JSON-serializable);
+        method strategies extend it."""
+        return {"prestopper": asdict(self.prestopper),
+                "elapsed_s": self._elapsed_before + time.monotonic() - self._t0}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`server_state` from a checkpoint."""
+        stopper = dict(state["prestopper"])
+        stopper["history"] = [tuple(h) for h in stopper["history"]]
+        self.prestopper = Prestopper(**stopper)
+        self._elapsed_before = float(state["elapsed_s"])
+
     # -- evaluation and records -------------------------------------------------------
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
@@ -147,13 +214,17 @@ class FedEFCStrategy(FedAvg):
         record: dict[str, Any] = {"round": server_round, "test_acc": acc, "test_loss": loss,
                                   "A_max": self.prestopper.a_max,
                                   "patience": self.prestopper.patience,
-                                  "t_e": self.prestopper.t_e, "elapsed_s": now - self._t0}
+                                  "t_e": self.prestopper.t_e,
+                                  "elapsed_s": self._elapsed_before + now - self._t0}
         if server_round == 0:
             record.update(phase=1, n_clients=0)
         else:
             record.update(self._round_info, round_s=now - self._round_start)
         self.recorder.write_round(record)
         self._log_round(record)
+        if server_round > 0:
+            checkpoint.save(self.recorder.out_dir, checkpoint.Checkpoint(
+                server_round, weights, self.server_state(), self.cfg.to_flat()))
         if server_round == self.cfg.rounds:
             self.finish(weights)
         return loss, {"accuracy": acc}
@@ -181,7 +252,8 @@ class FedEFCStrategy(FedAvg):
         summary = self.recorder.write_summary({
             **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
             "seed": self.cfg.seed, "rounds": self.cfg.rounds, "t_e": self.prestopper.t_e,
-            "A_max": self.prestopper.a_max, "wall_time_s": time.monotonic() - self._t0,
+            "A_max": self.prestopper.a_max,
+            "wall_time_s": self._elapsed_before + time.monotonic() - self._t0,
         })
         log(INFO, "SUMMARY | final acc %.4f | best %.4f (round %s) | mean of last 10 %.4f | "
             "T_e %s | wall time %.1f s", summary.get("final_acc", float("nan")),

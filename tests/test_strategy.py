@@ -38,12 +38,15 @@ class FakeProxy(ClientProxy):
         raise NotImplementedError
 
 
+GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]
+PARAMS = ndarrays_to_parameters(GLOBAL)
+
+
 def make_strategy(tmp_path, **overrides):
     cfg = load_run_config({"num-clients": 10, "fraction": 0.5, "start-round": 0,
                            "gamma-thr": 1, "rounds": 10, **overrides})
     evaluator = lambda weights: (0.0, 0.0)  # noqa: E731 - the tests here do not evaluate
-    return FedEFCStrategy(cfg, evaluator, RunRecorder(tmp_path / "out", cfg.to_flat()),
-                          ndarrays_to_parameters([np.zeros(1)]))
+    return FedEFCStrategy(cfg, evaluator, RunRecorder(tmp_path / "out", cfg.to_flat()), PARAMS)
 
 
 def fit_results(rng, n_clients, accuracies=None):
@@ -61,8 +64,8 @@ def fit_results(rng, n_clients, accuracies=None):
 def test_phase1_aggregation_equals_flower_fedavg(tmp_path):
     rng = np.random.default_rng(0)
     results = fit_results(rng, 6, accuracies=[0.5] * 6)
-    strategy = make_strategy(tmp_path)
-    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    strategy = make_strategy(tmp_path, fraction=1.0)
+    strategy.configure_fit(1, PARAMS, _manager(10))
     ours, _ = strategy.aggregate_fit(1, list(results), [])
     theirs, _ = FedAvg().aggregate_fit(1, list(results), [])
     for a, b in zip(parameters_to_ndarrays(ours), parameters_to_ndarrays(theirs)):
@@ -78,8 +81,8 @@ def test_phase1_aggregation_equals_flower_fedavg(tmp_path):
 def test_reply_order_does_not_change_the_aggregate(tmp_path):
     rng = np.random.default_rng(1)
     results = fit_results(rng, 8, accuracies=[0.5] * 8)
-    strategy = make_strategy(tmp_path)
-    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    strategy = make_strategy(tmp_path, fraction=1.0)
+    strategy.configure_fit(1, PARAMS, _manager(10))
     first, _ = strategy.aggregate_fit(1, list(results), [])
     shuffled = [results[i] for i in rng.permutation(len(results))]
     second, _ = strategy.aggregate_fit(1, shuffled, [])
@@ -88,8 +91,8 @@ def test_reply_order_does_not_change_the_aggregate(tmp_path):
 
 def test_accuracy_is_unweighted_mean(tmp_path):
     rng = np.random.default_rng(2)
-    strategy = make_strategy(tmp_path)
-    strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    strategy = make_strategy(tmp_path, fraction=1.0)
+    strategy.configure_fit(1, PARAMS, _manager(10))
     strategy.aggregate_fit(1, fit_results(rng, 4, accuracies=[0.1, 0.2, 0.3, 1.0]), [])
     assert strategy.prestopper.history == [(1, pytest.approx(0.4))]
 
@@ -105,7 +108,7 @@ def test_after_the_switch_every_client_gets_phase_2(tmp_path):
     rng = np.random.default_rng(3)
     strategy = make_strategy(tmp_path)
     manager = _manager(10)
-    params = ndarrays_to_parameters([np.zeros(1)])
+    params = PARAMS
     phases = []
     for rnd, acc in enumerate([0.5, 0.4, 0.9, 0.9], start=1):
         instructions = strategy.configure_fit(rnd, params, manager)
@@ -120,7 +123,7 @@ def test_after_the_switch_every_client_gets_phase_2(tmp_path):
 
 def test_each_client_gets_its_own_config_copy_and_seed(tmp_path):
     strategy = make_strategy(tmp_path)
-    instructions = strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), _manager(10))
+    instructions = strategy.configure_fit(1, PARAMS, _manager(10))
     configs = [ins.config for _, ins in instructions]
     assert len({id(c) for c in configs}) == len(configs)
     assert len({c["seed"] for c in configs}) == len(configs)
@@ -130,7 +133,7 @@ def test_each_client_gets_its_own_config_copy_and_seed(tmp_path):
 def test_sampling_is_by_partition_id_and_seeded(tmp_path):
     a = make_strategy(tmp_path / "a")
     b = make_strategy(tmp_path / "b")
-    params = ndarrays_to_parameters([np.zeros(1)])
+    params = PARAMS
     for rnd in (1, 2, 3):
         # different node ids (as in two Flower runs), same partitions -> same sample
         pa = [p.partition_id for p, _ in a.configure_fit(rnd, params, _manager(10))]

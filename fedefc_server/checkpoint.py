@@ -1,0 +1,90 @@
+"""Per-round checkpoints of the server side, and resuming a run from one.
+
+After every round the strategy writes ``<out-dir>/checkpoint.pt`` atomically (temp file
++ rename): the round, the global model, the strategy state (prestopping: A_max,
+patience, T_e, accuracy history; method-specific server state) and the run config.
+There is no server-side RNG state to keep: client sampling and every client seed are
+pure functions of (seed, round). A new run with ``resume-from=<that folder>`` continues
+with round+1 and appends to the same folder.
+
+The file is read with ``torch.load(weights_only=True)``: tensors, numbers, strings,
+lists and dicts only, so a tampered checkpoint cannot run code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.results import atomic_write_bytes
+
+FILE = "checkpoint.pt"
+FORMAT = 1
+# Keys that may differ between the interrupted run and its resumption: where results
+# go, how long to run, and how (not what) to compute.
+MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
+                        "eval-batch-size", "client-timeout"})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt or belongs to another run; names path and fix."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    round: int
+    weights: list[np.ndarray]
+    strategy: dict[str, Any]
+    config: dict[str, Any]
+
+
+def save(out_dir: Path, ckpt: Checkpoint) -> None:
+    payload = {"format": FORMAT, "round": ckpt.round,
+               "weights": [torch.from_numpy(np.ascontiguousarray(w)) for w in ckpt.weights],
+               "strategy": json.dumps(ckpt.strategy), "config": json.dumps(ckpt.config)}
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(Path(out_dir) / FILE, buf.getvalue())
+
+
+def load(folder: str | Path) -> Checkpoint:
+    path = Path(folder) / FILE
+    if not path.exists():
+        raise CheckpointError(f"resume-from={str(folder)!r}: no {FILE} there; point resume-from "
+                              "at the out-dir of a run that completed at least one round")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        if payload.get("format") != FORMAT:
+            raise ValueError(f"format {payload.get('format')!r}, expected {FORMAT}")
+        return Checkpoint(round=int(payload["round"]),
+                          weights=[t.numpy() for t in payload["weights"]],
+                          strategy=json.loads(payload["strategy"]),
+                          config=json.loads(payload["config"]))
+    except Exception as err:  # any unpickling/decoding failure means the file is unusable
+        raise CheckpointError(f"{path} is corrupt or not a FedEFC checkpoint ({err}); "
+                              "resume from another run or start a new one") from None
+
+
+def check_compatible(ckpt: Checkpoint, config: dict[str, Any], folder: str | Path,
+                     expected_shapes: list[tuple[int, ...]]) -> None:
+    """Refuse a checkpoint of another config or another model."""
+    diff = {k: (ckpt.config.get(k), v) for k, v in config.items()
+            if k not in MAY_DIFFER and ckpt.config.get(k) != v}
+    if diff:
+        keys = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(diff.items()))
+        raise CheckpointError(f"resume-from={str(folder)!r} was run with another config ({keys}); "
+                              "resume with the same values or start a new run")
+    shapes = [tuple(w.shape) for w in ckpt.weights]
+    if shapes != [tuple(s) for s in expected_shapes]:
+        raise CheckpointError(f"resume-from={str(folder)!r} holds another model "
+                              f"({len(shapes)} arrays, expected {len(expected_shapes)} of the "
+                              f"configured model); resume with the same model")
+    if ckpt.round >= int(config["rounds"]):
+        raise CheckpointError(f"resume-from={str(folder)!r} already finished round {ckpt.round} "
+                              f"of rounds={config['rounds']}; raise rounds to continue it")

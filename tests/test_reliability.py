@@ -1,0 +1,327 @@
+"""Reliability: bad payloads, failing and lying clients, checkpoints, resume, bad input."""
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+from common.config import load_run_config
+from common.faults import parse_faults
+from common.results import RunRecorder
+from fedefc_server import checkpoint
+from fedefc_server.launch import (LocalSimulation, main, resolve_run_config, resume_config,
+                                  run_simulation_job)
+from fedefc_server.robust import aggregate_accuracy
+from fedefc_server.strategy import FedEFCStrategy
+from tests.test_strategy import GLOBAL, PARAMS, FakeProxy, _manager
+
+OK = Status(code=Code.OK, message="")
+
+
+# -- payload validation, table-driven ------------------------------------------------
+def good_reply(pid, rng, **metrics):
+    arrays = [rng.normal(size=a.shape).astype(a.dtype) for a in GLOBAL]
+    return arrays, 100, {"partition-id": pid, "accuracy": 0.5, **metrics}
+
+
+BAD = {
+    "too few arrays": lambda w, n, m: (w[:1], n, m),
+    "too many arrays": lambda w, n, m: (w + [w[0]], n, m),
+    "wrong shape": lambda w, n, m: ([w[0].reshape(4, 3), w[1]], n, m),
+    "wrong dtype": lambda w, n, m: ([w[0].astype(np.float64), w[1]], n, m),
+    "NaN": lambda w, n, m: ([np.full_like(w[0], np.nan), w[1]], n, m),
+    "Inf": lambda w, n, m: ([w[0], np.full_like(w[1], np.inf)], n, m),
+    "zero samples": lambda w, n, m: (w, 0, m),
+    "negative samples": lambda w, n, m: (w, -3, m),
+    "absurd samples": lambda w, n, m: (w, 10**12, m),
+    "missing accuracy": lambda w, n, m: (w, n, {k: v for k, v in m.items() if k != "accuracy"}),
+    "accuracy above 1": lambda w, n, m: (w, n, {**m, "accuracy": 1.5}),
+    "accuracy NaN": lambda w, n, m: (w, n, {**m, "accuracy": float("nan")}),
+    "accuracy as text": lambda w, n, m: (w, n, {**m, "accuracy": "0.9"}),
+    "partition id missing": lambda w, n, m: (w, n, {k: v for k, v in m.items()
+                                                    if k != "partition-id"}),
+    "partition id text": lambda w, n, m: (w, n, {**m, "partition-id": "7"}),
+    "partition id not sampled": lambda w, n, m: (w, n, {**m, "partition-id": 99}),
+    "partition id duplicated": lambda w, n, m: (w, n, {**m, "partition-id": 0}),
+}
+REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expected",
+          "wrong shape": "shape", "wrong dtype": "dtype", "NaN": "NaN", "Inf": "NaN or Inf",
+          "zero samples": "sample count 0", "negative samples": "sample count -3",
+          "absurd samples": "sample count 1000000000000", "missing accuracy": "accuracy missing",
+          "accuracy above 1": "outside [0, 1]", "accuracy NaN": "outside [0, 1]",
+          "accuracy as text": "not a number", "partition id missing": "malformed partition id",
+          "partition id text": "malformed partition id", "partition id not sampled":
+          "not asked", "partition id duplicated": "replied twice"}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(tmp_path, case):
+    cfg = load_run_config({"num-clients": 6, "fraction": 1.0, "rounds": 5, "start-round": 0})
+    strategy = FedEFCStrategy(cfg, lambda w: (0.0, 0.0), RunRecorder(tmp_path, cfg.to_flat()),
+                              PARAMS, max_samples=4000)
+    strategy.configure_fit(1, PARAMS, _manager(6))
+    rng = np.random.default_rng(0)
+    replies = [good_reply(pid, rng) for pid in range(6)]
+    replies[5] = BAD[case](*replies[5])
+    results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+               for i, (w, n, m) in enumerate(replies)]
+    params, _ = strategy.aggregate_fit(1, results, [])
+    info = strategy._round_info
+    assert info["rejected"] == 1 and REASON[case] in info["rejected_reasons"][0]["reason"]
+    assert info["partition_ids"] == [0, 1, 2, 3, 4]
+    good = [w for w, _, _ in replies[:5]]
+    for layer, got in enumerate(parameters_to_ndarrays(params)):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, np.mean([g[layer] for g in good], axis=0), rtol=1e-5,
+                                   atol=1e-6)
+    assert info["A"] == pytest.approx(0.5)
+
+
+def test_round_below_min_fit_clients_keeps_the_model(tmp_path):
+    cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "rounds": 5, "start-round": 0,
+                           "min-fit-clients": 3})
+    strategy = FedEFCStrategy(cfg, lambda w: (0.0, 0.0), RunRecorder(tmp_path, cfg.to_flat()),
+                              PARAMS)
+    strategy.configure_fit(1, PARAMS, _manager(4))
+    rng = np.random.default_rng(1)
+    results = [(FakeProxy(str(i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+               for i, (w, n, m) in enumerate(good_reply(p, rng) for p in range(2))]
+    params, _ = strategy.aggregate_fit(1, results, [RuntimeError("boom"), RuntimeError("x")])
+    assert params is None and strategy._round_info["skipped"]
+    assert strategy._round_info["failures"] == 2
+    assert strategy.prestopper.history == []  # no A(t) from a skipped round
+
+
+# -- robust accuracy aggregation -----------------------------------------------------
+def test_accuracy_aggregations():
+    values = [0.1, 0.5, 0.6, 0.7, 1.0]
+    assert aggregate_accuracy(values, "mean") == pytest.approx(0.58)
+    assert aggregate_accuracy(values, "median") == pytest.approx(0.6)
+    assert aggregate_accuracy(values, "trimmed-mean", 0.2) == pytest.approx(0.6)
+    assert aggregate_accuracy(values, "trimmed-mean", 0.1) == pytest.approx(0.58)  # floor(0.5)=0
+    assert aggregate_accuracy([], "median") is None
+    liars = [1.0] + [0.6] * 9
+    assert aggregate_accuracy(liars, "median") == 0.6 and aggregate_accuracy(liars) > 0.6
+
+
+def test_fault_spec_parsing():
+    faults = parse_faults("raise@3;acc=1.0@0-2,9@5-6")
+    assert faults[0].pids == {3} and faults[0].rounds is None
+    assert faults[1].pids == {0, 1, 2, 9} and faults[1].rounds == {5, 6}
+    assert faults[1].applies(9, 6) and not faults[1].applies(9, 7)
+    with pytest.raises(ValueError, match="KIND@PIDS"):
+        parse_faults("explode@1")
+
+
+# -- checkpoints ---------------------------------------------------------------------
+def _ckpt(cfg, rnd=3):
+    return checkpoint.Checkpoint(rnd, [np.arange(6, dtype=np.float32).reshape(2, 3)],
+                                 {"prestopper": {"a_max": 0.5}}, cfg.to_flat())
+
+
+def test_checkpoint_roundtrip_and_refusals(tmp_path):
+    cfg = load_run_config({"rounds": 10})
+    checkpoint.save(tmp_path, _ckpt(cfg))
+    got = checkpoint.load(tmp_path)
+    assert got.round == 3 and got.strategy == {"prestopper": {"a_max": 0.5}}
+    np.testing.assert_array_equal(got.weights[0], np.arange(6).reshape(2, 3))
+    checkpoint.check_compatible(got, {**cfg.to_flat(), "rounds": 20, "out-dir": "/x"}, tmp_path,
+                                [(2, 3)])
+    with pytest.raises(checkpoint.CheckpointError, match="rho: 0.2 -> 0.4"):
+        checkpoint.check_compatible(got, {**cfg.to_flat(), "rho": 0.4}, tmp_path, [(2, 3)])
+    with pytest.raises(checkpoint.CheckpointError, match="another model"):
+        checkpoint.check_compatible(got, cfg.to_flat(), tmp_path, [(3, 2)])
+    with pytest.raises(checkpoint.CheckpointError, match="already finished"):
+        checkpoint.check_compatible(got, {**cfg.to_flat(), "rounds": 3}, tmp_path, [(2, 3)])
+    (tmp_path / checkpoint.FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
+        checkpoint.load(tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint.pt"):
+        checkpoint.load(tmp_path / "elsewhere")
+
+
+def test_recorder_resume_drops_records_after_the_checkpoint(tmp_path):
+    rec = RunRecorder(tmp_path, {"a": 1})
+    for r in range(5):
+        rec.write_round({"round": r, "test_acc": 0.1 * r})
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 5, "test_ac')  # the crash cut the last line short
+    again = RunRecorder(tmp_path, {"a": 1}, resume_round=3)
+    assert [r["round"] for r in again.rounds] == [0, 1, 2, 3]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [0, 1, 2, 3]
+
+
+# -- bad configuration and data: clear error, non-zero exit, nothing written ----------
+FUZZ = [
+    ["--set", "rho=abc"], ["--set", "rho=-0.1"], ["--set", "rho=1.0"], ["--set", "zeta=2"],
+    ["--set", "rho=0.3", "--set", "zeta=1.0"], ["--set", "dataset=imagenet"],
+    ["--set", "num-clients=0"], ["--set", "num-clients=2.5"], ["--set", "fraction=0"],
+    ["--set", "fraction=1.5"], ["--set", "rounds=0"], ["--set", "local-epochs=-1"],
+    ["--set", "batch-size=0"], ["--set", "lr=0"], ["--set", "momentum=1"],
+    ["--set", "alpha-dir=0"], ["--set", "p=0"], ["--set", "start-round=999"],
+    ["--set", "gamma-thr=0"], ["--set", "count-rule=vote"], ["--set", "weighting=yes"],
+    ["--set", "accuracy-signal=loss"], ["--set", "device=tpu"], ["--set", "seed=-1"],
+    ["--set", "method=sgd"], ["--set", "model=vgg"], ["--set", "noise-groups=0.2"],
+    ["--set", "noise-groups=0.2:1.0;0.1:0.1"], ["--set", "dataset=mnist"],
+    ["--set", "dataset=mnist", "--set", "data-dir=relative/path"],
+    ["--set", "accuracy-aggregation=mode"], ["--set", "trim-fraction=0.5"],
+    ["--set", "min-fit-clients=11"], ["--set", "faults=boom@1"], ["--set", "resume-from=rel"],
+    ["--set", "unknown-key=1"], ["--set", "novalue"], ["--set", "iid=maybe"],
+    ["--set", "client-timeout=-1"], ["--set", "rho=0.5", "--set", "zeta=0.99"],
+]
+
+
+@pytest.mark.parametrize("args", FUZZ, ids=[" ".join(a[1::2]) for a in FUZZ])
+def test_invalid_config_exits_nonzero_naming_the_key_and_writes_nothing(tmp_path, capsys, args):
+    out = tmp_path / "out"
+    assert main(["run", *args, "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    key = args[-1].split("=")[0]
+    assert err.startswith("fedefc: error:") and (key in err or "zeta" in err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("layout", ["missing", "empty", "corrupt"])
+def test_missing_or_corrupt_dataset_fails_before_round_1(tmp_path, capsys, tiny_mnist_dir, layout):
+    data = tmp_path / "data"
+    if layout != "missing":
+        (data / "MNIST" / "raw").mkdir(parents=True)
+    if layout == "corrupt":
+        for f in (tiny_mnist_dir / "MNIST" / "raw").iterdir():
+            (data / "MNIST" / "raw" / f.name).write_bytes(f.read_bytes()[:100])
+    out = tmp_path / "out"
+    assert main(["run", "--set", "dataset=mnist", "--set", f"data-dir={data}",
+                 "--out-dir", str(out)]) == 2
+    assert str(data) in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["under a file", "read-only file system"])
+def test_unwritable_output_folder_is_refused(tmp_path, capsys, where):
+    if where == "under a file":
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / "run"
+    else:
+        out = tmp_path.anchor + "proc/fedefc-run"
+    assert main(["run", "--out-dir", str(out)]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+# -- real simulations ----------------------------------------------------------------
+def small_job(data_dir, out, **extra):
+    base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
+            "num-clients": 4, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
+            "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
+            "iid": "true", "client-threads": 1, **extra}
+    return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))
+
+
+def records(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
+    faults = "raise@0@2-3;nan@1@2;shape@2@3;samples=0@3@4;acc=1.5@3@2;pid=9@2@5"
+    summary = run_simulation_job(small_job(tiny_mnist_dir, tmp_path / "run",
+                                           faults=f'"{faults}"'))
+    recs = {r["round"]: r for r in records(tmp_path / "run")}
+    assert recs[2]["failures"] == 1 and recs[2]["rejected"] == 2
+    assert {x["reason"].split(" ")[0] for x in recs[2]["rejected_reasons"]} == {"array", "phase-1"}
+    assert recs[3]["failures"] == 1 and "shape" in recs[3]["rejected_reasons"][0]["reason"]
+    assert recs[4]["rejected"] == 1 and recs[5]["rejected"] == 1
+    assert 0 in recs[1]["partition_ids"] and 0 not in recs[2]["partition_ids"]
+    assert 0 in recs[4]["partition_ids"]  # the failed client takes part again
+    model = torch.load(tmp_path / "run" / "model.pt")
+    assert all(torch.isfinite(v.float()).all() for v in model.values())
+    assert summary["final_acc"] > 0.3
+
+
+def _kill_simulation_after(sim: LocalSimulation, out, rnd: int) -> None:
+    """SIGKILL the flwr-simulation process (it hosts the ServerApp) once round ``rnd``
+    has been recorded."""
+    import os
+    import signal
+    import subprocess
+
+    path = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) > rnd:
+            break
+        time.sleep(0.05)
+    pids = subprocess.run(["pgrep", "-f", f"flwr-simulation.*127.0.0.1:{sim.port}"],
+                          capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+
+
+def test_kill_the_server_mid_run_then_resume_gives_the_uninterrupted_result(tmp_path,
+                                                                              tiny_mnist_dir):
+    whole = small_job(tiny_mnist_dir, tmp_path / "whole")
+    run_simulation_job(whole)
+    broken = small_job(tiny_mnist_dir, tmp_path / "broken")
+    with LocalSimulation(tmp_path / "sim") as sim:
+        killer = threading.Thread(target=_kill_simulation_after,
+                                  args=(sim, tmp_path / "broken", 3))
+        killer.start()
+        _, status = sim.run(broken, 4, 1, 0.0, log_path=tmp_path / "broken.log")
+        killer.join()
+    assert status != "finished:completed"
+    assert not (tmp_path / "broken" / "summary.json").exists()
+    stopped_at = checkpoint.load(tmp_path / "broken").round
+    assert 3 <= stopped_at < 6
+    summary = run_simulation_job(resume_config(str(tmp_path / "broken"), []))
+    a = torch.load(tmp_path / "whole" / "model.pt")
+    b = torch.load(tmp_path / "broken" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = records(tmp_path / "whole"), records(tmp_path / "broken")
+    keys = ("round", "test_acc", "test_loss", "A", "phase", "partition_ids", "t_e")
+    assert [{k: r.get(k) for k in keys} for r in ra] == [{k: r.get(k) for k in keys} for r in rb]
+    assert summary["final_acc"] == json.loads((tmp_path / "whole" / "summary.json")
+                                              .read_text())["final_acc"]
+
+
+def _phase1_rounds(out):
+    return {r["round"]: r for r in records(out) if r["round"] > 0 and r.get("A") is not None}
+
+
+def test_lying_clients_influence_on_a_t_is_bounded_under_median(tmp_path):
+    """10% of the clients (partitions 0-1 of 20) always report accuracy 1.0.
+
+    Until the first phase switch the global models of the honest and the lying run are
+    identical (a reported accuracy does not change training), so each round's reports
+    differ only at the liars. The median must then stay within the honest reports' order
+    statistics y((m+1)/2 - f) .. y(m/2 + 1 + f) for f liars among m reports, while the
+    mean moves by exactly sum(lie - honest) / m. How far this moves T_e is measured in
+    docs/RELIABILITY.md (tests/benchmarks/bench_lying_clients.py): the prestopping rule
+    compares A(t) with A_max, so even a bounded shift can move T_e by several rounds
+    when round-to-round gains are smaller than the honest clients' spread.
+    """
+    def run(name, how, faults=""):
+        cfg = resolve_run_config(None, ["rounds=12", "start-round=11",
+                                        f"accuracy-aggregation={how}", f'faults="{faults}"'],
+                                 str(tmp_path / name))
+        run_simulation_job(cfg)
+        return _phase1_rounds(tmp_path / name)
+
+    honest = run("honest", "median")
+    lying_median = run("lying-median", "median", "acc=1.0@0-1")
+    lying_mean = run("lying-mean", "mean", "acc=1.0@0-1")
+    checked = 0
+    for rnd, h in honest.items():
+        liars = [i for i, pid in enumerate(h["partition_ids"]) if pid in (0, 1)]
+        if not liars:
+            continue
+        y = np.sort(h["client_acc"])
+        m, f = len(y), len(liars)
+        low, high = y[max(0, (m + 1) // 2 - 1 - f)], y[min(m - 1, m // 2 + f)]
+        assert low - 1e-12 <= lying_median[rnd]["A"] <= high + 1e-12
+        shift = sum(1.0 - h["client_acc"][i] for i in liars) / m
+        assert lying_mean[rnd]["A"] == pytest.approx(np.mean(h["client_acc"]) + shift)
+        checked += 1
+    assert checked >= 3
