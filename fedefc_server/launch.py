@@ -37,6 +37,7 @@ from common.partition import PartitionError
 from common.results import OutputDirError, check_output_dir
 
 from .checkpoint import CheckpointError
+from .procs import stop_tree
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONFIGS_DIR = APP_DIR / "configs"
@@ -195,13 +196,8 @@ class LocalSimulation:
         raise LaunchError("flower-superlink did not open its port within 60 s")
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_tree(self.proc)
 
     def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,
             client_gpus: float, app_dir: Path = APP_DIR,
