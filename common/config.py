@@ -115,7 +115,7 @@ class RunConfig(BaseModel):
     rofl_detach_centroid_feature: bool = False  # true: the reimplementation's no-gradient term
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "RunConfig":
+    def _cross_checks(self) -> RunConfig:
         if self.dataset != "mnist-embedded" and not os.path.isabs(self.data_dir):
             raise ValueError(
                 f"data-dir={self.data_dir!r}: dataset {self.dataset!r} needs an absolute "

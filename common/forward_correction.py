@@ -17,6 +17,7 @@ def patrini_transition(probs: np.ndarray, percentile: float = 97.0) -> np.ndarra
     if len(probs) == 0:
         return t
     for i in range(k):
-        cut = np.percentile(probs[:, i], percentile, method="linear")
+        # min(): interpolating between tied values can land one ulp above both of them
+        cut = min(np.percentile(probs[:, i], percentile, method="linear"), probs[:, i].max())
         t[i] = probs[probs[:, i] >= cut].mean(axis=0)
     return t / t.sum(axis=1, keepdims=True)

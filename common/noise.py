@@ -12,10 +12,6 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
-from cleanlab.benchmarking.noise_generation import (
-    generate_noise_matrix_from_trace,
-    generate_noisy_labels,
-)
 
 
 class NoiseError(ValueError):
@@ -45,6 +41,10 @@ def noise_matrix(num_classes: int, rho: float, zeta: float, prior: np.ndarray,
             f"rho={rho} gives trace {trace:.3f} <= 1 for K={num_classes}; cleanlab needs "
             f"trace > 1 for a learnable noise matrix: use rho < {1 - 1 / num_classes:.3f}"
         )
+    # cleanlab is imported here, not at module level: a SuperNode starts a fresh process
+    # per message and, with the node's data cached on disk, never needs it (~1 s saved).
+    from cleanlab.benchmarking.noise_generation import generate_noise_matrix_from_trace
+
     with _seeded_global_numpy(seed):
         nm = generate_noise_matrix_from_trace(
             num_classes, trace, py=np.asarray(prior, dtype=float),
@@ -71,6 +71,8 @@ def apply_noise(true_labels: np.ndarray, nm: np.ndarray, seed: int) -> np.ndarra
     true_labels = np.asarray(true_labels)
     if np.allclose(nm, np.eye(len(nm))) or len(true_labels) == 0:
         return true_labels.copy()
+    from cleanlab.benchmarking.noise_generation import generate_noisy_labels
+
     with _seeded_global_numpy(seed):
         return np.asarray(generate_noisy_labels(true_labels, nm), dtype=true_labels.dtype)
 

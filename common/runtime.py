@@ -1,4 +1,9 @@
-"""Per-process caches of models and device tensors, so each is built and moved once."""
+"""Per-process caches of models and device tensors, so each is built and moved once.
+
+A process serves one client message at a time (a Ray actor in simulation, a fresh
+ClientApp process per message in deployment), so clients can share one model instance
+whose weights every message overwrites.
+"""
 
 from __future__ import annotations
 

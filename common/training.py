@@ -166,7 +166,7 @@ def evaluate_per_class(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     preds = torch.cat([model(transform(x[i:i + batch_size])).argmax(1)
                        for i in range(0, len(x), batch_size)]).cpu().numpy()
     labels = y.cpu().numpy()
-    k = int(getattr(model, "classifier").out_features)
+    k = int(model.classifier.out_features)
     total = np.bincount(labels, minlength=k)
     correct = np.bincount(labels[preds == labels], minlength=k)
     return np.where(total > 0, correct / np.maximum(total, 1), 0.0)

@@ -1,4 +1,11 @@
-"""The ClientApp: one FedEFC client per message, its partition from the node config."""
+"""The ClientApp: one FedEFC client per message, its data chosen by the node config.
+
+Node config keys (docs/DEPLOYMENT.md, "Node data"): ``partition-id`` (the node's
+identity: seeds, sampling, reply order) and ``num-partitions`` (= the run's
+num-clients) always; ``data-path`` for the node's own private data instead of
+partition ``partition-id`` of the run's dataset; ``cache-dir`` to keep the prepared
+data on disk across the per-message ClientApp processes of a SuperNode.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,10 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from common.config import ConfigError, load_run_config
-
 from common.training import pick_device
 
 from .client import FedEFCClient
-from .local_data import partition_data
+from .local_data import check_node_config, node_data
 
 
 def partition_of(context: Context, num_clients: int) -> int:
@@ -38,8 +44,12 @@ def partition_of(context: Context, num_clients: int) -> int:
 def client_fn(context: Context):
     cfg = load_run_config(context.run_config)
     pid = partition_of(context, cfg.num_clients)
-    return FedEFCClient(cfg, pid, lambda: partition_data(cfg, pid, pick_device(cfg.device)),
-                        context.state).to_client()
+    node = f"node {context.node_id} (partition-id {pid})"
+    node_config = dict(context.node_config)
+    check_node_config(node_config, node)
+    return FedEFCClient(
+        cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
+        context.state).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

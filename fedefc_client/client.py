@@ -12,6 +12,7 @@ diagnostics such as Q's cosine similarity to the client's true noise matrix.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from logging import INFO
 
@@ -59,7 +60,8 @@ class FedEFCClient(NumPyClient):
 
     def fit(self, parameters, config):
         before_training(self.faults, self.partition_id, int(config["round"]))
-        local = self.local
+        local = self.local  # loaded (or read from the cache) before the clock starts
+        start = time.perf_counter()
         model = model_for(self.cfg, local.data, local.x.device)
         set_weights(model, parameters)
         metrics: dict = {"partition-id": self.partition_id}
@@ -75,6 +77,7 @@ class FedEFCClient(NumPyClient):
         metrics["train-loss"] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics["noise-rate"] = local.noise_rate
+        metrics["fit-s"] = time.perf_counter() - start  # local compute, the same everywhere
         if job.last_q is not None:
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())

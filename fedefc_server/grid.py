@@ -72,7 +72,7 @@ class Grid:
     path: Path | None = None
 
     @classmethod
-    def load(cls, path: str | Path) -> "Grid":
+    def load(cls, path: str | Path) -> Grid:
         path = Path(path)
         if not path.suffix:
             path = CONFIGS_DIR / "grids" / f"{path}.toml"

@@ -175,15 +175,15 @@ class LocalSimulation:
             '[superlink]\ndefault = "fedefc-sim"\n\n[superlink.fedefc-sim]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
 
-    def __enter__(self) -> "LocalSimulation":
-        log = open(self.work_dir / "superlink.log", "wb")
-        self.proc = subprocess.Popen(
-            [_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
-             "--port", str(self.port), "--control-api-address",
-             f"127.0.0.1:{self.control_port}", "--disable-runtime-dependency-installation",
-             "--database", str(self.work_dir / "state.db")],
-            env=self.env, cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+    def __enter__(self) -> LocalSimulation:
+        with open(self.work_dir / "superlink.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--control-api-address",
+                 f"127.0.0.1:{self.control_port}", "--disable-runtime-dependency-installation",
+                 "--database", str(self.work_dir / "state.db")],
+                env=self.env, cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -7,6 +7,7 @@ import pytest
 
 from common.config import ConfigError
 from fedefc_server.grid import Grid, main, run_grid
+from fedefc_server.launch import CONFIGS_DIR
 from fedefc_server.report import load_paper_numbers, paper_key
 
 GRID = """
@@ -89,3 +90,9 @@ def test_paper_numbers_match_the_spec_table():
     assert paper[paper_key({**cfg, "method": "fedavg", "rho": 0.0})] == (99.51, 0.02)
     assert paper_key({**cfg, "dataset": "mnist-embedded", "method": "fedefc"}) is None
     assert len(paper) == 9 * 10 + 9 * 9 + 3 * 9
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS_DIR / "grids").glob("*.toml")))
+def test_every_shipped_grid_builds_valid_cells(name, tmp_path):
+    cells = Grid.load(name).cells(tmp_path, ["data-dir=/data"])
+    assert cells and len({c.out_dir for c in cells}) == len(cells)

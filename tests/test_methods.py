@@ -45,6 +45,15 @@ def test_patrini_rows_on_a_constructed_prediction_matrix():
     np.testing.assert_allclose(t.sum(1), 1.0)
 
 
+def test_patrini_rows_with_tied_top_predictions_are_finite():
+    # 0.1 * 0.7 + 0.1 * 0.3 == 0.10000000000000002: the interpolated percentile can exceed
+    # every (tied) value, which once left the selection empty and the row NaN.
+    probs = np.full((50, 10), 0.1)
+    t = patrini_transition(probs, 97.0)
+    assert np.isfinite(t).all()
+    np.testing.assert_allclose(t, np.full((10, 10), 0.1))
+
+
 def test_confident_learning_mask_equals_direct_cleanlab_call():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 5, 400)

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Generate a private CA and a TLS certificate for the SuperLink (openssl).
+#
+# usage: deploy/gen-certs.sh OUT_DIR NAME_OR_IP [NAME_OR_IP ...]
+#
+# Every NAME_OR_IP becomes a subjectAltName of the SuperLink certificate (DNS:name or
+# IP:address): list the host name AND the IP address the SuperNodes and the `flwr` CLI
+# use to reach the SuperLink (and `superlink` for the compose demo). `localhost` and
+# 127.0.0.1 are always added, so the SuperLink's own SuperExec and an operator on the
+# SuperLink machine can connect.
+#
+# Writes (refuses to overwrite an existing CA):
+#   OUT_DIR/ca.crt      the CA certificate: copy it to every SuperNode and CLI user
+#   OUT_DIR/ca.key      the CA private key: keep it offline, never copy it anywhere
+#   OUT_DIR/server.pem  the SuperLink certificate      (--ssl-certfile)
+#   OUT_DIR/server.key  the SuperLink private key      (--ssl-keyfile; SuperLink only)
+# The SuperLink also takes --ssl-ca-certfile OUT_DIR/ca.crt.
+set -euo pipefail
+
+if [ "$#" -lt 2 ]; then
+    echo "usage: $0 OUT_DIR NAME_OR_IP [NAME_OR_IP ...]" >&2
+    echo "e.g.:  $0 ./certs superlink.example.org 203.0.113.7" >&2
+    exit 2
+fi
+command -v openssl >/dev/null || { echo "$0: openssl not found; install it" >&2; exit 2; }
+
+out="$1"; shift
+days="${CERT_DAYS:-365}"
+if [ -e "$out/ca.key" ]; then
+    echo "$0: $out/ca.key already exists; choose a new OUT_DIR (nothing overwritten)" >&2
+    exit 2
+fi
+mkdir -p "$out"
+chmod 700 "$out"
+
+# subjectAltName list, without duplicates; IPv4/IPv6 literals become IP entries.
+declare -A seen=()
+san=""
+for entry in "$@" localhost 127.0.0.1; do
+    [ -n "${seen[$entry]:-}" ] && continue
+    seen[$entry]=1
+    if [[ "$entry" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ || "$entry" == *:* ]]; then
+        san+="${san:+,}IP:$entry"
+    else
+        san+="${san:+,}DNS:$entry"
+    fi
+done
+
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out "$out/ca.key" 2>/dev/null
+openssl req -x509 -new -key "$out/ca.key" -sha384 -days "$days" \
+    -subj "/CN=FedEFC SuperLink CA" -out "$out/ca.crt"
+
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out "$out/server.key" 2>/dev/null
+openssl req -new -key "$out/server.key" -subj "/CN=$1" -out "$out/server.csr"
+ext="$(mktemp)"
+trap 'rm -f "$ext"' EXIT
+cat > "$ext" <<EOF
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = $san
+EOF
+openssl x509 -req -in "$out/server.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
+    -CAcreateserial -days "$days" -sha384 -extfile "$ext" -out "$out/server.pem" 2>/dev/null
+rm -f "$out/server.csr" "$out/ca.srl"
+chmod 600 "$out/ca.key" "$out/server.key"
+chmod 644 "$out/ca.crt" "$out/server.pem"
+
+echo "CA:          $out/ca.crt (distribute)  $out/ca.key (keep offline)"
+echo "SuperLink:   $out/server.pem  $out/server.key"
+echo "SAN:         $san"

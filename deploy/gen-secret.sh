@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Generate a SuperExec shared secret: a SuperLink or SuperNode started with
+# --superexec-auth-secret-file FILE only lets a SuperExec holding the same FILE run its
+# ServerApps / ClientApps. One secret per SuperLink/SuperNode + SuperExec pair; it never
+# leaves the machine (or the compose project) of that pair.
+#
+# usage: deploy/gen-secret.sh FILE [FILE ...]      (refuses to overwrite)
+set -euo pipefail
+
+if [ "$#" -lt 1 ]; then
+    echo "usage: $0 FILE [FILE ...]" >&2
+    exit 2
+fi
+command -v openssl >/dev/null || { echo "$0: openssl not found; install it" >&2; exit 2; }
+for file in "$@"; do
+    if [ -e "$file" ]; then
+        echo "$0: $file already exists; nothing overwritten" >&2
+        exit 2
+    fi
+    mkdir -p "$(dirname "$file")"
+    (umask 077 && openssl rand -hex 32 | tr -d '\n' > "$file")
+    echo "secret: $file"
+done

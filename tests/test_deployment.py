@@ -1,0 +1,473 @@
+"""FedEFC on a real Flower deployment (issue 3): SuperLink + SuperNodes on 127.0.0.1.
+
+The end-to-end tests start real ``flower-superlink`` / ``flower-supernode`` /
+``flower-superexec`` processes with ``--isolation process`` (the topology of
+deploy/compose.yml) through :class:`fedefc_server.deploy.LocalDeployment`, submit a
+short job with ``flwr run``, read its status from ``flwr ls`` and stop every process by
+PID. The job is test_simulation.py's: lr 1e-7 makes A(t) tie in rounds 1 and 2, so with
+start-round 0 and gamma-thr 1 round 2 is T_e by construction and round 3 runs phase 2.
+
+Determinism: with ``client-threads=1`` the deployment's final weights are bitwise equal
+to the simulation's (a Ray actor with 1 CPU runs torch on 1 thread; a SuperNode's
+ClientApp would otherwise use every core, and a different thread count changes the
+summation order inside conv/matmul kernels). Aggregation order, sampling and seeds are
+already identical (the server sorts replies and samples by partition id).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tomllib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from common.config import load_run_config
+from fedefc_client.cache import DataCache, partition_key, private_key
+from fedefc_client.local_data import check_node_config, node_data, partition_data
+from fedefc_client.private_data import (ImageSpec, PrivateDataError, load_private_data,
+                                        write_npz)
+from fedefc_server import deploy
+from fedefc_server.deploy import (DEPLOY_DIR, LocalDeployment, NodeSpec, TLSFiles,
+                                  superexec_flags, superlink_flags, supernode_flags)
+from fedefc_server.launch import (_bin, _free_port, _toml_value, read_app_defaults,
+                                  read_preset, resolve_run_config, run_simulation_job)
+
+NODES = 3
+CPU = torch.device("cpu")
+
+
+def job(data_dir: Path, out_dir: Path, **extra) -> dict:
+    """The short phase-2 job (module docstring) for three clients."""
+    overrides = [f"{k}={v}" for k, v in {
+        "dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
+        "num-clients": NODES, "fraction": 1.0, "rounds": 3, "local-epochs": 2,
+        "batch-size": 8, "lr": 1e-7, "start-round": 0, "gamma-thr": 1, "rho": 0.4,
+        "zeta": 0.4, "iid": "true", **extra,
+    }.items()]
+    return resolve_run_config(None, overrides, str(out_dir))
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def group_members(pgids: list[int]) -> list[str]:
+    """Live processes (not zombies) in any of the process groups ``pgids``."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in pgids and fields[0] != "Z":
+            alive.append(stat.parent.name)
+    return alive
+
+
+@dataclass
+class DeployedRun:
+    out: Path
+    status: str
+    pgids: list[int]
+    work: Path
+    extra: dict
+
+
+def run_deployment(base: Path, nodes: list[NodeSpec], run_config: dict, before_run=None,
+                   **kwargs) -> DeployedRun:
+    """Start the federation, call ``before_run(dep)``, run the job, stop everything."""
+    with LocalDeployment(base / "federation", nodes, **kwargs) as dep:
+        extra = before_run(dep) if before_run else {}
+        _, status = dep.run(run_config, timeout=900)
+        pgids = [proc.pid for _, proc, _ in dep.procs.running]
+    return DeployedRun(Path(run_config["out-dir"]), status, pgids, dep.work_dir, extra)
+
+
+# -- end to end: insecure, TLS + authentication, equal to simulation -----------------------
+def insecure_job(data_dir: Path, base: Path) -> DeployedRun:
+    """Nodes holding partitions of the run's dataset, prepared data cached on disk, plus
+    a fourth node whose private data is missing (it must fail, naming node and path)."""
+    nodes = [NodeSpec({"partition-id": k, "num-partitions": NODES,
+                       "cache-dir": str(base / f"cache-{k}")}) for k in range(NODES)]
+    nodes.append(NodeSpec({"partition-id": NODES - 1, "num-partitions": NODES,
+                           "data-path": str(base / "no-such-data.npz")}))
+    return run_deployment(base, nodes, job(data_dir, base / "out", **{"client-threads": 1}))
+
+
+def refused_node(dep: LocalDeployment, key: Path) -> dict:
+    """Start a SuperNode whose key was never registered; it must exit on its own."""
+    dep.wait_online(NODES)
+    flags = supernode_flags(dep.address, {"partition-id": 0, "num-partitions": NODES},
+                            "127.0.0.1", _free_port(), dep.ca_cert, str(key))
+    out = subprocess.run([_bin("flower-supernode"), *flags], env=dep.cli_env,
+                         cwd=dep.work_dir, capture_output=True, text=True, timeout=120,
+                         start_new_session=True)
+    return {"code": out.returncode, "log": out.stdout + out.stderr,
+            "online": dep.online_nodes()}
+
+
+def tls_job(data_dir: Path, base: Path) -> DeployedRun:
+    """TLS, SuperNode authentication, SuperExec secrets (made by the deploy/ scripts),
+    and nodes with PRIVATE data: .npz files exported from the partitions."""
+    certs, keys, secrets = base / "certs", base / "keys", base / "secrets"
+    names = [f"node-{k}" for k in range(NODES)]
+    for script, args in (("gen-certs.sh", [certs, "localhost"]),
+                         ("gen-node-keys.sh", [keys, *names, "intruder"]),
+                         ("gen-secret.sh", [secrets / "link", *(secrets / n for n in names)])):
+        subprocess.run(["bash", str(DEPLOY_DIR / script), *map(str, args)], check=True,
+                       capture_output=True)
+    run_config = job(data_dir, base / "out")
+    sets = [f"--set={k}={_toml_value(v)}" for k, v in run_config.items() if k != "out-dir"]
+    assert deploy.main(["export", str(base / "data"), *sets]) == 0
+    nodes = [NodeSpec({"partition-id": k, "num-partitions": NODES,
+                       "data-path": str(base / "data" / f"node-{k}" / "data.npz"),
+                       "cache-dir": str(base / f"cache-{k}")},
+                      auth_key=str(keys / names[k]), superexec_secret=str(secrets / names[k]))
+             for k in range(NODES)]
+    return run_deployment(base, nodes, run_config, tls=TLSFiles.in_dir(certs),
+                          link_secret=str(secrets / "link"),
+                          before_run=lambda dep: refused_node(dep, keys / "intruder"))
+
+
+def simulation_job(data_dir: Path, base: Path) -> Path:
+    run_simulation_job(job(data_dir, base / "out", **{"client-threads": 1}),
+                       log_path=base / "run.log")
+    return base / "out"
+
+
+@pytest.fixture(scope="module")
+def runs(micro_mnist_dir, tmp_path_factory) -> dict[str, Future]:
+    """The three jobs, run concurrently: their processes spend most of their time waiting
+    on Flower's polling intervals, so overlapping them saves wall time. Each test takes
+    the result it needs, so a failing job fails its own tests only."""
+    jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        yield {name: pool.submit(fn, micro_mnist_dir, tmp_path_factory.mktemp(f"run-{name}"))
+               for name, fn in jobs.items()}
+
+
+def check_phase_2_job(out: Path, diagnostics: bool) -> None:
+    assert {p.name for p in out.iterdir()} >= {"config.json", "metrics.jsonl",
+                                               "summary.json", "model.pt"}
+    recs = records(out)
+    assert [r["round"] for r in recs] == [0, 1, 2, 3]
+    assert json.loads((out / "summary.json").read_text())["t_e"] == 2
+    assert [r["phase"] for r in recs] == [1, 1, 1, 2]
+    for r in recs[1:]:
+        assert r["partition_ids"] == [0, 1, 2] and r["failures"] == 0
+    assert recs[3]["client_loss"] == ["forward-corrected"] * NODES
+    # diagnostics need the true labels: partitions have them, private data does not
+    assert (recs[3]["q_cos"] is not None) == diagnostics
+    assert (recs[1]["noise_rate"] is not None) == diagnostics
+    assert json.loads((out / "config.json").read_text())["out-dir"] == str(out)
+
+
+def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs):
+    insecure_run = runs["insecure"].result()
+    assert insecure_run.status == "finished:completed"
+    check_phase_2_job(insecure_run.out, diagnostics=True)
+    cfg = load_run_config(json.loads((insecure_run.out / "config.json").read_text()))
+    for k in range(NODES):  # each node prepared its partition once, on disk
+        cache = insecure_run.out.parent / f"cache-{k}"
+        assert [p.name for p in cache.iterdir()] == [f"{partition_key(cfg, k)}.npz"]
+    assert len(insecure_run.pgids) == 2 + 2 * (NODES + 1)
+    assert group_members(insecure_run.pgids) == []
+    # the node without data failed when asked for its partition id, so it was never
+    # sampled; the error names it and the path, in its own log and in the server's
+    path = insecure_run.out.parent / "no-such-data.npz"
+    missing = f"(partition-id {NODES - 1}): data-path='{path}' does not exist"
+    work = insecure_run.work
+    for log in (work / "cli" / "run.log", work / f"node-{NODES}" / "superexec.log"):
+        assert missing in log.read_text(), log
+
+
+def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_node(runs):
+    tls_run = runs["tls"].result()
+    refused = tls_run.extra
+    assert refused["code"] != 0, refused["log"][-2000:]
+    assert "Exit Code: 305" in refused["log"] and "code: 2004" in refused["log"]
+    assert refused["online"] == NODES  # the registered nodes, not the intruder
+    assert tls_run.status == "finished:completed"
+    check_phase_2_job(tls_run.out, diagnostics=False)
+    assert group_members(tls_run.pgids) == []
+    link_log = (tls_run.work / "superlink" / "superlink.log").read_text()
+    assert "SuperNode authentication is disabled" not in link_log
+
+
+def test_deployment_result_equals_simulation(runs):
+    insecure_run, tls_run = runs["insecure"].result(), runs["tls"].result()
+    simulation_run = runs["simulation"].result()
+    sim = records(simulation_run)
+    # client-threads=1 on both sides: bitwise the same model and the same curves
+    dep = records(insecure_run.out)
+    wa = torch.load(simulation_run / "model.pt")
+    wb = torch.load(insecure_run.out / "model.pt")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    for key in ("test_acc", "test_loss", "A", "t_e", "phase", "partition_ids"):
+        assert [r.get(key) for r in sim] == [r.get(key) for r in dep], key
+    # default threads (ClientApp: all cores, Ray actor: 1) and private data exported
+    # from the same partitions: the same T_e, accuracy within 0.5 points
+    tls = records(tls_run.out)
+    assert [r["t_e"] for r in tls] == [r["t_e"] for r in sim]
+    assert abs(tls[-1]["test_acc"] - sim[-1]["test_acc"]) <= 0.005
+
+
+# -- docker compose: parsed, flags valid for 1.42, same topology as the native runs ----------
+COMPOSE_NODE_CONFIG = {"data-path": "/node-data/data.npz", "cache-dir": "/cache"}
+
+
+def compose_services(tls: bool) -> dict[str, dict]:
+    """deploy/compose.yml, with compose.tls.yml's commands and volumes merged in."""
+    services = yaml.safe_load((DEPLOY_DIR / "compose.yml").read_text())["services"]
+    if tls:
+        override = yaml.safe_load((DEPLOY_DIR / "compose.tls.yml").read_text())["services"]
+        assert override.keys() <= services.keys()
+        for name, extra in override.items():
+            services[name] = {**services[name], "command": extra["command"],
+                              "volumes": services[name].get("volumes", []) + extra["volumes"]}
+    return services
+
+
+def expected_commands(tls: bool) -> dict[str, list[str]]:
+    """What fedefc_server.deploy (the native runs) gives for the compose services."""
+    ca = "/certs/ca.crt" if tls else None
+    secret = "/secrets/superexec" if tls else None
+    files = TLSFiles(ca, "/certs/server.pem", "/certs/server.key") if tls else None
+    cmds = {"superlink": superlink_flags("0.0.0.0", 8000, "/app/state.db", files, tls, secret),
+            "superexec-serverapp": superexec_flags("superlink:8000", ca, secret)}
+    for k in range(NODES):
+        node_config = {"partition-id": k, "num-partitions": NODES, **COMPOSE_NODE_CONFIG}
+        cmds[f"supernode-{k}"] = supernode_flags("superlink:8000", node_config, "0.0.0.0",
+                                                 9094, ca, "/keys/node" if tls else None,
+                                                 secret)
+        cmds[f"superexec-clientapp-{k}"] = superexec_flags(f"supernode-{k}:9094", None, secret)
+    return cmds
+
+
+def accepted_flags(binary: str) -> set[str]:
+    """The flags in ``binary --help`` whose help text does not call them deprecated."""
+    text = subprocess.run([_bin(binary), "--help"], capture_output=True, text=True,
+                          timeout=120).stdout
+    options = text.split("options:", 1)[1]
+    flags = set()
+    for block in re.split(r"\n(?=  -)", options):  # one block per option
+        head = block.strip().split("  ", 1)[0]  # e.g. "--port PORT" or "-h, --help"
+        if head.startswith("-") and "deprecated" not in block.lower():
+            flags.update(re.findall(r"--[a-z][a-z0-9-]*", head))
+    return flags
+
+
+@pytest.fixture(scope="module")
+def help_flags() -> dict[str, set[str]]:
+    return {b: accepted_flags(b) for b in ("flower-superlink", "flower-supernode",
+                                           "flower-superexec")}
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls"])
+def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
+    services = compose_services(tls)
+    assert services.keys() == expected_commands(tls).keys()
+    for name, cmd in expected_commands(tls).items():
+        assert services[name]["command"] == cmd, name
+        binary = ("flower-superlink" if name == "superlink" else "flower-supernode"
+                  if name.startswith("supernode") else "flower-superexec")
+        image = services[name]["image"]
+        assert image.endswith(":1.42.0"), image
+        if binary != "flower-superexec":
+            assert image.startswith(f"flwr/{binary.removeprefix('flower-')}:")
+        unknown = {f for f in cmd if f.startswith("--")} - help_flags[binary]
+        assert not unknown, f"{name}: flags not accepted by {binary} 1.42: {unknown}"
+    for k in range(NODES):  # own data, own cache, own network per node
+        volumes = services[f"superexec-clientapp-{k}"]["volumes"]
+        assert any(v.endswith(f"/data/node-{k}:/node-data:ro") for v in volumes)
+        assert f"node-{k}-cache:/cache" in volumes
+        assert services[f"superexec-clientapp-{k}"]["networks"] == [f"node-{k}"]
+    assert "results:/results" in services["superexec-serverapp"]["volumes"]
+    assert services["superlink"]["ports"] == ["127.0.0.1:8000:8000"]
+    dockerfile = (DEPLOY_DIR / "Dockerfile").read_text()
+    assert re.search(r"^ARG FLWR_TAG=1\.42\.0$", dockerfile, re.M)
+    assert "FROM flwr/superexec:${FLWR_TAG}" in dockerfile
+
+
+def test_help_parsing_rejects_removed_and_deprecated_flags(help_flags):
+    assert "--isolation" in help_flags["flower-superlink"]
+    assert "--fleet-api-address" not in help_flags["flower-superlink"]  # deprecated
+    assert "--auth-list-public-keys" not in help_flags["flower-superlink"]
+    assert "--plugin-type" not in help_flags["flower-superexec"]  # hidden, ignored
+
+
+def test_compose_demo_run_config_is_valid():
+    cfg = load_run_config({**read_app_defaults(),
+                           **read_preset(str(DEPLOY_DIR / "demo-run-config.toml"))})
+    assert cfg.num_clients == NODES and cfg.dataset == "mnist-embedded"  # no data-dir
+    assert cfg.out_dir.startswith("/results/")  # on the results volume
+
+
+# -- private data and the disk cache ---------------------------------------------------------
+NODE = "node 7 (partition-id 1)"
+MNIST = ImageSpec.of("mnist")
+CIFAR = ImageSpec.of("cifar10")
+
+
+def images(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("spec,shape,to_nchw", [
+    (MNIST, (28, 28), lambda a: a[:, None]),
+    (MNIST, (1, 28, 28), lambda a: a),
+    (MNIST, (28, 28, 1), lambda a: a.transpose(0, 3, 1, 2)),
+    (CIFAR, (3, 32, 32), lambda a: a),
+    (CIFAR, (32, 32, 3), lambda a: a.transpose(0, 3, 1, 2)),
+], ids=["mnist-NHW", "mnist-NCHW", "mnist-NHWC", "cifar-NCHW", "cifar-NHWC"])
+def test_npz_layouts_decode_to_nchw(tmp_path, spec, shape, to_nchw):
+    raw = images(5, shape)
+    np.savez(tmp_path / "d.npz", images=raw, labels=np.array([0, 1, 2, 3, 9], dtype=np.uint8))
+    x, y = load_private_data(str(tmp_path / "d.npz"), spec, NODE)
+    assert x.dtype == np.uint8 and x.shape == (5, spec.channels, spec.size, spec.size)
+    np.testing.assert_array_equal(x, to_nchw(raw))
+    assert y.dtype == np.int64 and y.tolist() == [0, 1, 2, 3, 9]
+
+
+def write_image_folder(root: Path, mode: str, size: int, per_class: dict[str, int]
+                       ) -> dict[str, list[np.ndarray]]:
+    from PIL import Image
+
+    written = {}
+    for cls, count in per_class.items():
+        (root / cls).mkdir(parents=True)
+        shape = (size, size) if mode == "L" else (size, size, 3)
+        written[cls] = [images(1, shape, seed=i + 10 * int(cls))[0] for i in range(count)]
+        for i, pixels in enumerate(written[cls]):
+            Image.fromarray(pixels).save(root / cls / f"img{i}.png")  # L or RGB by shape
+    (root / "3" / "notes.txt").write_text("not an image, skipped")
+    return written
+
+
+@pytest.mark.parametrize("spec,mode", [(MNIST, "L"), (CIFAR, "RGB")], ids=["gray", "rgb"])
+def test_image_folder_labels_are_class_folder_indices(tmp_path, spec, mode):
+    written = write_image_folder(tmp_path / "data", mode, spec.size, {"3": 2, "7": 1})
+    x, y = load_private_data(str(tmp_path / "data"), spec, NODE)
+    assert y.tolist() == [3, 3, 7] and x.shape == (3, spec.channels, spec.size, spec.size)
+    first = written["3"][0]
+    np.testing.assert_array_equal(x[0], first[None] if mode == "L" else first.transpose(2, 0, 1))
+
+
+def bad_npz(tmp_path: Path, **arrays) -> Path:
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("make,problem", [
+    (lambda t: t / "missing.npz", "does not exist"),
+    (lambda t: (t / "x.npz").write_bytes(b"not a zip") and t / "x.npz", "not a readable .npz"),
+    (lambda t: bad_npz(t, images=images(2, (28, 28))), "has no labels array"),
+    (lambda t: bad_npz(t, images=images(2, (28, 28)).astype(np.float32),
+                       labels=np.zeros(2, int)), "dtype float32"),
+    (lambda t: bad_npz(t, images=images(2, (32, 32, 3)), labels=np.zeros(2, int)),
+     "shape (2, 32, 32, 3)"),
+    (lambda t: bad_npz(t, images=images(2, (28, 28)), labels=np.array([0, 10])),
+     "label 10 is outside 0..9"),
+    (lambda t: bad_npz(t, images=images(2, (28, 28)), labels=np.zeros(3, int)),
+     "2 images but 3 labels"),
+], ids=["missing", "not-npz", "no-labels", "float", "wrong-shape", "label-range", "count"])
+def test_malformed_npz_names_node_and_path(tmp_path, make, problem):
+    path = make(tmp_path)
+    with pytest.raises(PrivateDataError) as err:
+        load_private_data(str(path), MNIST, NODE)
+    assert NODE in str(err.value) and str(path) in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_malformed_image_folder_names_node_and_path(tmp_path):
+    root = tmp_path / "folder"
+    (root / "cat").mkdir(parents=True)
+    with pytest.raises(PrivateDataError, match=r"class folder 'cat' is not a class index") as e:
+        load_private_data(str(root), MNIST, NODE)
+    assert NODE in str(e.value) and str(root) in str(e.value)
+    (root / "cat").rmdir()
+    write_image_folder(root, "L", 14, {"3": 1})
+    with pytest.raises(PrivateDataError, match=r"is 14x14 pixels") as e:
+        load_private_data(str(root), MNIST, NODE)
+    assert str(root / "3" / "img0.png") in str(e.value)
+
+
+def test_node_config_paths_must_be_absolute_and_exist(tmp_path):
+    with pytest.raises(PrivateDataError, match="cache-dir='cache' is not an absolute"):
+        check_node_config({"cache-dir": "cache"}, NODE)
+    with pytest.raises(PrivateDataError, match=re.escape(f"{NODE}: data-path='{tmp_path}/nope'")):
+        check_node_config({"data-path": str(tmp_path / "nope")}, NODE)
+
+
+def test_partition_cache_hits_on_second_load_and_equals_partition_data(
+        micro_mnist_dir, tmp_path, monkeypatch):
+    cfg = load_run_config(job(micro_mnist_dir, tmp_path / "out"))
+    node_config = {"partition-id": 1, "num-partitions": NODES, "cache-dir": str(tmp_path)}
+    first = node_data(cfg, 1, node_config, NODE, CPU)
+    assert [p.name for p in tmp_path.glob("*.npz")] == [f"{partition_key(cfg, 1)}.npz"]
+
+    def rebuild(*args):
+        raise AssertionError("the cache was not used")
+
+    monkeypatch.setattr("fedefc_client.local_data._partition_arrays", rebuild)
+    second = node_data(cfg, 1, node_config, NODE, CPU)
+    ref = partition_data(cfg, 1, CPU)
+    for local in (first, second):
+        assert torch.equal(local.x, ref.x) and np.array_equal(local.labels, ref.labels)
+        np.testing.assert_array_equal(local.true_transition, ref.true_transition)
+        assert local.noise_rate == ref.noise_rate
+        assert torch.equal(local.data.test_x, ref.data.test_x)
+    other = load_run_config({**cfg.to_flat(), "seed": 1})
+    assert partition_key(other, 1) != partition_key(cfg, 1) != partition_key(cfg, 2)
+
+
+def test_private_cache_key_follows_the_data_and_export_round_trips(
+        micro_mnist_dir, tmp_path):
+    cfg = load_run_config(job(micro_mnist_dir, tmp_path / "out"))
+    ref = partition_data(cfg, 2, CPU)
+    path = tmp_path / "node" / "data.npz"
+    write_npz(path, ref.x.numpy(), ref.labels)
+    assert path.stat().st_mode & 0o777 == 0o644
+    key = private_key(cfg.dataset, str(path))
+    cache = DataCache(tmp_path / "cache")
+    local = node_data(cfg, 2, {"data-path": str(path), "cache-dir": str(cache.root)}, NODE, CPU)
+    assert cache.path(key).is_file()
+    assert torch.equal(local.x, ref.x) and np.array_equal(local.labels, ref.labels)
+    assert local.true_transition is None and local.test_split() is None
+    assert private_key("cifar10", str(path)) != key
+    write_npz(path, ref.x.numpy()[:5], ref.labels[:5])
+    os.utime(path, ns=(1, 1))  # new size and mtime: a new entry
+    assert private_key(cfg.dataset, str(path)) != key
+    assert len(node_data(cfg, 2, {"data-path": str(path), "cache-dir": str(cache.root)},
+                         NODE, CPU)) == 5
+
+
+# -- the command line ------------------------------------------------------------------------
+def test_cli_refuses_a_public_insecure_superlink_and_a_submit_without_out_dir(tmp_path, capsys):
+    assert deploy.main(["superlink", "--host", "0.0.0.0", "--state-dir", str(tmp_path)]) == 2
+    assert "refusing to serve the SuperLink without TLS" in capsys.readouterr().err
+    assert not (tmp_path / "state.db").exists()  # nothing was started
+    assert deploy.main(["submit", "fedefc", "--set", "rounds=2"]) == 2
+    assert "out-dir is required" in capsys.readouterr().err
+
+
+def test_cli_connection_keeps_other_connections(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\noptions.num-supernodes = 10\n')
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-")
+    assert deploy.main(["connection", "prod", "link.example.org:8000", "--ca-cert", str(ca),
+                        "--flwr-home", str(tmp_path)]) == 0
+    links = tomllib.loads((tmp_path / "config.toml").read_text())["superlink"]
+    assert links["default"] == "local" and links["local"]["options"]["num-supernodes"] == 10
+    assert links["prod"] == {"address": "link.example.org:8000", "root-certificates": str(ca)}
