@@ -225,6 +225,19 @@ def _check_noise_robust(cfg: RunConfig) -> None:
         )
 
 
+def config_differences(stored: dict[str, Any], wanted: dict[str, Any],
+                       ignore: frozenset[str] = frozenset()) -> dict[str, tuple[Any, Any]]:
+    """Keys whose value differs between a stored resolved config and a wanted one.
+
+    A key missing from ``stored`` (it did not exist when that run was made) counts as its
+    default, so adding a key with a behaviour-preserving default does not orphan older
+    results or checkpoints.
+    """
+    defaults = RunConfig().to_flat()
+    return {k: (stored.get(k, defaults.get(k)), v) for k, v in wanted.items()
+            if k not in ignore and stored.get(k, defaults.get(k)) != v}
+
+
 def _format_errors(err: ValidationError, given: dict[str, Any]) -> str:
     lines = []
     for item in err.errors():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.config import config_differences
 from common.results import atomic_write_bytes
 
 FILE = "checkpoint.pt"
@@ -74,8 +75,7 @@ def load(folder: str | Path) -> Checkpoint:
 def check_compatible(ckpt: Checkpoint, config: dict[str, Any], folder: str | Path,
                      expected_shapes: list[tuple[int, ...]]) -> None:
     """Refuse a checkpoint of another config or another model."""
-    diff = {k: (ckpt.config.get(k), v) for k, v in config.items()
-            if k not in MAY_DIFFER and ckpt.config.get(k) != v}
+    diff = config_differences(ckpt.config, config, MAY_DIFFER)
     if diff:
         keys = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(diff.items()))
         raise CheckpointError(f"resume-from={str(folder)!r} was run with another config ({keys}); "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError, load_run_config
+from common.config import ConfigError, config_differences, load_run_config
 from common.results import check_output_dir
 
 from .launch import CONFIGS_DIR, LaunchError, parse_overrides, read_app_defaults, read_preset
@@ -133,7 +133,7 @@ def slug(label: str) -> str:
 def check_finished(cell: Cell) -> None:
     """A finished cell must have been run with exactly this config."""
     stored = json.loads((cell.out_dir / "config.json").read_text())
-    diff = {k: (stored.get(k), v) for k, v in cell.config.items() if stored.get(k) != v}
+    diff = config_differences(stored, cell.config)
     if diff:
         raise ConfigError(
             f"cell {cell.out_dir} was run with another config ({diff}, stored -> wanted); "

@@ -96,3 +96,13 @@ def test_paper_numbers_match_the_spec_table():
 def test_every_shipped_grid_builds_valid_cells(name, tmp_path):
     cells = Grid.load(name).cells(tmp_path, ["data-dir=/data"])
     assert cells and len({c.out_dir for c in cells}) == len(cells)
+
+
+def test_a_key_added_later_with_its_default_does_not_orphan_finished_cells():
+    from common.config import RunConfig, config_differences
+
+    wanted = RunConfig().to_flat()
+    stored = {k: v for k, v in wanted.items() if k != "faults"}  # made before "faults" existed
+    assert config_differences(stored, wanted) == {}
+    assert config_differences(stored, {**wanted, "faults": "raise@1"}) == {
+        "faults": ("", "raise@1")}

@@ -48,8 +48,9 @@ def plain_loop(run_config: dict) -> dict:
     stopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
     weights = get_weights(initial_model(cfg, fed.data))
     states = {pid: RecordDict() for pid in range(cfg.num_clients)}
-    accs = []
+    accs, round_s = [], []
     for rnd in range(1, cfg.rounds + 1):
+        round_start = time.monotonic()
         phase = stopper.phase(rnd)
         replies = []
         for pid in sample_round(cfg, list(range(cfg.num_clients)), rnd):
@@ -62,7 +63,9 @@ def plain_loop(run_config: dict) -> dict:
         if phase == 1:
             stopper.observe(rnd, float(np.mean([m["accuracy"] for _, _, m in replies])))
         accs.append(evaluator(weights)[1])
-    return {"final_acc": accs[-1], "t_e": stopper.t_e, "wall_time_s": time.monotonic() - start}
+        round_s.append(time.monotonic() - round_start)
+    return {"final_acc": accs[-1], "t_e": stopper.t_e, "wall_time_s": time.monotonic() - start,
+            "round_s": round_s}
 
 
 def timed(cmd: list[str]) -> tuple[float, str]:
@@ -95,6 +98,8 @@ def main() -> None:
                                 *sets, "--out-dir", str(out)])
             flower_s.append(seconds)
             results["flower"] = json.loads((out / "summary.json").read_text())
+            results["flower"]["round_s"] = [json.loads(line)["round_s"] for line in
+                                            (out / "metrics.jsonl").read_text().splitlines()[1:]]
             cfg = resolve_run_config("mnist-lite", overrides, str(Path(tmp) / f"plain-{rep}"))
             cfg_file = Path(tmp) / "plain.json"
             cfg_file.write_text(json.dumps(cfg))
@@ -110,6 +115,14 @@ def main() -> None:
     print(f"plain loop wall s        : median {statistics.median(plain_s):.1f}  {plain_s}")
     print(f"ratio flower/plain       : median {statistics.median(ratios):.2f}  "
           f"{[round(r, 2) for r in ratios]}  (target <= 1.3)")
+    steady = {k: statistics.median(results[k]["round_s"][1:]) for k in ("flower", "plain")}
+    print(f"steady round s (2..)     : flower {steady['flower']:.2f}  plain {steady['plain']:.2f}  "
+          f"ratio {steady['flower'] / steady['plain']:.2f}")
+    print(f"round 1 s                : flower {results['flower']['round_s'][0]:.1f}  plain "
+          f"{results['plain']['round_s'][0]:.1f}  (flower: node registry + actor warm-up)")
+    fixed = statistics.median(flower_s) - sum(results["flower"]["round_s"])
+    print(f"flower outside rounds s  : {fixed:.1f}  (SuperLink, flwr run, Ray start, "
+          "ServerApp start, shutdown)")
     print(f"final accuracy           : flower {results['flower']['final_acc']:.4f}  "
           f"plain {results['plain']['final_acc']:.4f}; T_e flower {results['flower']['t_e']} "
           f"plain {results['plain']['t_e']}")
