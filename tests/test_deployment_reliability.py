@@ -1,0 +1,119 @@
+"""Reliability in deployment: a SuperNode that stops and comes back, and a killed ServerApp.
+
+Real ``flower-superlink`` / ``flower-supernode`` / ``flower-superexec`` processes on
+127.0.0.1 (:class:`fedefc_server.deploy.LocalDeployment`), every one stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from fedefc_server import checkpoint
+from fedefc_server.deploy import LocalDeployment, NodeSpec
+from fedefc_server.launch import resolve_run_config, resume_config, run_simulation_job
+from fedefc_server.procs import descendants
+
+NODES = 3
+
+
+def job(data_dir: Path, out: Path, **extra) -> dict:
+    base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
+            "num-clients": NODES, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
+            "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
+            "iid": "true", "client-threads": 1, **extra}
+    return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))
+
+
+def records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_round(out: Path, rnd: int, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r["round"] >= rnd for r in records(out)):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"round {rnd} not recorded in {out} within {timeout:.0f} s")
+
+
+def nodes(base: Path) -> list[NodeSpec]:
+    return [NodeSpec({"partition-id": k, "num-partitions": NODES,
+                      "cache-dir": str(base / f"cache-{k}")}) for k in range(NODES)]
+
+
+def stop_node(dep: LocalDeployment, name: str) -> None:
+    """Stop one SuperNode and its SuperExec (and whatever they started), by PID."""
+    from fedefc_server.procs import stop_tree
+
+    for label, proc, _ in dep.procs.running:
+        if label.startswith(f"{name} "):
+            stop_tree(proc)
+
+
+def test_a_supernode_that_stops_mid_run_and_returns_takes_part_again(tmp_path, tiny_mnist_dir):
+    out = tmp_path / "out"
+    cfg = job(tiny_mnist_dir, out, **{"client-timeout": 45.0, "rounds": 7})
+    specs = nodes(tmp_path)
+    with LocalDeployment(tmp_path / "federation", specs) as dep:
+        result: dict = {}
+        runner = threading.Thread(target=lambda: result.update(status=dep.run(cfg)[1]))
+        runner.start()
+        wait_for_round(out, 2)
+        stop_node(dep, "node-1")
+        stopped_after = max(r["round"] for r in records(out))
+        wait_for_round(out, stopped_after + 2)
+        dep.start_node("node-1-back", specs[1])
+        runner.join(timeout=1200)
+    assert result.get("status") == "finished:completed"
+    recs = {r["round"]: r for r in records(out)}
+    assert sorted(recs) == list(range(8))
+    missing = [r for r in recs.values() if r["round"] > stopped_after and
+               1 not in (r.get("partition_ids") or [])]
+    assert missing, "the stopped node was still aggregated"
+    assert all(r["n_clients"] >= 2 for r in missing)  # the others carried on
+    back = [r["round"] for r in recs.values() if r["round"] > missing[-1]["round"]
+            and 1 in r["partition_ids"]]
+    assert back, "the restarted node never took part again"
+    assert (out / "summary.json").exists()
+
+
+def kill_serverapp_after(dep: LocalDeployment, out: Path, rnd: int) -> None:
+    """SIGKILL the ServerApp process (started by the SuperLink's SuperExec)."""
+    wait_for_round(out, rnd)
+    superexec = next(p for label, p, _ in dep.procs.running
+                     if label == "superlink's flower-superexec")
+    for pid in descendants(superexec.pid)[1:]:
+        try:
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+def test_killed_serverapp_resumes_to_the_uninterrupted_result(tmp_path, tiny_mnist_dir):
+    reference = run_simulation_job(job(tiny_mnist_dir, tmp_path / "simulated"))
+    out = tmp_path / "out"
+    with LocalDeployment(tmp_path / "federation", nodes(tmp_path)) as dep:
+        killer = threading.Thread(target=kill_serverapp_after, args=(dep, out, 3))
+        killer.start()
+        _, status = dep.run(job(tiny_mnist_dir, out), timeout=900)
+        killer.join()
+        assert status != "finished:completed"
+        assert not (out / "summary.json").exists()
+        assert 3 <= checkpoint.load(out).round < 6
+        _, status = dep.run(resume_config(str(out), []), timeout=900)
+    assert status == "finished:completed"
+    a = torch.load(tmp_path / "simulated" / "model.pt")
+    b = torch.load(out / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # client-threads=1: bitwise equal
+    assert json.loads((out / "summary.json").read_text())["final_acc"] == reference["final_acc"]
+    assert [r["round"] for r in records(out)] == list(range(7))
