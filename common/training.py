@@ -100,26 +100,44 @@ def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.T
     return out
 
 
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
-          settings: SGDSettings, transform: BatchTransform, augment: bool,
-          generator: torch.Generator, regularizer: Regularizer | None = None) -> TrainStats:
-    """``settings.epochs`` epochs of SGD on (x, y), both already on the model's device."""
+# (model, normalized inputs, labels, sample indices) -> (loss, logits for accuracy)
+BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor],
+                     tuple[torch.Tensor, torch.Tensor]]
+OPTIMIZERS = ("sgd", "adam")
+
+
+def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    """A fresh optimizer: SGD (the project's, ALGORITHM.md section 2) or Adam
+    (FedNoRo's reference, betas (0.9, 0.999); ``momentum`` unused)."""
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                               weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"optimizer {name!r} is unknown; use one of {OPTIMIZERS}")
+
+
+def train_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_loss: BatchLoss,
+                  optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
+                  transform: BatchTransform, augment: bool, generator: torch.Generator,
+                  ) -> TrainStats:
+    """``epochs`` passes over (x, y) in shuffled batches, one optimizer step per batch.
+
+    The loss sees the whole batch (model, inputs, labels, sample indices): FedNoRo's
+    distillation needs the teacher on the same augmented batch, RoFL the features and
+    the samples' pseudo-labels."""
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                          weight_decay=settings.weight_decay)
     total_loss, steps, epoch_accs = 0.0, 0, []
-    for _ in range(settings.epochs):
+    for _ in range(epochs):
         correct, seen = 0, 0
-        for idx in batches(len(y), settings.batch_size, generator):
+        for idx in batches(len(y), batch_size, generator):
             idx = idx.to(x.device)
             xb, yb = transform(x[idx], augment, generator), y[idx]
-            logits = model(xb)
-            loss = loss_fn(logits, yb)
-            if regularizer is not None:
-                loss = loss + regularizer(model)
-            opt.zero_grad(set_to_none=True)
+            loss, logits = batch_loss(model, xb, yb, idx)
+            optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            optimizer.step()
             total_loss += float(loss.detach())
             steps += 1
             correct += int((logits.detach().argmax(1) == yb).sum())
@@ -129,6 +147,24 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
     return TrainStats(mean_loss=total_loss / max(steps, 1),
                       mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0,
                       steps=steps)
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
+          settings: SGDSettings, transform: BatchTransform, augment: bool,
+          generator: torch.Generator, regularizer: Regularizer | None = None) -> TrainStats:
+    """``settings.epochs`` epochs of SGD on (x, y), both already on the model's device,
+    with ``loss_fn(logits, labels)`` (+ ``regularizer(model)``)."""
+    def batch_loss(m: nn.Module, xb: torch.Tensor, yb: torch.Tensor, _idx: torch.Tensor):
+        logits = m(xb)
+        loss = loss_fn(logits, yb)
+        if regularizer is not None:
+            loss = loss + regularizer(m)
+        return loss, logits
+
+    optimizer = make_optimizer(model, "sgd", settings.lr, settings.momentum,
+                               settings.weight_decay)
+    return train_batches(model, x, y, batch_loss, optimizer, settings.epochs,
+                         settings.batch_size, transform, augment, generator)
 
 
 @torch.no_grad()
@@ -141,6 +177,19 @@ def predict_proba(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
     if not out:
         return np.zeros((0, 0))
     return torch.cat(out).double().cpu().numpy()
+
+
+@torch.no_grad()
+def predict_logits_features(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
+                            batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, penultimate features) of ``model`` on x, eval mode, no augmentation."""
+    model.eval()
+    logits, feats = [], []
+    for i in range(0, len(x), batch_size):
+        out, feat = model(transform(x[i:i + batch_size]), return_features=True)
+        logits.append(out)
+        feats.append(feat)
+    return torch.cat(logits), torch.cat(feats)
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.batch_training import predict_logits_features
+from common.training import predict_logits_features
 from common.fedcorr import (FedCorrMessages as M, proximal_norm, relabel_confident,
                             relabel_highest_loss)
 from common.lid import client_lid

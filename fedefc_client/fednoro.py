@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from common.batch_training import make_optimizer, predict_logits_features, train_batches
+from common.training import make_optimizer, predict_logits_features, train_batches
 from common.exchange import pack_array
 from common.fednoro import (FedNoRoMessages as M, distillation_loss, log_prior,
                             logit_adjusted_ce, per_class_mean_loss)
