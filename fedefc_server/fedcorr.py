@@ -127,8 +127,7 @@ class FedCorrStrategy(NoiseRobustStrategy):
                       failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
         params, metrics = super().aggregate_fit(server_round, results, failures)
         stage = self.plan.stage(server_round)
-        info = self._round_info
-        info["fedcorr_stage"] = stage
+        info: dict[str, Any] = {"fedcorr_stage": stage}
         if stage == 2:
             info["fedcorr_clean_pool"] = self._clean_pool_size
         lids = {}
@@ -143,6 +142,7 @@ class FedCorrStrategy(NoiseRobustStrategy):
             info["fedcorr_lid"] = lids
         if self.plan.ends_iteration(server_round):
             info.update(self._detect(server_round))
+        self.record(**info)
         return params, metrics
 
     def _detect(self, server_round: int) -> dict[str, Any]:

@@ -97,7 +97,7 @@ class FedNoRoStrategy(NoiseRobustStrategy):
         sizes = np.array([res.num_examples for _, res in replies], dtype=np.float64)
         flags = np.array([p in self.noisy for p in pids])
         coefs = daagg_weights(sizes, daagg_distances(models, flags))
-        self._round_info.update(
+        self.record(
             fednoro_kd_weight=self.kd_weight(server_round),
             fednoro_noisy_sampled=[p for p, f in zip(pids, flags) if f],
             daagg_weights=dict(zip(pids, coefs.tolist())),

@@ -67,7 +67,7 @@ class NoiseRobustStrategy(FedEFCStrategy):
         if extra:
             extra["extra_messages_s"] = time.monotonic() - start
         instructions = super().configure_fit(server_round, parameters, client_manager)
-        self._round_info.update(extra)
+        self.record(**extra)
         return instructions
 
     def send_tasks(self, client_manager: ClientManager, parameters: Parameters,

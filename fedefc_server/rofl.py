@@ -63,7 +63,7 @@ class RoFLStrategy(NoiseRobustStrategy):
                                                     .mean())
             info["rofl_centroid_norm"] = float(np.linalg.norm(new, axis=1).mean())
             self._set_centroids(new)
-        self._round_info.update(info)
+        self.record(**info)
         return params, metrics
 
     def _set_centroids(self, centroids: np.ndarray) -> None:

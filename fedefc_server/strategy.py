@@ -168,6 +168,11 @@ class FedEFCStrategy(FedAvg):
                 info[key.replace("-", "_")] = [m.get(key) for m in metrics]
         return params, {}
 
+    def record(self, **fields: Any) -> None:
+        """Add fields to the current round's record (metrics.jsonl); method strategies
+        use it for what a reader needs to see them work."""
+        self._round_info.update(fields)
+
     def screen(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                failures: list[tuple[ClientProxy, FitRes] | BaseException],
                ) -> list[tuple[ClientProxy, FitRes]]:
