@@ -140,6 +140,10 @@ def _free_port() -> int:
 def flwr_env(flwr_home: Path) -> dict[str, str]:
     """Environment for offline, private Flower processes."""
     env = dict(os.environ)
+    # Flower's processes start each other by name (the SuperLink runs flower-superexec,
+    # which runs flwr-simulation): put this environment's scripts first on PATH, so a
+    # venv works without being activated.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(FLWR_HOME=str(flwr_home), FLWR_DISABLE_UPDATE_CHECK="1",
                FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
