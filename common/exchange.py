@@ -22,7 +22,11 @@ def pack_array(array: np.ndarray) -> bytes:
 
 
 def unpack_array(data: bytes) -> np.ndarray:
-    """The array packed by :func:`pack_array`; a clear error for anything else."""
+    """The array packed by :func:`pack_array`; TypeError for anything but bytes,
+    ValueError for bytes that are not a whole pickle-free ``.npy`` array."""
     if not isinstance(data, bytes):
         raise TypeError(f"expected .npy bytes, got {type(data).__name__}")
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except EOFError as err:  # empty bytes
+        raise ValueError(f"not .npy bytes ({err})") from None

@@ -11,29 +11,33 @@ points of the set. The client's LID is the mean over its points. Limits: a point
 k-th neighbour is at distance 0 (k duplicates) has LID 0; a point with a duplicate
 neighbour (some r_i = 0) also gets 0 (the log term is infinite); a point whose k
 neighbours are all at one distance has no finite LID (NaN, left out of the mean).
+
+Distances are computed from the coordinate differences (``torch.cdist`` without its
+matrix-product shortcut), not as ||a||^2 + ||b||^2 - 2ab: that expansion cancels
+catastrophically for near-duplicate points far from the origin (distances of 0 or
+below, hence log 0).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 CHUNK_ROWS = 1024  # pairwise distances are computed this many rows at a time
 
 
 def nearest_distances(points: np.ndarray, k: int) -> np.ndarray:
     """n x k distances from each point to its k nearest OTHER points, ascending."""
-    x = np.asarray(points, dtype=np.float64)
+    x = torch.as_tensor(np.asarray(points, dtype=np.float64))
     n = len(x)
     if not 1 <= k < n:
         raise ValueError(f"k={k} nearest neighbours need at least k+1={k + 1} points; got {n}")
-    sq = np.einsum("ij,ij->i", x, x)
     out = np.empty((n, k))
     for start in range(0, n, CHUNK_ROWS):
         rows = slice(start, min(start + CHUNK_ROWS, n))
-        d2 = sq[rows, None] + sq[None, :] - 2.0 * x[rows] @ x.T
-        d2[np.arange(d2.shape[0]), np.arange(rows.start, rows.stop)] = np.inf  # not itself
-        part = np.partition(d2, k - 1, axis=1)[:, :k]
-        out[rows] = np.sqrt(np.maximum(np.sort(part, axis=1), 0.0))
+        d = torch.cdist(x[rows], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
+        d[np.arange(d.shape[0]), np.arange(rows.start, rows.stop)] = np.inf  # not itself
+        out[rows] = np.sort(np.partition(d, k - 1, axis=1)[:, :k], axis=1)
     return out
 
 

@@ -13,8 +13,8 @@ feature vector (RoFL's class centroids need it).
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class FeatureClassifier(nn.Module):
@@ -109,6 +109,14 @@ class CifarResNet(FeatureClassifier):
     def features(self, x):
         out = self.stages(self.stem(x))
         return F.adaptive_avg_pool2d(out, 1).flatten(1)
+
+
+def classifier_shape(weight_shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+    """(K classes, D features) of a model from the shapes of its arrays (state-dict
+    order): every model here registers its classifier last, so the classifier's K x D
+    weight is the second-to-last array (its bias the last)."""
+    classes, features = weight_shapes[-2]
+    return int(classes), int(features)
 
 
 def xavier_init(model: nn.Module) -> nn.Module:

@@ -13,6 +13,8 @@ import contextlib
 
 import numpy as np
 
+from .transition import column_normalize
+
 
 class NoiseError(ValueError):
     """No valid noise matrix exists for the requested (rho, zeta)."""
@@ -84,11 +86,8 @@ def zero_off_diagonals(nm: np.ndarray) -> int:
 
 
 def empirical_transition(noisy: np.ndarray, true: np.ndarray, num_classes: int) -> np.ndarray:
-    """The realized ``P(noisy=i | true=j)`` of a label set; a class absent from ``true`` gives e_j."""
+    """The realized ``P(noisy=i | true=j)`` of a label set; a class absent from ``true``
+    gives e_j."""
     counts = np.zeros((num_classes, num_classes))
     np.add.at(counts, (np.asarray(noisy), np.asarray(true)), 1.0)
-    col = counts.sum(axis=0)
-    out = np.eye(num_classes)
-    seen = col > 0
-    out[:, seen] = counts[:, seen] / col[seen]
-    return out
+    return column_normalize(counts)

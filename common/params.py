@@ -20,6 +20,7 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
     new = {}
     for (name, ref), arr in zip(state.items(), weights):
         if tuple(arr.shape) != tuple(ref.shape):
-            raise ValueError(f"array for {name!r} has shape {arr.shape}, expected {tuple(ref.shape)}")
+            raise ValueError(f"array for {name!r} has shape {arr.shape}, "
+                             f"expected {tuple(ref.shape)}")
         new[name] = torch.as_tensor(np.asarray(arr), dtype=ref.dtype)
     model.load_state_dict(new)

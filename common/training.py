@@ -87,7 +87,6 @@ class TrainStats:
 
     mean_loss: float
     mean_accuracy: float  # training accuracy averaged over the local epochs
-    steps: int
 
 
 def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -128,9 +127,10 @@ def train_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_loss
     distillation needs the teacher on the same augmented batch, RoFL the features and
     the samples' pseudo-labels."""
     model.train()
-    total_loss, steps, epoch_accs = 0.0, 0, []
+    # summed on the device: no host sync per step (the GPU runs ahead of the loop)
+    total_loss, steps, epoch_accs = torch.zeros((), device=x.device), 0, []
     for _ in range(epochs):
-        correct, seen = 0, 0
+        correct, seen = torch.zeros((), dtype=torch.long, device=x.device), 0
         for idx in batches(len(y), batch_size, generator):
             idx = idx.to(x.device)
             xb, yb = transform(x[idx], augment, generator), y[idx]
@@ -138,15 +138,14 @@ def train_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total_loss += float(loss.detach())
+            total_loss += loss.detach()
             steps += 1
-            correct += int((logits.detach().argmax(1) == yb).sum())
+            correct += (logits.detach().argmax(1) == yb).sum()
             seen += len(yb)
         if seen:
-            epoch_accs.append(correct / seen)
-    return TrainStats(mean_loss=total_loss / max(steps, 1),
-                      mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0,
-                      steps=steps)
+            epoch_accs.append(int(correct) / seen)
+    return TrainStats(mean_loss=float(total_loss) / max(steps, 1),
+                      mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0)
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,

@@ -21,13 +21,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.training import predict_logits_features
-from common.fedcorr import (FedCorrMessages as M, proximal_norm, relabel_confident,
-                            relabel_highest_loss)
+from common.fedcorr import FedCorrMessages as M
+from common.fedcorr import proximal_norm, relabel_confident, relabel_highest_loss
 from common.lid import client_lid
 from common.losses import cross_entropy
 from common.noisy_clients import loss_noise_level
-from common.training import TrainStats, train
+from common.training import TrainStats, predict_logits_features, train
 
 from .job import LocalJob
 from .label_state import load_vector, save_vector
@@ -88,4 +87,4 @@ def _correct(job: LocalJob, labels: np.ndarray, task: str) -> tuple[int, dict, T
     if job.cfg.diagnostics:
         metrics[M.RELABELLED] = int((new != labels).sum())
         metrics[M.CORRECTED] = int((new != job.labels).sum())
-    return 0, metrics, TrainStats(0.0, 0.0, 0)
+    return 0, metrics, TrainStats(0.0, 0.0)

@@ -17,12 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from common.training import make_optimizer, predict_logits_features, train_batches
 from common.exchange import pack_array
-from common.fednoro import (FedNoRoMessages as M, distillation_loss, log_prior,
-                            logit_adjusted_ce, per_class_mean_loss)
+from common.fednoro import FedNoRoMessages as M
+from common.fednoro import distillation_loss, log_prior, logit_adjusted_ce, per_class_mean_loss
 from common.runtime import model_for
-from common.training import TrainStats
+from common.training import TrainStats, make_optimizer, predict_logits_features, train_batches
 
 from .job import LocalJob
 
@@ -72,4 +71,4 @@ def _class_losses(job: LocalJob) -> tuple[int, dict, TrainStats]:
     losses = F.cross_entropy(logits.double(), job.local.y, reduction="none").cpu().numpy()
     per_class = per_class_mean_loss(losses, job.labels, job.local.data.num_classes)
     return 0, {"loss": "none (detection)", M.CLASS_LOSSES: pack_array(per_class)}, \
-        TrainStats(0.0, 0.0, 0)
+        TrainStats(0.0, 0.0)

@@ -11,8 +11,15 @@ from torch import nn
 from common.config import RunConfig
 from common.losses import cross_entropy
 from common.models import FeatureClassifier
-from common.training import (BatchTransform, LossFn, Regularizer, SGDSettings, TrainStats,
-                             predict_proba, train)
+from common.training import (
+    BatchTransform,
+    LossFn,
+    Regularizer,
+    SGDSettings,
+    TrainStats,
+    predict_proba,
+    train,
+)
 
 from .local_data import LocalData
 

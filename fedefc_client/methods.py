@@ -52,7 +52,7 @@ def fedefc(job: LocalJob) -> Update:
     if job.phase == 1:
         return fedavg(job)
     q = estimate_transition(job.probs, job.labels, job.cfg.count_rule, job.cfg.weighting)
-    return _forward(job, q, {"q-trace": float(np.trace(q))})
+    return _forward(job, q, {})  # nothing about Q leaves the client (q-cos: diagnostics only)
 
 
 def forward_correction(job: LocalJob) -> Update:
@@ -71,7 +71,7 @@ def confident_learning(job: LocalJob) -> Update:
     keep = ~label_issue_mask(job.labels, job.probs)
     metrics = {"loss": "cross-entropy", "kept": int(keep.sum()), "removed": int((~keep).sum())}
     if not keep.any():
-        return 0, metrics, TrainStats(0.0, 0.0, 0)
+        return 0, metrics, TrainStats(0.0, 0.0)
     return int(keep.sum()), metrics, job.train(keep=keep)
 
 

@@ -19,12 +19,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.training import make_optimizer, predict_logits_features, train_batches
 from common.exchange import pack_array, unpack_array
-from common.rofl import (RoFLMessages as M, centroid_weight, class_means, forget_rate,
-                         nearest_centroid, rofl_loss, rofl_targets, small_loss_indices,
-                         update_centroids, uses_pseudo_labels)
-from common.training import TrainStats
+from common.rofl import RoFLMessages as M
+from common.rofl import (
+    centroid_weight,
+    class_means,
+    forget_rate,
+    nearest_centroid,
+    rofl_loss,
+    rofl_targets,
+    small_loss_indices,
+    update_centroids,
+    uses_pseudo_labels,
+)
+from common.training import TrainStats, make_optimizer, predict_logits_features, train_batches
 
 from .job import LocalJob
 

@@ -33,7 +33,8 @@ STRATEGIES: dict[str, type[FedEFCStrategy]] = {
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
-    """Where results go when ``out-dir`` is empty: ~/fedefc-runs/<method>-<dataset>-s<seed>-<time>."""
+    """Where results go when ``out-dir`` is empty:
+    ~/fedefc-runs/<method>-<dataset>-s<seed>-<time>."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path.home() / "fedefc-runs" / f"{cfg.method}-{cfg.dataset}-s{cfg.seed}-{stamp}"
 

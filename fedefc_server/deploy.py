@@ -32,18 +32,28 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from common.config import ConfigError, load_run_config
 
+from .launch import (
+    APP_DIR,
+    LaunchError,
+    _bin,
+    _free_port,
+    _toml_value,
+    flwr_env,
+    parse_overrides,
+    read_app_defaults,
+    read_preset,
+    write_run_config,
+)
 from .procs import stop_tree
-from .launch import (APP_DIR, LaunchError, _bin, _free_port, _toml_value, flwr_env,
-                     parse_overrides, read_app_defaults, read_preset)
 
 DEPLOY_DIR = APP_DIR / "deploy"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "fedefc" / "node-data"
@@ -211,8 +221,7 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
                timeout: float = 3600.0) -> tuple[str, str]:
     """``flwr run`` the app, follow its log until it ends; return (run id, status)."""
     with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
-        cfg_file = Path(tmp) / "run-config.toml"
-        cfg_file.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
         res = _flwr_json(["run", str(app_dir), connection, "--run-config", str(cfg_file)],
                          env, cwd)
     if not res.get("success") or not res.get("run-id"):

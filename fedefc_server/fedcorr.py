@@ -15,12 +15,19 @@
   sample the global model is confident about.
 - Stage 3: FedAvg over all clients, as the other methods.
 
+A stage-1 reply must carry a finite LID >= 0 (the estimator's range; 0 for a client
+whose outputs coincide) and an estimated noise in [0, 1], else it is rejected
+(:meth:`FedCorrStrategy.check_metrics`). The checkpoint keeps the plan: a resumed run
+whose config gives other stage boundaries (e.g. another ``rounds``, which sets the
+stage-2 length) is refused.
+
 Records: stage, iteration, LIDs, the flagged set with its estimates, the sampling pool
 and the corrections, with the simulator's true noise rates beside the flags.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from logging import INFO, WARNING
 from typing import Any
 
@@ -30,11 +37,22 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from common.fedcorr import FedCorrMessages as M, plan_fedcorr
+from common.fedcorr import FedCorrMessages as M
+from common.fedcorr import FedCorrPlan, plan_fedcorr
 from common.noisy_clients import lid_noisy_clients
-from common.seeds import derive_seed
 
+from .checkpoint import CheckpointError
 from .noise_robust import NoiseRobustStrategy, detection_truth, int_keys, truth_note
+from .strategy import sample_round
+from .validation import bad_number
+
+
+def plan_differences(stored: dict[str, int], plan: FedCorrPlan) -> dict[str, tuple[int, int]]:
+    """{field: (checkpoint's, this config's)} of the plan fields that fix which round is
+    which stage, iteration and sub-round: every field but ``rounds`` (more or fewer
+    rounds only lengthen or shorten stage 3)."""
+    return {k: (stored[k], v) for k, v in asdict(plan).items()
+            if k != "rounds" and stored[k] != v}
 
 
 class FedCorrStrategy(NoiseRobustStrategy):
@@ -56,13 +74,24 @@ class FedCorrStrategy(NoiseRobustStrategy):
 
     def server_state(self) -> dict[str, Any]:
         return {**super().server_state(), "fedcorr": {
+            "plan": asdict(self.plan),
             "lid_sum": self.lid_sum, "reported_noise": self.reported_noise,
             "est_noise": self.est_noise, "noisy": self.noisy,
             "correct_before_next": self._correct_before_next}}
 
     def load_server_state(self, state: dict[str, Any]) -> None:
+        """Restore the detection state; refuse (CheckpointError naming the keys) a
+        checkpoint whose run followed other stage boundaries than this config gives."""
         super().load_server_state(state)
         s = state["fedcorr"]
+        stored = s.get("plan")  # None in a checkpoint written before the plan was kept
+        diff = plan_differences(stored, self.plan) if stored is not None else {}
+        if diff:
+            changes = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(diff.items()))
+            raise CheckpointError(
+                f"the checkpoint's FedCorr plan differs from this config's ({changes}): stage 2 "
+                "lasts fedcorr-finetune-share x the rounds after stage 1, so it follows "
+                f"rounds; resume with rounds={stored['rounds']}, the interrupted run's value")
         self.lid_sum, self.reported_noise, self.est_noise = (
             int_keys(s[k]) for k in ("lid_sum", "reported_noise", "est_noise"))
         self.noisy = [int(p) for p in s["noisy"]]
@@ -77,15 +106,13 @@ class FedCorrStrategy(NoiseRobustStrategy):
                     if p in serving]
         if stage == 2:
             thres = self.cfg.fedcorr_clean_set_thres
-            pool = sorted(p for p in available if self.est_noise.get(p, 0.0) <= thres)
+            pool = [p for p in available if self.est_noise.get(p, 0.0) <= thres]
             if not pool:
                 log(WARNING, "FedCorr stage 2: no client with estimated noise <= %s; "
                     "fine-tuning on all clients", thres)
-                pool = sorted(available)
-            wanted = min(max(1, int(self.cfg.num_clients * self.cfg.fraction)), len(pool))
-            rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
+                pool = list(available)
             self._clean_pool_size = len(pool)
-            return sorted(int(p) for p in rng.choice(pool, size=wanted, replace=False))
+            return sample_round(self.cfg, pool, server_round)
         return super().sample_partitions(available, server_round)
 
     def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
@@ -115,6 +142,14 @@ class FedCorrStrategy(NoiseRobustStrategy):
     def _correct(self, tasks: dict[int, dict[str, Scalar]], client_manager: ClientManager,
                  parameters: Parameters, server_round: int, name: str) -> dict[str, Any]:
         replies = self.send_tasks(client_manager, parameters, tasks, server_round)
+        for pid in list(replies):
+            counts = (bad_number(key, replies[pid].metrics.get(key), 0, integer=True)
+                      for key in (M.RELABELLED, M.CORRECTED))
+            why = next(filter(None, counts), None)
+            if why:  # a count the record cannot hold; the client relabelled its own data anyway
+                log(WARNING, "FedCorr round %d: partition %d's %s reply left out: %s",
+                    server_round, pid, name.removeprefix("fedcorr_"), why)
+                del replies[pid]
         changed = {p: int(r.metrics.get(M.RELABELLED, 0)) for p, r in replies.items()}
         corrected = {p: int(r.metrics.get(M.CORRECTED, 0)) for p, r in replies.items()}
         log(INFO, "FedCorr round %d: %s on %d/%d flagged clients, %d labels changed",
@@ -123,6 +158,14 @@ class FedCorrStrategy(NoiseRobustStrategy):
         return {name: changed, f"{name}_corrected": corrected}
 
     # -- aggregation, detection and records -----------------------------------------
+    def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
+        """A stage-1 reply's LID (finite, >= 0) and estimated noise (in [0, 1]), which
+        the detection sums and keeps; other stages' replies carry neither."""
+        if self.plan.stage(server_round) != 1:
+            return None
+        return (bad_number(M.LID, metrics.get(M.LID), 0.0)
+                or bad_number(M.EST_NOISE, metrics.get(M.EST_NOISE), 0.0, 1.0))
+
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
         params, metrics = super().aggregate_fit(server_round, results, failures)
@@ -133,7 +176,7 @@ class FedCorrStrategy(NoiseRobustStrategy):
         lids = {}
         for pid, res in self.accepted_replies():
             self.note_truth(pid, res.metrics)
-            if M.LID in res.metrics:
+            if stage == 1:  # check_metrics made sure both values are there and usable
                 lids[pid] = float(res.metrics[M.LID])
                 self.lid_sum[pid] = self.lid_sum.get(pid, 0.0) + lids[pid]
                 self.reported_noise[pid] = float(res.metrics[M.EST_NOISE])

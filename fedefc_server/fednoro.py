@@ -13,13 +13,19 @@
 - After warm-up: each sampled client is told whether it is noisy (distillation) and
   the round's distillation weight; the round's models are combined by DaAgg.
 
+A detection reply without a usable per-class-loss vector (:func:`read_class_losses`:
+missing, undecodable, not K floats, Inf or negative, or no class held) is logged with
+its reason, recorded in ``fednoro_detection_skipped`` and left out, like a client that
+did not answer: it is treated as clean and detection uses the others. NaN entries are
+legitimate: the classes a client holds no sample of (the reference's per-class loss).
+
 Records: the detected set with the simulator's true noise rates beside it (once), then
 per round the noisy clients sampled, the distillation weight and the DaAgg weights.
 """
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -30,10 +36,33 @@ from flwr.server.client_proxy import ClientProxy
 
 from common.daagg import daagg_distances, daagg_weights, weighted_average
 from common.exchange import unpack_array
-from common.fednoro import FedNoRoMessages as M, distillation_weight
+from common.fednoro import FedNoRoMessages as M
+from common.fednoro import distillation_weight
+from common.models import classifier_shape
 from common.noisy_clients import fednoro_noisy_clients
 
 from .noise_robust import NoiseRobustStrategy, detection_truth, truth_note
+
+
+def read_class_losses(metrics: dict[str, Scalar], num_classes: int) -> np.ndarray:
+    """A detection reply's per-class mean losses: K floats, each >= 0 or NaN (a class
+    the client holds no sample of), at least one not NaN. ValueError with the reason
+    for anything else."""
+    if M.CLASS_LOSSES not in metrics:
+        raise ValueError(f"no {M.CLASS_LOSSES} in the reply")
+    try:
+        losses = unpack_array(metrics[M.CLASS_LOSSES])
+    except (TypeError, ValueError) as err:  # not bytes, or not .npy
+        raise ValueError(f"undecodable {M.CLASS_LOSSES} ({type(err).__name__})") from None
+    if losses.shape != (num_classes,) or losses.dtype.kind != "f":
+        raise ValueError(f"{M.CLASS_LOSSES} holds {losses.dtype} of shape {losses.shape}, "
+                         f"expected {num_classes} floats")
+    held = losses[~np.isnan(losses)]
+    if not held.size:
+        raise ValueError(f"{M.CLASS_LOSSES} holds no class (all NaN)")
+    if not (np.isfinite(held).all() and (held >= 0).all()):
+        raise ValueError(f"{M.CLASS_LOSSES} holds Inf or a negative loss")
+    return losses.astype(np.float64)
 
 
 class FedNoRoStrategy(NoiseRobustStrategy):
@@ -73,18 +102,27 @@ class FedNoRoStrategy(NoiseRobustStrategy):
         replies = self.send_tasks(client_manager, parameters,
                                   {p: {M.TASK: M.CLASS_LOSSES_TASK} for p in serving},
                                   server_round)
-        pids = sorted(replies)
+        num_classes = classifier_shape([a.shape for a in parameters_to_ndarrays(parameters)])[0]
+        losses, skipped = {}, {}
+        for pid, res in replies.items():
+            try:
+                losses[pid] = read_class_losses(res.metrics, num_classes)
+            except ValueError as err:
+                skipped[pid] = str(err)
+                log(WARNING, "FedNoRo detection: partition %d left out: %s", pid, err)
+        pids = sorted(losses)
         if pids:
-            matrix = np.stack([unpack_array(replies[p].metrics[M.CLASS_LOSSES]) for p in pids])
-            flags = fednoro_noisy_clients(matrix, self.cfg.fednoro_gmm_votes)
+            flags = fednoro_noisy_clients(np.stack([losses[p] for p in pids]),
+                                          self.cfg.fednoro_gmm_votes)
             self.noisy = {p for p, f in zip(pids, flags) if f}
         noisy = sorted(self.noisy)
         truth = detection_truth(noisy, self.true_noise)
-        log(INFO, "FedNoRo detection before round %d: %d/%d clients answered, %d flagged "
-            "noisy%s", server_round, len(pids), len(serving), len(noisy), truth_note(truth))
+        log(INFO, "FedNoRo detection before round %d: %d/%d clients answered, %d left out, "
+            "%d flagged noisy%s", server_round, len(replies), len(serving), len(skipped),
+            len(noisy), truth_note(truth))
         self.run_info["fednoro_noisy"] = noisy
-        return {"fednoro_detection_clients": pids, "fednoro_noisy": noisy,
-                "fednoro_true_noise": dict(self.true_noise), **truth}
+        return {"fednoro_detection_clients": pids, "fednoro_detection_skipped": skipped,
+                "fednoro_noisy": noisy, "fednoro_true_noise": dict(self.true_noise), **truth}
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:

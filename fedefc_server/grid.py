@@ -29,10 +29,11 @@ import re
 import shutil
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from common.config import ConfigError, config_differences, load_run_config
 from common.results import check_output_dir

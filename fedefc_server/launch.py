@@ -26,9 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from common.config import ConfigError, load_run_config
 from common.datasets import DatasetError
@@ -121,8 +122,8 @@ def preflight(run_config: dict[str, Any]) -> None:
     so that bad data or an unusable checkpoint fails before any Flower process starts."""
     from common.federation import federated_data
 
-    from .checkpoint import check_compatible, load
     from .app import initial_weights
+    from .checkpoint import check_compatible, load
 
     cfg = load_run_config(run_config)
     federated_data(cfg)
@@ -162,6 +163,12 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(str(value))
+
+
+def write_run_config(path: Path, run_config: dict[str, Any]) -> Path:
+    """``run_config`` as a TOML file for ``flwr run --run-config``."""
+    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+    return path
 
 
 class LocalSimulation:
@@ -207,8 +214,7 @@ class LocalSimulation:
             client_gpus: float, app_dir: Path = APP_DIR,
             log_path: Path | None = None) -> tuple[int, str]:
         """Submit the app, stream its log, and return (run id, status) once it ends."""
-        cfg_file = self.work_dir / "run-config.toml"
-        cfg_file.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        cfg_file = write_run_config(self.work_dir / "run-config.toml", run_config)
         fed = (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)} "
                f"client-resources-num-gpus={client_gpus}")
         cmd = [_bin("flwr"), "run", str(app_dir), "fedefc-sim", "--stream",
@@ -261,10 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one simulation job")
     run.add_argument("preset", nargs="?", default=None,
-                     help="configs/<preset>.toml name or a .toml path (default: pyproject defaults)")
+                     help="configs/<preset>.toml name or a .toml path "
+                          "(default: pyproject defaults)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a run-config key (repeatable), e.g. --set rho=0.4")
-    run.add_argument("--out-dir", default=None, help="results folder (made absolute; must be unused)")
+    run.add_argument("--out-dir", default=None,
+                     help="results folder (made absolute; must be unused)")
     run.add_argument("--client-cpus", type=int, default=1, help="CPUs per simulated client")
     run.add_argument("--client-gpus", type=float, default=None,
                      help="GPUs per simulated client (default 0.25 when CUDA is visible, else 0)")

@@ -73,11 +73,13 @@ class NoiseRobustStrategy(FedEFCStrategy):
     def send_tasks(self, client_manager: ClientManager, parameters: Parameters,
                    tasks: dict[int, dict[str, Scalar]], server_round: int) -> dict[int, FitRes]:
         """Send each partition in ``tasks`` the base round config (phase, round, seed)
-        plus its task keys; return the replies by partition id."""
+        plus its task keys; return the replies by partition id. Each call is bounded by
+        ``client-timeout`` (0: none), as a round's training calls are."""
         serving = self.registry.refresh(client_manager, server_round)
         configs = {pid: {**FedEFCStrategy.client_config(self, pid, server_round), **task}
                    for pid, task in tasks.items()}
-        replies = send_tasks(serving, parameters, configs, server_round)
+        replies = send_tasks(serving, parameters, configs, server_round,
+                             timeout=self.cfg.client_timeout or None)
         for pid, res in replies.items():
             self.note_truth(pid, res.metrics)
         return replies

@@ -10,7 +10,7 @@ Written into ``<results-dir>/<grid name>/``:
 - ``plots/fig1-<column>.png``: FedEFC's averaged client accuracy A(t) with A_max and
   T_e marked beside the test accuracy (Fig. 1 left), and the clients' mean cosine
   similarity between estimated Q and their true noise matrices (Fig. 1 right).
-- ``plots/q-heatmap-<column>.png``: one client's Q, recomputed offline from the final
+- ``plots/q-heatmap-<column>.png``: the largest client's Q, recomputed offline from the final
   global model on that client's data, next to its true noise matrix (needs the dataset).
 """
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import csv
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tomllib
 
 from .grid import Cell, Grid, slug
 from .launch import CONFIGS_DIR
@@ -196,7 +196,8 @@ def _fig1(plt, cell: Cell, path: Path, col: str) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     a = [(r["round"], 100 * r["A"]) for r in recs if r.get("A") is not None]
     left.plot(*zip(*a), "o-", ms=3, label="A(t): mean client accuracy of the global model")
-    left.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs], label="test accuracy")
+    left.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs],
+              label="test accuracy")
     if summary.get("A_max"):
         left.axhline(100 * summary["A_max"], ls=":", c="gray", label="A_max")
     if t_e is not None:
@@ -217,7 +218,8 @@ def _fig1(plt, cell: Cell, path: Path, col: str) -> Path:
 
 
 def _q_heatmap(plt, cell: Cell, path: Path, col: str) -> Path | None:
-    """Client 0's Q from the final global model (recomputed here), beside its truth."""
+    """The largest client's Q from the final global model (recomputed here), beside
+    its true noise matrix."""
     import torch
 
     from common.config import load_run_config

@@ -6,6 +6,10 @@ sends them to every sampled client from round 2 on, and after each round replace
 them by the cosine-weighted average of the clients' returned centroids (round 1: their
 plain mean). The model is aggregated with the project's FedAvg.
 
+A reply whose f_k is missing, undecodable, not a finite float K x D matrix of this
+model's shape, or whose counts are not integers >= 0, is rejected
+(:meth:`RoFLStrategy.check_metrics`), like any invalid reply.
+
 Records per round: the forget rate, lambda_cen and whether pseudo-labels are active,
 the clients' summed counts (kept samples, nearest-centroid agreement, replaced
 labels), and how far f_G moved.
@@ -20,10 +24,27 @@ from flwr.common import FitRes, Parameters, Scalar
 from flwr.server.client_proxy import ClientProxy
 
 from common.exchange import pack_array, unpack_array
-from common.rofl import (RoFLMessages as M, aggregate_centroids, centroid_weight, forget_rate,
-                         uses_pseudo_labels)
+from common.models import classifier_shape
+from common.rofl import RoFLMessages as M
+from common.rofl import aggregate_centroids, centroid_weight, forget_rate, uses_pseudo_labels
 
 from .noise_robust import NoiseRobustStrategy
+from .validation import bad_number
+
+
+def bad_centroids(value: Any, shape: tuple[int, int]) -> str | None:
+    """Why a reply's local centroids f_k are unusable (None: they are usable): they must
+    be .npy bytes of a finite float matrix of ``shape`` (K classes x D features)."""
+    try:
+        f_k = unpack_array(value)
+    except (TypeError, ValueError) as err:  # missing (None), not bytes, or not .npy
+        return f"undecodable {M.LOCAL_CENTROIDS} ({type(err).__name__})"
+    if f_k.shape != shape or f_k.dtype.kind != "f":
+        return (f"{M.LOCAL_CENTROIDS} holds {f_k.dtype} of shape {f_k.shape}, expected "
+                f"{shape} floats")
+    if not np.isfinite(f_k).all():
+        return f"{M.LOCAL_CENTROIDS} holds NaN or Inf"
+    return None
 
 
 class RoFLStrategy(NoiseRobustStrategy):
@@ -40,11 +61,20 @@ class RoFLStrategy(NoiseRobustStrategy):
             config[M.CENTROIDS] = self._centroid_bytes
         return config
 
+    def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
+        """Every RoFL reply's f_k (:func:`bad_centroids`, K x D of the model's
+        classifier) and, when reported, its counts."""
+        shape = classifier_shape(self._expected.shapes)
+        reason = bad_centroids(metrics.get(M.LOCAL_CENTROIDS), shape)
+        for key in (M.KEPT, M.AGREE, M.REPLACED):
+            if reason is None and key in metrics:
+                reason = bad_number(key, metrics[key], 0, integer=True)
+        return reason
+
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
         params, metrics = super().aggregate_fit(server_round, results, failures)
-        replies = [(p, r.metrics) for p, r in self.accepted_replies()
-                   if M.LOCAL_CENTROIDS in r.metrics]
+        replies = [(p, r.metrics) for p, r in self.accepted_replies()]
         c = self.cfg
         info: dict[str, Any] = {
             "rofl_forget_rate": forget_rate(server_round, c.rofl_forget_rate, c.rofl_num_gradual),

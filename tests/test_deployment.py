@@ -20,26 +20,39 @@ import json
 import os
 import re
 import subprocess
-import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 import yaml
 
 from common.config import load_run_config
 from fedefc_client.cache import DataCache, partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
-from fedefc_client.private_data import (ImageSpec, PrivateDataError, load_private_data,
-                                        write_npz)
+from fedefc_client.private_data import ImageSpec, PrivateDataError, load_private_data, write_npz
 from fedefc_server import deploy
-from fedefc_server.deploy import (DEPLOY_DIR, LocalDeployment, NodeSpec, TLSFiles,
-                                  superexec_flags, superlink_flags, supernode_flags)
-from fedefc_server.launch import (_bin, _free_port, _toml_value, read_app_defaults,
-                                  read_preset, resolve_run_config, run_simulation_job)
+from fedefc_server.deploy import (
+    DEPLOY_DIR,
+    LocalDeployment,
+    NodeSpec,
+    TLSFiles,
+    superexec_flags,
+    superlink_flags,
+    supernode_flags,
+)
+from fedefc_server.launch import (
+    _bin,
+    _free_port,
+    _toml_value,
+    read_app_defaults,
+    read_preset,
+    resolve_run_config,
+    run_simulation_job,
+)
 
 NODES = 3
 CPU = torch.device("cpu")

@@ -10,17 +10,24 @@ import torch
 from flwr.app import RecordDict
 
 from common.config import ConfigError, load_run_config
-from common.fedcorr import (plan_fedcorr, proximal_norm, relabel_confident,
-                            relabel_highest_loss)
+from common.fedcorr import plan_fedcorr, proximal_norm, relabel_confident, relabel_highest_loss
 from common.lid import client_lid, lid_mle, nearest_distances
 from common.noisy_clients import lid_noisy_clients, loss_noise_level
 from common.params import get_weights
 from common.runtime import model_for
 from fedefc_client.client import FedEFCClient
 from fedefc_client.local_data import partition_data
+from fedefc_server.checkpoint import CheckpointError
 from fedefc_server.fedcorr import FedCorrStrategy
-from tests.noise_robust_helpers import (GLOBAL, PARAMS, FakeNode, make_strategy, manager,
-                                        simulate, trained_reply)
+from tests.noise_robust_helpers import (
+    GLOBAL,
+    PARAMS,
+    FakeNode,
+    make_strategy,
+    manager,
+    simulate,
+    trained_reply,
+)
 
 
 def brute_force_lid(points, k):
@@ -44,6 +51,25 @@ def test_lid_on_a_constructed_point_set():
     random_points = np.random.default_rng(0).random((60, 4))
     np.testing.assert_allclose(lid_mle(random_points, 5), brute_force_lid(random_points, 5),
                                rtol=1e-8)
+
+
+def test_lid_of_near_duplicates_far_from_the_origin_is_exact():
+    # The closed-form set above, shrunk to neighbours 1e-5..6e-5 apart and moved to
+    # 1e4 on every axis. LID is translation and scale invariant, so the origin's LID is
+    # still k / sum_i log(k / i). The expansion ||a||^2 + ||b||^2 - 2ab loses the 1e-10
+    # squared distances against 1e8-sized squared norms (it gave 0 here).
+    k = 6
+    points = 1e4 + 1e-5 * np.vstack([np.zeros(k), np.diag(np.arange(1.0, k + 1))])
+    np.testing.assert_allclose(nearest_distances(points, k)[0], 1e-5 * np.arange(1, k + 1),
+                               rtol=1e-6)
+    assert lid_mle(points, k)[0] == pytest.approx(
+        k / sum(math.log(k / i) for i in range(1, k + 1)), rel=1e-5)
+    # A cloud of near-duplicates (softmax-like outputs 1e-7 apart) at offset 1e4: every
+    # point has a finite, positive LID, the same as the cloud's at the origin.
+    cloud = 1e-7 * np.random.default_rng(4).random((200, 10))
+    far = lid_mle(1e4 + cloud, 20)
+    assert np.isfinite(far).all() and (far > 0).all()
+    np.testing.assert_allclose(far, lid_mle(cloud, 20), rtol=1e-3)
 
 
 @pytest.mark.parametrize("dim", [2, 5])
@@ -229,3 +255,50 @@ def test_strategy_flags_corrects_and_restricts_stage_2_in_process(tmp_path):
     s.configure_fit(4, PARAMS, m)
     assert nodes[3].tasks[-1]["fedcorr-task"] == "relabel-confident"
     assert not any(n.tasks for n in nodes[:3])
+
+
+FEDCORR_4 = {"method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4,
+             "fedcorr-iterations": 2}
+
+
+def test_the_plan_survives_a_checkpoint_and_a_resume_with_another_plan_is_refused(tmp_path):
+    # 4 clients in one sub-round, 2 iterations: stage 1 = rounds 1-2; stage 2 gets
+    # floor(0.5 x (4 - 2) + 0.5) = 1 round; stage 3 the last one.
+    s = make_strategy(FedCorrStrategy, tmp_path / "a", **FEDCORR_4)
+    s.lid_sum, s.est_noise, s.noisy = {0: 1.0, 3: 5.0}, {3: 0.4}, [3]
+    state = json.loads(json.dumps(s.server_state()))
+    assert state["fedcorr"]["plan"] == {"rounds": 4, "num_clients": 4, "per_subround": 4,
+                                        "iterations": 2, "finetune_rounds": 1}
+    restored = make_strategy(FedCorrStrategy, tmp_path / "b", **FEDCORR_4)
+    restored.load_server_state(state)
+    assert restored.plan == s.plan
+    assert json.loads(json.dumps(restored.server_state()))["fedcorr"] == state["fedcorr"]
+    # rounds=6 would give stage 2 floor(0.5 x 4 + 0.5) = 2 rounds: round 4, stage 3 in
+    # the interrupted run, would become stage 2. Refused, naming the key.
+    longer = make_strategy(FedCorrStrategy, tmp_path / "c", **{**FEDCORR_4, "rounds": 6})
+    with pytest.raises(CheckpointError, match=r"finetune_rounds: 1 -> 2.*rounds=4"):
+        longer.load_server_state(state)
+    # Without stage 2 more rounds only lengthen stage 3: the same plan, accepted.
+    share0 = {**FEDCORR_4, "fedcorr-finetune-share": 0.0}
+    state0 = make_strategy(FedCorrStrategy, tmp_path / "d", **share0).server_state()
+    make_strategy(FedCorrStrategy, tmp_path / "e", **{**share0, "rounds": 8}) \
+        .load_server_state(json.loads(json.dumps(state0)))
+
+
+@pytest.mark.parametrize("bad", ["3", -1, 2.5, True, None])
+def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(tmp_path, bad):
+    answers = {2: {"fedcorr-relabelled": 4, "fedcorr-corrected": 6},
+               3: {"fedcorr-relabelled": bad, "fedcorr-corrected": 5}}
+    nodes = [FakeNode(p, lambda config, p=p: answers.get(p, {})) for p in range(4)]
+    m = manager(nodes)
+    s = make_strategy(FedCorrStrategy, tmp_path, **FEDCORR_4)
+    instructions = s.configure_fit(1, PARAMS, m)
+    lids, est = [1.0, 1.1, 5.0, 5.0], [0.05, 0.02, 0.3, 0.4]
+    s.aggregate_fit(1, [trained_reply(node, 10, GLOBAL, **{"fedcorr-lid": lids[node.pid],
+                                                           "fedcorr-est-noise": est[node.pid]})
+                        for node, _ in instructions], [])
+    assert s.noisy == [2, 3]
+    s.configure_fit(2, PARAMS, m)  # the first iteration's correction goes to 2 and 3
+    assert nodes[2].tasks and nodes[3].tasks
+    assert s._round_info["fedcorr_relabel_highest_loss"] == {2: 4}
+    assert s._round_info["fedcorr_relabel_highest_loss_corrected"] == {2: 6}

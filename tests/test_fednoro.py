@@ -10,13 +10,24 @@ import torch.nn.functional as F
 from flwr.common import parameters_to_ndarrays
 
 from common.daagg import daagg_distances, daagg_weights, model_distance, weighted_average
-from common.fednoro import (distillation_loss, distillation_weight, log_prior,
-                            logit_adjusted_ce, per_class_mean_loss)
-from common.noisy_clients import fednoro_noisy_clients, normalized_class_losses
 from common.exchange import pack_array
-from fedefc_server.fednoro import FedNoRoStrategy
-from tests.noise_robust_helpers import (PARAMS, FakeNode, make_strategy, manager, simulate,
-                                        trained_reply)
+from common.fednoro import (
+    distillation_loss,
+    distillation_weight,
+    log_prior,
+    logit_adjusted_ce,
+    per_class_mean_loss,
+)
+from common.noisy_clients import fednoro_noisy_clients, normalized_class_losses
+from fedefc_server.fednoro import FedNoRoStrategy, read_class_losses
+from tests.noise_robust_helpers import (
+    PARAMS,
+    FakeNode,
+    make_strategy,
+    manager,
+    simulate,
+    trained_reply,
+)
 
 
 def test_class_losses_fill_missing_classes_and_min_max_each_column():
@@ -95,12 +106,12 @@ def test_per_class_mean_loss_marks_absent_classes():
 def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(tmp_path):
     noisy = {1, 4}
 
-    def class_losses(pid):
-        losses = np.full(4, 0.3) + 0.01 * pid
+    def class_losses(pid):  # 3 classes: GLOBAL's classifier is 3 x 4
+        losses = np.full(3, 0.3) + 0.01 * pid
         if pid in noisy:
-            losses[:3] = 2.0
+            losses[:2] = 2.0
         if pid == 2:
-            losses[3] = np.nan  # a class client 2 does not hold
+            losses[2] = np.nan  # a class client 2 does not hold
         return {"fednoro-class-losses": pack_array(losses)}
 
     nodes = [FakeNode(p, lambda config, p=p: class_losses(p)) for p in range(6)]
@@ -131,6 +142,55 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
     restored = make_strategy(FedNoRoStrategy, tmp_path / "restored", **keys)
     restored.load_server_state(json.loads(json.dumps(s.server_state())))
     assert restored.noisy == noisy
+
+
+BAD_CLASS_LOSSES = {  # case: (the reply's metrics without the partition id, reason)
+    "missing": ({}, "no fednoro-class-losses"),
+    "text": ({"fednoro-class-losses": "0.3,0.3,0.3"}, "undecodable"),
+    "garbage bytes": ({"fednoro-class-losses": b"not npy"}, "undecodable"),
+    "empty bytes": ({"fednoro-class-losses": b""}, "undecodable"),
+    "too long": ({"fednoro-class-losses": pack_array(np.full(4, 0.3))}, "expected 3 floats"),
+    "matrix": ({"fednoro-class-losses": pack_array(np.full((3, 1), 0.3))}, "expected 3 floats"),
+    "integers": ({"fednoro-class-losses": pack_array(np.ones(3, np.int64))}, "expected 3 floats"),
+    "Inf": ({"fednoro-class-losses": pack_array(np.array([0.3, np.inf, 0.3]))}, "Inf"),
+    "negative": ({"fednoro-class-losses": pack_array(np.array([0.3, -1.0, 0.3]))}, "negative"),
+    "all NaN": ({"fednoro-class-losses": pack_array(np.full(3, np.nan))}, "no class"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLASS_LOSSES))
+def test_detection_leaves_out_a_reply_without_a_valid_class_loss_vector(tmp_path, case):
+    # Six clients, 3 classes (GLOBAL's classifier is 3 x 4); 1 and 4 noisy by
+    # construction, client 2 lacks class 2 (NaN: legitimate, used); client 5 replies
+    # with a bad vector: left out (treated as clean), the others still give {1, 4}.
+    noisy = {1, 4}
+
+    def answer(pid):
+        if pid == 5:
+            return BAD_CLASS_LOSSES[case][0]
+        losses = np.full(3, 0.3) + 0.01 * pid
+        if pid in noisy:
+            losses[:2] = 2.0
+        if pid == 2:
+            losses[2] = np.nan
+        return {"fednoro-class-losses": pack_array(losses)}
+
+    nodes = [FakeNode(p, lambda config, p=p: answer(p)) for p in range(6)]
+    s = make_strategy(FedNoRoStrategy, tmp_path, **{
+        "method": "fednoro", "num-clients": 6, "fraction": 1.0, "rounds": 3,
+        "fednoro-warmup": 1})
+    s.configure_fit(2, PARAMS, manager(nodes))
+    assert s.noisy == noisy
+    info = s._round_info
+    assert info["fednoro_detection_clients"] == [0, 1, 2, 3, 4]
+    assert list(info["fednoro_detection_skipped"]) == [5]
+    assert BAD_CLASS_LOSSES[case][1] in info["fednoro_detection_skipped"][5]
+
+
+def test_a_class_loss_vector_with_absent_classes_is_read_as_sent():
+    sent = np.array([0.5, np.nan, 1.25, np.nan])  # what a client lacking classes 1, 3 sends
+    got = read_class_losses({"fednoro-class-losses": pack_array(sent)}, 4)
+    np.testing.assert_array_equal(got, sent)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import torch
 from cleanlab.filter import find_label_issues
 from flwr.app import RecordDict
 
-from common.config import load_run_config
 from common.confident_learning import label_issue_mask
+from common.config import load_run_config
 from common.forward_correction import patrini_transition
 from common.losses import proximal_term
 from common.params import get_weights
@@ -64,6 +64,17 @@ def test_confident_learning_mask_equals_direct_cleanlab_call():
     assert 0 < expected.sum() < 400
 
 
+@pytest.mark.parametrize("labels", [[3] * 40, [3], []], ids=["one class", "one sample", "none"])
+def test_confident_learning_keeps_every_sample_of_a_single_class_client(labels):
+    labels = np.array(labels, dtype=np.int64)
+    probs = np.random.default_rng(1).dirichlet(np.ones(5), len(labels))
+    if len(labels):
+        with pytest.raises(ValueError, match="at least 2 classes"):  # what cleanlab does
+            find_label_issues(labels, probs, filter_by="both", n_jobs=1)
+    mask = label_issue_mask(labels, probs)
+    assert mask.dtype == bool and mask.shape == (len(labels),) and not mask.any()
+
+
 def _client(method, state, **extra):
     cfg = load_run_config({"method": method, "num-clients": 20, "fraction": 0.5, "iid": True,
                            "local-epochs": 1, "start-round": 0, "gamma-thr": 1, **extra})
@@ -109,3 +120,17 @@ def test_each_method_uses_its_loss(method, phase, loss):
     _, _, metrics = client.fit(get_weights(model), {"phase": phase, "round": 1, "seed": 1})
     assert metrics["loss"] == loss
     assert ("accuracy" in metrics) == (phase == 1)
+
+
+@pytest.mark.parametrize("diagnostics", [False, True])
+def test_fedefc_phase2_reply_carries_nothing_about_q(diagnostics):
+    """Nothing about labels or matrices leaves a client (spec): without the simulator's
+    diagnostics the phase-2 reply holds only the loss name, the partition id and the
+    timing; with them, only the agreement with the true matrix is added."""
+    cfg, client = _client("fedefc", RecordDict(), diagnostics=diagnostics, rho=0.4, zeta=0.4)
+    model = model_for(cfg, client.local.data, torch.device("cpu"))
+    _, _, metrics = client.fit(get_weights(model), {"phase": 2, "round": 3, "seed": 3})
+    diag = {"q-cos", "q-l1", "noise-rate"} & set(metrics)
+    assert bool(diag) == diagnostics
+    assert not any(k.startswith("q-") for k in set(metrics) - {"q-cos", "q-l1"})
+    assert all(not isinstance(v, bytes) for v in metrics.values())

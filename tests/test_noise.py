@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, load_run_config
-from common.noise import (NoiseError, apply_noise, empirical_transition, noise_matrix,
-                          zero_off_diagonals)
+from common.noise import (
+    NoiseError,
+    apply_noise,
+    empirical_transition,
+    noise_matrix,
+    zero_off_diagonals,
+)
 
 K = 10
 

@@ -1,5 +1,6 @@
 """Reliability: bad payloads, failing and lying clients, checkpoints, resume, bad input."""
 
+import io
 import json
 import threading
 import time
@@ -10,13 +11,24 @@ import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from common.config import load_run_config
+from common.exchange import pack_array
 from common.faults import parse_faults
 from common.results import RunRecorder
 from fedefc_server import checkpoint
-from fedefc_server.launch import (LocalSimulation, main, resolve_run_config, resume_config,
-                                  run_simulation_job)
+from fedefc_server.extra_messages import send_tasks
+from fedefc_server.fedcorr import FedCorrStrategy
+from fedefc_server.fednoro import FedNoRoStrategy
+from fedefc_server.launch import (
+    LocalSimulation,
+    main,
+    resolve_run_config,
+    resume_config,
+    run_simulation_job,
+)
 from fedefc_server.robust import aggregate_accuracy
+from fedefc_server.rofl import RoFLStrategy
 from fedefc_server.strategy import FedEFCStrategy
+from tests.noise_robust_helpers import FakeNode, make_strategy, manager
 from tests.test_strategy import GLOBAL, PARAMS, FakeProxy, _manager
 
 OK = Status(code=Code.OK, message="")
@@ -47,6 +59,15 @@ BAD = {
     "partition id text": lambda w, n, m: (w, n, {**m, "partition-id": "7"}),
     "partition id not sampled": lambda w, n, m: (w, n, {**m, "partition-id": 99}),
     "partition id duplicated": lambda w, n, m: (w, n, {**m, "partition-id": 0}),
+    "accuracy as bytes": lambda w, n, m: (w, n, {**m, "accuracy": b"0.5"}),
+    "samples as text": lambda w, n, m: (w, "100", m),
+    "train loss as text": lambda w, n, m: (w, n, {**m, "train-loss": "0.3"}),
+    "noise rate as bool": lambda w, n, m: (w, n, {**m, "noise-rate": True}),
+    "fit time as bytes": lambda w, n, m: (w, n, {**m, "fit-s": b"1.0"}),
+    "personal accuracy Inf": lambda w, n, m: (w, n, {**m, "personal-acc": float("inf")}),
+    "kept count as bytes": lambda w, n, m: (w, n, {**m, "kept": b"3"}),
+    "kept count as float": lambda w, n, m: (w, n, {**m, "kept": 3.5}),
+    "removed count negative": lambda w, n, m: (w, n, {**m, "removed": -1}),
 }
 REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expected",
           "wrong shape": "shape", "wrong dtype": "dtype", "NaN": "NaN", "Inf": "NaN or Inf",
@@ -55,7 +76,16 @@ REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expe
           "accuracy above 1": "outside [0, 1]", "accuracy NaN": "outside [0, 1]",
           "accuracy as text": "not a number", "partition id missing": "malformed partition id",
           "partition id text": "malformed partition id", "partition id not sampled":
-          "not asked", "partition id duplicated": "replied twice"}
+          "not asked", "partition id duplicated": "replied twice",
+          "accuracy as bytes": "accuracy missing or not a number",
+          "samples as text": "sample count '100'",
+          "train loss as text": "train-loss missing or not a number",
+          "noise rate as bool": "noise-rate missing or not a number",
+          "fit time as bytes": "fit-s missing or not a number",
+          "personal accuracy Inf": "personal-acc inf outside",
+          "kept count as bytes": "kept missing or not an integer",
+          "kept count as float": "kept missing or not an integer",
+          "removed count negative": "removed -1 outside [0, inf]"}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -79,6 +109,141 @@ def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(tmp_path, c
         np.testing.assert_allclose(got, np.mean([g[layer] for g in good], axis=0), rtol=1e-5,
                                    atol=1e-6)
     assert info["A"] == pytest.approx(0.5)
+
+
+def method_metrics(method, pid, rng):
+    """What a valid stage-1 FedCorr or RoFL reply adds (RoFL: K x D = GLOBAL's 3 x 4)."""
+    if method == "fedcorr":
+        return {"fedcorr-lid": 1.0 + pid, "fedcorr-est-noise": 0.1}
+    return {"rofl-local-centroids": pack_array(rng.random((3, 4)).astype(np.float32))}
+
+
+METHOD_BAD = {  # case: (method, metric, bad value or None to leave it out, reason)
+    "fedcorr LID missing": ("fedcorr", "fedcorr-lid", None, "fedcorr-lid missing"),
+    "fedcorr LID as text": ("fedcorr", "fedcorr-lid", "2.0", "fedcorr-lid missing or not a"),
+    "fedcorr LID as bool": ("fedcorr", "fedcorr-lid", True, "fedcorr-lid missing or not a"),
+    "fedcorr LID NaN": ("fedcorr", "fedcorr-lid", float("nan"), "fedcorr-lid nan outside"),
+    "fedcorr LID Inf": ("fedcorr", "fedcorr-lid", float("inf"), "fedcorr-lid inf outside"),
+    "fedcorr LID negative": ("fedcorr", "fedcorr-lid", -0.5, "fedcorr-lid -0.5 outside"),
+    "fedcorr noise missing": ("fedcorr", "fedcorr-est-noise", None, "fedcorr-est-noise missing"),
+    "fedcorr noise above 1": ("fedcorr", "fedcorr-est-noise", 1.5,
+                              "fedcorr-est-noise 1.5 outside [0, 1]"),
+    "fedcorr noise negative": ("fedcorr", "fedcorr-est-noise", -0.1, "outside [0, 1]"),
+    "fedcorr noise as bytes": ("fedcorr", "fedcorr-est-noise", b"0.1", "missing or not a"),
+    "rofl centroids missing": ("rofl", "rofl-local-centroids", None,
+                               "undecodable rofl-local-centroids (TypeError)"),
+    "rofl centroids as text": ("rofl", "rofl-local-centroids", "[[0.1]]", "undecodable"),
+    "rofl centroids garbage": ("rofl", "rofl-local-centroids", b"\x93NUMPY garbage",
+                               "undecodable rofl-local-centroids (ValueError)"),
+    "rofl centroids wrong shape": ("rofl", "rofl-local-centroids",
+                                   pack_array(np.ones((3, 2), np.float32)), "expected (3, 4)"),
+    "rofl centroids transposed": ("rofl", "rofl-local-centroids",
+                                  pack_array(np.ones((4, 3), np.float32)), "expected (3, 4)"),
+    "rofl centroids integers": ("rofl", "rofl-local-centroids",
+                                pack_array(np.ones((3, 4), np.int32)), "expected (3, 4) floats"),
+    "rofl centroids NaN": ("rofl", "rofl-local-centroids",
+                           pack_array(np.full((3, 4), np.nan, np.float32)), "NaN or Inf"),
+    "rofl kept count as text": ("rofl", "rofl-kept", "10", "rofl-kept missing or not an int"),
+    "rofl agree count negative": ("rofl", "rofl-agree", -2, "rofl-agree -2 outside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(METHOD_BAD))
+def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(tmp_path, case):
+    method, key, value, reason = METHOD_BAD[case]
+    cfg = load_run_config({"method": method, "num-clients": 6, "fraction": 1.0, "rounds": 5,
+                           "start-round": 0, "fedcorr-iterations": 1})
+    cls = {"fedcorr": FedCorrStrategy, "rofl": RoFLStrategy}[method]
+    strategy = cls(cfg, lambda w: (0.0, 0.0), RunRecorder(tmp_path, cfg.to_flat()), PARAMS,
+                   max_samples=4000)
+    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, _manager(6))] == \
+        list(range(6))
+    rng = np.random.default_rng(0)
+    replies = [good_reply(pid, rng, **method_metrics(method, pid, rng)) for pid in range(6)]
+    w, n, m = replies[5]
+    replies[5] = (w, n, {k: v for k, v in m.items() if k != key} if value is None
+                  else {**m, key: value})
+    results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+               for i, (w, n, m) in enumerate(replies)]
+    params, _ = strategy.aggregate_fit(1, results, [])
+    info = strategy._round_info
+    assert info["rejected"] == 1 and reason in info["rejected_reasons"][0]["reason"]
+    assert info["partition_ids"] == [0, 1, 2, 3, 4]
+    good = [w for w, _, _ in replies[:5]]
+    for layer, got in enumerate(parameters_to_ndarrays(params)):
+        np.testing.assert_allclose(got, np.mean([g[layer] for g in good], axis=0), rtol=1e-5,
+                                   atol=1e-6)
+    if method == "fedcorr":  # only the accepted clients' LIDs enter the detection
+        assert strategy.lid_sum == {p: 1.0 + p for p in range(5)}
+    else:  # round 1: f_G is the plain mean of the accepted clients' f_k
+        local = [np.load(io.BytesIO(m["rofl-local-centroids"])) for _, _, m in replies[:5]]
+        np.testing.assert_allclose(strategy.centroids, np.mean(local, axis=0), rtol=1e-6)
+
+
+class HangingNode(FakeNode):
+    """A node whose fit ignores its timeout and hangs until ``release`` is set."""
+
+    def __init__(self, pid, release):
+        super().__init__(pid)
+        self.release = release
+
+    def fit(self, ins, timeout, group_id):
+        self.release.wait(30)
+        raise RuntimeError("released")
+
+
+class BrokenNode(FakeNode):
+    def fit(self, ins, timeout, group_id):
+        raise ConnectionError("node gone")
+
+
+class TimedNode(FakeNode):
+    """A node that answers at once and records the timeout its call was given."""
+
+    def fit(self, ins, timeout, group_id):
+        self.timeouts.append(timeout)
+        return super().fit(ins, timeout, group_id)
+
+
+def _nodes_with_a_dead_one(release):
+    nodes = [TimedNode(p, lambda config: {"answer": 1}) for p in (0, 1, 3)]
+    for node in nodes:
+        node.timeouts = []
+    return nodes + [HangingNode(2, release), BrokenNode(4)]
+
+
+def test_extra_messages_return_the_answers_despite_a_hung_and_a_failing_client():
+    release = threading.Event()
+    nodes = _nodes_with_a_dead_one(release)
+    try:
+        start = time.monotonic()
+        replies = send_tasks({n.pid: n for n in nodes}, PARAMS,
+                             {n.pid: {"task": "t"} for n in nodes}, 3, timeout=0.5)
+        assert time.monotonic() - start < 10  # not the 30 s the hung node would take
+        assert sorted(replies) == [0, 1, 3]
+        assert all(r.metrics["answer"] == 1 for r in replies.values())
+        assert all(n.timeouts == [0.5] for n in nodes[:3])
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("client_timeout, expected", [(0.5, 0.5), (0.0, None)])
+def test_strategy_extra_messages_use_the_client_timeout(tmp_path, client_timeout, expected):
+    release = threading.Event()
+    nodes = _nodes_with_a_dead_one(release)
+    if expected is None:  # no timeout: the exchange waits for the hung node (released below)
+        nodes[3].release = threading.Event()
+        nodes[3].release.set()
+    s = make_strategy(FedNoRoStrategy, tmp_path, **{"method": "fednoro", "num-clients": 5,
+                                                   "fraction": 1.0, "rounds": 3,
+                                                   "fednoro-warmup": 1,
+                                                   "client-timeout": client_timeout})
+    try:
+        replies = s.send_tasks(manager(nodes), PARAMS, {p: {"task": "t"} for p in range(5)}, 2)
+        assert sorted(replies) == [0, 1, 3]
+        assert all(n.timeouts == [expected] for n in nodes[:3])
+    finally:
+        release.set()
 
 
 def test_round_below_min_fit_clients_keeps_the_model(tmp_path):

@@ -7,13 +7,31 @@ import numpy as np
 import pytest
 import torch
 
-from common.rofl import (aggregate_centroids, centroid_weight, class_means, forget_rate,
-                         nearest_centroid, rofl_loss, rofl_targets, small_loss_indices,
-                         update_centroids, uses_pseudo_labels)
 from common.exchange import pack_array, unpack_array
+from common.models import build_model, classifier_shape
+from common.params import get_weights
+from common.rofl import (
+    aggregate_centroids,
+    centroid_weight,
+    class_means,
+    forget_rate,
+    nearest_centroid,
+    rofl_loss,
+    rofl_targets,
+    small_loss_indices,
+    update_centroids,
+    uses_pseudo_labels,
+)
 from fedefc_server.rofl import RoFLStrategy
-from tests.noise_robust_helpers import (GLOBAL, PARAMS, FakeNode, make_strategy, manager,
-                                        simulate, trained_reply)
+from tests.noise_robust_helpers import (
+    GLOBAL,
+    PARAMS,
+    FakeNode,
+    make_strategy,
+    manager,
+    simulate,
+    trained_reply,
+)
 
 
 def test_schedules_follow_the_reference_shifted_to_one_based_rounds():
@@ -93,6 +111,14 @@ def test_centroid_term_trains_the_features_of_agreeing_samples():
     assert features.grad is None and logits.grad is not None
 
 
+@pytest.mark.parametrize("name, width", [("lenet", 84), ("cnn9", 128), ("resnet18", 512)])
+def test_the_centroid_shape_is_read_from_the_model_arrays(name, width):
+    # K x D: the classes and the feature width of docs/BASELINES.md (LeNet 84, 9-conv
+    # CNN 128, ResNet 512), from the arrays the server holds.
+    arrays = get_weights(build_model(name, 3, 7, 32, seed=0))
+    assert classifier_shape([a.shape for a in arrays]) == (7, width)
+
+
 def test_strategy_aggregates_and_sends_the_global_centroids_in_process(tmp_path):
     keys = {"method": "rofl", "num-clients": 4, "fraction": 1.0, "rounds": 3}
     s = make_strategy(RoFLStrategy, tmp_path, **keys)
@@ -107,7 +133,8 @@ def test_strategy_aggregates_and_sends_the_global_centroids_in_process(tmp_path)
         else:
             for blob in sent:
                 np.testing.assert_array_equal(unpack_array(blob), previous.astype(np.float32))
-        local = {node.pid: rng.random((3, 2)).astype(np.float32) for node, _ in instructions}
+        local = {node.pid: rng.random((3, 4)).astype(np.float32)  # K x D of GLOBAL's (3, 4)
+                 for node, _ in instructions}
         s.aggregate_fit(rnd, [trained_reply(node, 10, GLOBAL, **{
             "rofl-local-centroids": pack_array(local[node.pid])}) for node, _ in instructions], [])
         expected = aggregate_centroids(previous, [local[p] for p in range(4)])

@@ -2,8 +2,14 @@
 
 import numpy as np
 import pytest
-from flwr.common import (Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters,
-                         parameters_to_ndarrays)
+from flwr.common import (
+    Code,
+    FitRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
@@ -145,3 +151,28 @@ def test_sampling_is_by_partition_id_and_seeded(tmp_path):
     c = make_strategy(tmp_path / "c", seed=1)
     assert [p.partition_id for p, _ in c.configure_fit(1, params, _manager(10))] != \
         [p.partition_id for p, _ in a.configure_fit(1, params, _manager(10))]
+
+
+class CountingManager(SimpleClientManager):
+    """A client manager that records every ``wait_for`` call."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits: list[int] = []
+
+    def wait_for(self, num_clients, timeout=86400):
+        self.waits.append(num_clients)
+        return super().wait_for(num_clients, timeout=1)
+
+
+def test_a_resumed_run_waits_for_the_nodes_before_its_first_round(tmp_path):
+    """A run resumed at round 6 must wait for its nodes like a fresh run at round 1,
+    or it samples from the few nodes that happen to be connected already."""
+    for first_round in (1, 6):
+        manager = CountingManager()
+        for pid in range(10):
+            manager.register(FakeProxy(str(5_000 + pid), pid))
+        strategy = make_strategy(tmp_path / str(first_round))
+        strategy.configure_fit(first_round, PARAMS, manager)
+        strategy.configure_fit(first_round + 1, PARAMS, manager)
+        assert manager.waits == [10]

@@ -8,8 +8,15 @@ import torchvision.transforms.v2.functional as TF
 
 from common.losses import cross_entropy, forward_corrected_loss
 from common.models import build_model
-from common.training import (BatchTransform, SGDSettings, batches, evaluate, predict_proba,
-                             random_crop_flip, train)
+from common.training import (
+    BatchTransform,
+    SGDSettings,
+    batches,
+    evaluate,
+    predict_proba,
+    random_crop_flip,
+    train,
+)
 
 
 def test_random_crop_flip_matches_torchvision_crops():

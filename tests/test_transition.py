@@ -5,8 +5,14 @@ import pytest
 from cleanlab.count import calibrate_confident_joint, compute_confident_joint
 
 from common.noise import apply_noise, empirical_transition, noise_matrix
-from common.transition import (class_thresholds, column_normalize, count_matrix,
-                               estimate_transition, label_prior_weighting, matrix_agreement)
+from common.transition import (
+    class_thresholds,
+    column_normalize,
+    count_matrix,
+    estimate_transition,
+    label_prior_weighting,
+    matrix_agreement,
+)
 
 
 def random_probs(rng, n, k, temperature=1.0):

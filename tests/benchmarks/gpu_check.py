@@ -29,12 +29,12 @@ from flwr.server.client_proxy import ClientProxy
 
 from common.config import load_run_config
 from common.federation import federated_data
+from common.losses import cross_entropy
+from common.models import build_model
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
-from common.training import SGDSettings, BatchTransform, train
-from common.losses import cross_entropy
-from common.models import build_model
+from common.training import BatchTransform, SGDSettings, train
 from fedefc_client.client import FedEFCClient
 from fedefc_client.local_data import partition_data
 from fedefc_server.app import STRATEGIES
@@ -156,7 +156,8 @@ def main() -> None:
              "lenet (MNIST, batch 64)": throughput("lenet", 1, 28, 10, 64, device),
              "resnet18 (CIFAR-10, batch 10)": throughput("resnet18", 3, 32, 10, 10, device),
              "resnet34 (CIFAR-100, batch 10)": throughput("resnet34", 3, 32, 100, 10, device)}
-    per_round = {"cnn9 (MNIST, batch 64)": (60000, 100), "resnet18 (CIFAR-10, batch 10)": (50000, 200),
+    per_round = {"cnn9 (MNIST, batch 64)": (60000, 100),
+                 "resnet18 (CIFAR-10, batch 10)": (50000, 200),
                  "resnet34 (CIFAR-100, batch 10)": (50000, 300)}
     report["throughput_samples_per_s"] = {k: round(v) for k, v in rates.items()}
     report["paper_run_training_hours"] = {
