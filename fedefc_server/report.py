@@ -31,10 +31,28 @@ PAPER_FILE = CONFIGS_DIR / "reference" / "paper-results.toml"
 DATASET_FAMILY = {"mnist": "mnist", "cifar10": "cifar10", "cifar100": "cifar100"}
 
 
+# The paper's choices for the keys that ablations vary: a run with another value is not
+# the method the paper measured, so it gets no paper number beside it.
+PAPER_CHOICES = {"count-rule": "cleanlab", "accuracy-signal": "global", "prestopping": True,
+                 "rofl-detach-centroid-feature": False}
+
+
+def paper_weighting(family: str, p: float) -> str:
+    """The paper uses the label-prior weighting on MNIST and CIFAR-10 when p = 0.2
+    (ALGORITHM.md section 4.4)."""
+    return "label-prior" if family in ("mnist", "cifar10") and p == 0.2 else "none"
+
+
 def paper_key(config: dict[str, Any]) -> tuple | None:
-    """The paper-table cell a run corresponds to, or None (e.g. the embedded dataset)."""
+    """The paper-table cell a run corresponds to, or None (e.g. the embedded dataset, or
+    an ablation that changes one of the paper's choices)."""
     family = DATASET_FAMILY.get(config["dataset"])
     if family is None or config.get("noise-groups") or config.get("iid"):
+        return None
+    if any(config.get(k, v) != v for k, v in PAPER_CHOICES.items()):
+        return None
+    if config["method"] == "fedefc" and \
+            config.get("weighting", "none") != paper_weighting(family, config["p"]):
         return None
     method = config["method"]
     if config["rho"] == 0.0:

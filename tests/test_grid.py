@@ -106,3 +106,24 @@ def test_a_key_added_later_with_its_default_does_not_orphan_finished_cells():
     assert config_differences(stored, wanted) == {}
     assert config_differences(stored, {**wanted, "faults": "raise@1"}) == {
         "faults": ("", "raise@1")}
+
+
+def test_ablations_and_variants_get_no_paper_number():
+    """Only the paper's own choices map to its numbers (spec section 7; ablations vary
+    count-rule, accuracy-signal, weighting; RoFL's detached variant is not the paper's)."""
+    paper = load_paper_numbers()
+    base = {"dataset": "mnist", "alpha-dir": 10.0, "p": 0.5, "rho": 0.2, "zeta": 0.8,
+            "method": "fedefc", "count-rule": "cleanlab", "accuracy-signal": "global",
+            "weighting": "none"}
+    assert paper[paper_key(base)] == (98.51, 0.46)
+    for change in ({"count-rule": "masked"}, {"count-rule": "paper"},
+                   {"accuracy-signal": "local-train"}, {"weighting": "label-prior"},
+                   {"prestopping": False}):
+        assert paper_key({**base, **change}) is None, change
+    # at p = 0.2 the paper's FedEFC is the label-prior weighted one
+    low_p = {**base, "alpha-dir": 1.0, "p": 0.2}
+    assert paper_key(low_p) is None
+    assert paper[paper_key({**low_p, "weighting": "label-prior"})] == (96.78, 0.60)
+    rofl = {**base, "method": "rofl", "rho": 0.4}
+    assert paper[paper_key(rofl)] == (68.50, 0.27)
+    assert paper_key({**rofl, "rofl-detach-centroid-feature": True}) is None
