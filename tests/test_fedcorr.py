@@ -14,7 +14,7 @@ from common.fedcorr import plan_fedcorr, proximal_norm, relabel_confident, relab
 from common.lid import client_lid, lid_mle, nearest_distances
 from common.noisy_clients import lid_noisy_clients, loss_noise_level
 from common.params import get_weights
-from common.runtime import model_for
+from common.runtime import initial_model
 from fedefc_client.client import FedEFCClient
 from fedefc_client.local_data import partition_data
 from fedefc_server.checkpoint import CheckpointError
@@ -163,7 +163,7 @@ def test_corrected_labels_persist_in_client_state():
     local = partition_data(cfg, 1, torch.device("cpu"))
     state = RecordDict()
     client = FedEFCClient(cfg, 1, lambda: local, state)
-    model = model_for(cfg, local.data, torch.device("cpu"))
+    model = initial_model(cfg, local.data)  # not the process cache, which it edits below
     base = {"phase": 1, "seed": 1, "fedcorr-stage": 1}
     weights, n, m = client.fit(get_weights(model), {**base, "round": 1, "fedcorr-mu": 0.2})
     assert n == len(local) and m["loss"] == "cross-entropy+prox-norm"

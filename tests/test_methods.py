@@ -11,7 +11,7 @@ from common.config import load_run_config
 from common.forward_correction import patrini_transition
 from common.losses import proximal_term
 from common.params import get_weights
-from common.runtime import model_for
+from common.runtime import initial_model
 from fedefc_client.client import FedEFCClient
 from fedefc_client.local_data import partition_data
 
@@ -85,7 +85,7 @@ def _client(method, state, **extra):
 def test_ditto_personal_model_persists_in_client_state():
     state = RecordDict()
     cfg, client = _client("fedditto", state)
-    model = model_for(cfg, client.local.data, torch.device("cpu"))
+    model = initial_model(cfg, client.local.data)  # not the process cache: pure
     weights = get_weights(model)
     _, _, m1 = client.fit(weights, {"phase": 1, "round": 1, "seed": 1})
     v1 = {k: t.clone() for k, t in state["ditto-personal"].to_torch_state_dict().items()}
@@ -105,7 +105,7 @@ def test_ditto_personal_model_persists_in_client_state():
 
 def test_confident_learning_reports_the_kept_count():
     cfg, client = _client("confident-learning", RecordDict(), rho=0.4, zeta=0.4)
-    model = model_for(cfg, client.local.data, torch.device("cpu"))
+    model = initial_model(cfg, client.local.data)  # not the process cache: pure
     _, n, metrics = client.fit(get_weights(model), {"phase": 2, "round": 3, "seed": 3})
     assert n == metrics["kept"] and metrics["kept"] + metrics["removed"] == len(client.local)
 
@@ -116,7 +116,7 @@ def test_confident_learning_reports_the_kept_count():
     ("fedavg", 2, "cross-entropy")])
 def test_each_method_uses_its_loss(method, phase, loss):
     cfg, client = _client(method, RecordDict())
-    model = model_for(cfg, client.local.data, torch.device("cpu"))
+    model = initial_model(cfg, client.local.data)  # not the process cache: pure
     _, _, metrics = client.fit(get_weights(model), {"phase": phase, "round": 1, "seed": 1})
     assert metrics["loss"] == loss
     assert ("accuracy" in metrics) == (phase == 1)
@@ -128,7 +128,7 @@ def test_fedefc_phase2_reply_carries_nothing_about_q(diagnostics):
     diagnostics the phase-2 reply holds only the loss name, the partition id and the
     timing; with them, only the agreement with the true matrix is added."""
     cfg, client = _client("fedefc", RecordDict(), diagnostics=diagnostics, rho=0.4, zeta=0.4)
-    model = model_for(cfg, client.local.data, torch.device("cpu"))
+    model = initial_model(cfg, client.local.data)  # not the process cache: pure
     _, _, metrics = client.fit(get_weights(model), {"phase": 2, "round": 3, "seed": 3})
     diag = {"q-cos", "q-l1", "noise-rate"} & set(metrics)
     assert bool(diag) == diagnostics
