@@ -8,6 +8,12 @@ start, imports and data loading included), alternating A B A B, and the script p
 the wall times, their ratio (target: Flower <= 1.3x the plain loop on 2 cores) and both
 final accuracies.
 
+It also times Flower's floor: a no-op Flower app (FedAvg over 10 of 100 simulated nodes,
+one-element weights, clients that return what they get, no torch, no data) for the same
+number of rounds, through the same launcher. No FL app can run faster through Flower's
+simulation engine, so ``(floor + the plain loop's time in rounds) / plain`` is a lower
+bound on the ratio that any implementation of the job could reach.
+
     python tests/benchmarks/bench_simulation.py --data-dir /abs/path/to/data [--rounds 10]
 """
 
@@ -68,6 +74,66 @@ def plain_loop(run_config: dict) -> dict:
             "round_s": round_s}
 
 
+NOOP_APP = {
+    "pyproject.toml": """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "noopapp"
+version = "0.1.0"
+dependencies = ["flwr[simulation]==1.42.0"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["noopapp"]
+
+[tool.flwr.app]
+publisher = "bench"
+
+[tool.flwr.app.components]
+serverapp = "noopapp.apps:server"
+clientapp = "noopapp.apps:client"
+
+[tool.flwr.app.config]
+rounds = 1
+""",
+    "noopapp/__init__.py": "",
+    "noopapp/apps.py": """import numpy as np
+from flwr.client import ClientApp, NumPyClient
+from flwr.common import ndarrays_to_parameters
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.strategy import FedAvg
+
+
+class Noop(NumPyClient):
+    def fit(self, parameters, config):
+        return parameters, 1, {}
+
+
+def server_fn(context):
+    strategy = FedAvg(fraction_fit=0.1, fraction_evaluate=0.0, min_available_clients=100,
+                      initial_parameters=ndarrays_to_parameters([np.zeros(1, np.float32)]))
+    rounds = int(context.run_config["rounds"])
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
+
+
+server = ServerApp(server_fn=server_fn)
+client = ClientApp(client_fn=lambda context: Noop().to_client())
+""",
+}
+
+
+def noop_flower_run(app_dir: Path, rounds: int) -> None:
+    """Run the no-op app for ``rounds`` rounds on 100 simulated nodes (internal mode)."""
+    from fedefc_server.launch import LocalSimulation
+
+    with tempfile.TemporaryDirectory() as tmp, LocalSimulation(Path(tmp)) as sim:
+        _, status = sim.run({"rounds": rounds}, 100, 1, 0.0, app_dir=app_dir,
+                            log_path=Path(tmp) / "log")
+    if status != "finished:completed":
+        raise SystemExit(f"the no-op Flower app ended {status!r}")
+
+
 def timed(cmd: list[str]) -> tuple[float, str]:
     start = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -82,14 +148,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--plain-config", help=argparse.SUPPRESS)  # internal: run the plain loop
+    ap.add_argument("--noop-app", help=argparse.SUPPRESS)  # internal: run the no-op app
     args = ap.parse_args()
     if args.plain_config:
         print(json.dumps(plain_loop(json.loads(Path(args.plain_config).read_text()))))
         return
+    if args.noop_app:
+        noop_flower_run(Path(args.noop_app), args.rounds)
+        return
     from fedefc_server.launch import resolve_run_config
 
-    flower_s, plain_s, results = [], [], {}
+    flower_s, plain_s, floor_s, results = [], [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
+        noop_dir = Path(tmp) / "noop"
+        for name, text in NOOP_APP.items():
+            (noop_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (noop_dir / name).write_text(text)
         for rep in range(args.repeats):
             out = Path(tmp) / f"flower-{rep}"
             overrides = [f'data-dir="{args.data_dir}"', f"rounds={args.rounds}", "start-round=3"]
@@ -107,8 +181,11 @@ def main() -> None:
                                      "--plain-config", str(cfg_file)])
             plain_s.append(seconds)
             results["plain"] = json.loads(stdout.strip().splitlines()[-1])
-            print(f"repeat {rep}: flower {flower_s[-1]:.1f} s, plain {plain_s[-1]:.1f} s",
-                  flush=True)
+            seconds, _ = timed([sys.executable, __file__, "--data-dir", args.data_dir,
+                                "--rounds", str(args.rounds), "--noop-app", str(noop_dir)])
+            floor_s.append(seconds)
+            print(f"repeat {rep}: flower {flower_s[-1]:.1f} s, plain {plain_s[-1]:.1f} s, "
+                  f"no-op Flower app {floor_s[-1]:.1f} s", flush=True)
     ratios = [f / p for f, p in zip(flower_s, plain_s)]
     print(f"mnist-lite, {args.rounds} rounds (start-round 3), 10 of 100 clients per round")
     print(f"flower simulation wall s : median {statistics.median(flower_s):.1f}  {flower_s}")
@@ -123,6 +200,13 @@ def main() -> None:
     fixed = statistics.median(flower_s) - sum(results["flower"]["round_s"])
     print(f"flower outside rounds s  : {fixed:.1f}  (SuperLink, flwr run, Ray start, "
           "ServerApp start, shutdown)")
+    floor = statistics.median(floor_s)
+    plain_rounds = sum(results["plain"]["round_s"])
+    bound = (floor + plain_rounds) / statistics.median(plain_s)
+    print(f"no-op Flower app wall s  : median {floor:.1f}  {floor_s}  (Flower's floor for "
+          f"{args.rounds} rounds, 100 nodes)")
+    print(f"best reachable ratio     : {bound:.2f}  ((floor + plain time in rounds "
+          f"{plain_rounds:.1f} s) / plain)")
     print(f"final accuracy           : flower {results['flower']['final_acc']:.4f}  "
           f"plain {results['plain']['final_acc']:.4f}; T_e flower {results['flower']['t_e']} "
           f"plain {results['plain']['t_e']}")
