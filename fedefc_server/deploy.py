@@ -32,12 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
 from common.config import ConfigError, load_run_config
 

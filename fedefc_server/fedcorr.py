@@ -55,14 +55,32 @@ def plan_differences(stored: dict[str, int], plan: FedCorrPlan) -> dict[str, tup
             if k != "rounds" and stored[k] != v}
 
 
+def config_plan(cfg) -> FedCorrPlan:
+    """The stage plan a run config gives."""
+    return plan_fedcorr(cfg.rounds, cfg.num_clients, cfg.fraction, cfg.fedcorr_frac1,
+                        cfg.fedcorr_iterations, cfg.fedcorr_finetune_share)
+
+
+def check_resume_plan(state: dict[str, Any], plan: FedCorrPlan) -> None:
+    """Refuse (CheckpointError naming the keys) a checkpoint's strategy ``state`` whose
+    run followed other stage boundaries than ``plan``. Called by the launcher's preflight
+    (before any Flower process starts) and again when the ServerApp loads the state."""
+    stored = state["fedcorr"].get("plan")  # None in a checkpoint from before plans were kept
+    diff = plan_differences(stored, plan) if stored is not None else {}
+    if diff:
+        changes = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(diff.items()))
+        raise CheckpointError(
+            f"the checkpoint's FedCorr plan differs from this config's ({changes}): stage 2 "
+            "lasts fedcorr-finetune-share x the rounds after stage 1, so it follows "
+            f"rounds; resume with rounds={stored['rounds']}, the interrupted run's value")
+
+
 class FedCorrStrategy(NoiseRobustStrategy):
     """FedCorr's three stages on top of the project's FedAvg strategy."""
 
     def __init__(self, cfg, *args, **kwargs):
         super().__init__(cfg, *args, **kwargs)
-        c = cfg
-        self.plan = plan_fedcorr(c.rounds, c.num_clients, c.fraction, c.fedcorr_frac1,
-                                 c.fedcorr_iterations, c.fedcorr_finetune_share)
+        self.plan = config_plan(cfg)
         self.lid_sum: dict[int, float] = {}  # cumulative LID over iterations
         self.reported_noise: dict[int, float] = {}  # this iteration's client estimates
         self.est_noise: dict[int, float] = {}  # after the last detection; 0 = clean
@@ -83,15 +101,8 @@ class FedCorrStrategy(NoiseRobustStrategy):
         """Restore the detection state; refuse (CheckpointError naming the keys) a
         checkpoint whose run followed other stage boundaries than this config gives."""
         super().load_server_state(state)
+        check_resume_plan(state, self.plan)
         s = state["fedcorr"]
-        stored = s.get("plan")  # None in a checkpoint written before the plan was kept
-        diff = plan_differences(stored, self.plan) if stored is not None else {}
-        if diff:
-            changes = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(diff.items()))
-            raise CheckpointError(
-                f"the checkpoint's FedCorr plan differs from this config's ({changes}): stage 2 "
-                "lasts fedcorr-finetune-share x the rounds after stage 1, so it follows "
-                f"rounds; resume with rounds={stored['rounds']}, the interrupted run's value")
         self.lid_sum, self.reported_noise, self.est_noise = (
             int_keys(s[k]) for k in ("lid_sum", "reported_noise", "est_noise"))
         self.noisy = [int(p) for p in s["noisy"]]

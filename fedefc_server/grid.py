@@ -18,8 +18,12 @@ A cell's run config is pyproject defaults < grid preset < column (its own ``pres
 first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells run in
 order through :func:`fedefc_server.launch.run_simulation_job` (real ``flwr run``);
 a cell whose folder holds ``summary.json`` is finished and skipped, so an interrupted
-grid resumes where it stopped. A finished cell whose stored config differs from the
-one the grid asks for now is an error (results are never mixed silently).
+grid resumes where it stopped. The cell that was interrupted continues from its last
+checkpoint when that is exact (:data:`EXACT_RESUME`: the methods whose clients keep no
+state across rounds, docs/RELIABILITY.md) and its checkpoint matches the cell's config;
+otherwise its partial folder is removed and it reruns from round 1. A finished cell
+whose stored config differs from the one the grid asks for now is an error (results are
+never mixed silently).
 """
 
 from __future__ import annotations
@@ -29,13 +33,12 @@ import re
 import shutil
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from common.config import ConfigError, config_differences, load_run_config
+from common.config import METHODS, ConfigError, config_differences, load_run_config
 from common.results import check_output_dir
 
 from .launch import CONFIGS_DIR, LaunchError, parse_overrides, read_app_defaults, read_preset
@@ -142,6 +145,28 @@ def check_finished(cell: Cell) -> None:
         )
 
 
+# Methods whose interrupted run resumes to exactly the uninterrupted result: fedditto and
+# fedcorr keep client state that a new Flower run starts empty (docs/RELIABILITY.md).
+EXACT_RESUME = frozenset(METHODS) - {"fedditto", "fedcorr"}
+
+
+def resumable(cell: Cell) -> bool:
+    """Whether the interrupted attempt in ``cell.out_dir`` can be continued exactly."""
+    from . import checkpoint
+
+    if cell.config["method"] not in EXACT_RESUME:
+        return False
+    try:
+        ckpt = checkpoint.load(cell.out_dir)
+        stored = json.loads((cell.out_dir / "config.json").read_text())
+    except (checkpoint.CheckpointError, OSError, json.JSONDecodeError):
+        return False
+    ignore = frozenset({"out-dir", "resume-from"})
+    return (not config_differences(stored, cell.config, ignore)
+            and not config_differences(ckpt.config, cell.config, ignore)
+            and ckpt.round < int(cell.config["rounds"]))
+
+
 def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int | None = None,
              client_cpus: int = 1, client_gpus: float = 0.0, log=print) -> int:
     """Run the unfinished cells; return how many failed."""
@@ -156,16 +181,21 @@ def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int
     log(f"grid {grid.name}: {total} cells, {done0} finished, {len(todo)} to run now")
     failures, durations = 0, []
     for i, cell in enumerate(todo):
-        if cell.out_dir.exists():  # an interrupted attempt: its partial files are not a result
+        config = cell.config
+        if cell.out_dir.exists() and resumable(cell):  # interrupted: continue it
+            config = {**config, "resume-from": str(cell.out_dir)}
+        elif cell.out_dir.exists():  # an interrupted attempt that cannot continue exactly
             shutil.rmtree(cell.out_dir)
-        check_output_dir(cell.out_dir)
+        if "resume-from" not in config:
+            check_output_dir(cell.out_dir)
         eta = (sum(durations) / len(durations) * (len(todo) - i)) if durations else None
         log(f"[{done0 + i + 1}/{total}] {cell.row} | {cell.column} | seed {cell.seed}"
+            + (" | resumed from its checkpoint" if "resume-from" in config else "")
             + (f" | ETA {eta / 60:.0f} min" if eta is not None else ""))
         start = time.monotonic()
-        cell.out_dir.mkdir(parents=True)
+        cell.out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            summary = run_simulation_job(cell.config, client_cpus, client_gpus,
+            summary = run_simulation_job(config, client_cpus, client_gpus,
                                          log_path=cell.out_dir / "run.log")
             log(f"    final acc {summary.get('final_acc')}, T_e {summary.get('t_e')}, "
                 f"{time.monotonic() - start:.0f} s")

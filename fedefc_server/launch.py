@@ -26,10 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from common.config import ConfigError, load_run_config
 from common.datasets import DatasetError
@@ -128,8 +127,13 @@ def preflight(run_config: dict[str, Any]) -> None:
     cfg = load_run_config(run_config)
     federated_data(cfg)
     if cfg.resume_from:
-        check_compatible(load(cfg.resume_from), cfg.to_flat(), cfg.resume_from,
+        ckpt = load(cfg.resume_from)
+        check_compatible(ckpt, cfg.to_flat(), cfg.resume_from,
                          [w.shape for w in initial_weights(cfg)])
+        if cfg.method == "fedcorr":
+            from .fedcorr import check_resume_plan, config_plan
+
+            check_resume_plan(ckpt.strategy, config_plan(cfg))
 
 
 def _free_port() -> int:

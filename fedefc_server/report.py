@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import csv
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 from .grid import Cell, Grid, slug
 from .launch import CONFIGS_DIR

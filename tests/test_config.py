@@ -1,9 +1,9 @@
 """Run-config validation: every bad key or value is an error naming it."""
 
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from common.config import ConfigError, RunConfig, load_run_config
 from fedefc_server.launch import main, parse_overrides, read_preset, resolve_run_config

@@ -20,13 +20,13 @@ import json
 import os
 import re
 import subprocess
+import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 import torch
 import yaml
 

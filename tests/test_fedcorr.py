@@ -302,3 +302,22 @@ def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(tmp_path,
     assert nodes[2].tasks and nodes[3].tasks
     assert s._round_info["fedcorr_relabel_highest_loss"] == {2: 4}
     assert s._round_info["fedcorr_relabel_highest_loss_corrected"] == {2: 6}
+
+
+def test_a_resume_with_another_plan_fails_before_any_flower_process(tmp_path, capsys):
+    """The launcher's preflight refuses it (exit 2, naming the plan and the rounds to
+    use), so no SuperLink is started for a run the ServerApp would refuse."""
+    from fedefc_server import checkpoint
+    from fedefc_server.app import initial_weights
+    from fedefc_server.launch import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = load_run_config({**FEDCORR_4, "prestopping": False, "out-dir": str(out)})
+    state = make_strategy(FedCorrStrategy, tmp_path / "s", **FEDCORR_4).server_state()
+    checkpoint.save(out, checkpoint.Checkpoint(2, initial_weights(cfg), state, cfg.to_flat()))
+    (out / "config.json").write_text(json.dumps(cfg.to_flat()))
+    assert main(["resume", str(out), "--set", "rounds=6"]) == 2
+    err = capsys.readouterr().err
+    assert "FedCorr plan" in err and "rounds=4" in err
+    assert not (out / "superlink.log").exists() and not (out / "summary.json").exists()

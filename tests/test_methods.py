@@ -134,3 +134,24 @@ def test_fedefc_phase2_reply_carries_nothing_about_q(diagnostics):
     assert bool(diag) == diagnostics
     assert not any(k.startswith("q-") for k in set(metrics) - {"q-cos", "q-l1"})
     assert all(not isinstance(v, bytes) for v in metrics.values())
+
+
+def test_accuracy_signal_global_is_the_received_models_accuracy_on_local_labels():
+    """accuracy-signal (spec section 3): 'global' reports the received global model's
+    accuracy on the client's observed labels, computed here independently; 'local-train'
+    reports the training accuracy of the local epochs, which differs from it."""
+    from common.training import BatchTransform, predict_proba
+
+    reported = {}
+    for signal in ("global", "local-train"):
+        cfg, client = _client("fedefc", RecordDict(), **{"accuracy-signal": signal,
+                                                          "local-epochs": 3})
+        model = initial_model(cfg, client.local.data)
+        _, _, metrics = client.fit(get_weights(model), {"phase": 1, "round": 1, "seed": 1})
+        reported[signal] = metrics["accuracy"]
+    local = client.local
+    probs = predict_proba(model, local.x, BatchTransform(local.data.mean, local.data.std,
+                                                         torch.device("cpu")))
+    expected = float(np.mean(np.asarray(probs).argmax(1) == np.asarray(local.labels)))
+    assert reported["global"] == pytest.approx(expected, abs=1e-12)
+    assert reported["local-train"] > reported["global"] + 0.05  # it has trained 3 epochs
