@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,8 @@ def write_plots(grid: Grid, cells: list[Cell], out: Path) -> list[Path]:
             recs = [r for r in read_records(cell.out_dir) if r["round"] > 0]
             ax.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs],
                     label=cell.row, lw=1.2)
-        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{grid.title}\n{col}")
+        title = textwrap.fill(grid.title, 70)  # a grid title is longer than the plot
+        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{title}\n{col}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
         path = plots / f"acc-{slug(col)}.png"
