@@ -71,6 +71,8 @@ def server_fn(context: Context) -> ServerAppComponents:
                               f"{cfg.resume_from!r}: a resumed run continues in its own folder; "
                               "leave out-dir empty or equal to resume-from")
     out_dir = cfg.resume_from or cfg.out_dir or str(default_out_dir(cfg))
+    if ckpt:
+        log(INFO, "resuming %s after round %d", out_dir, ckpt.round)
     recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
                            resume_round=ckpt.round if ckpt else None)
     log(INFO, "FedEFC run | method %s | %s (%d train / %d test) | %d clients, %d per round | "

@@ -137,7 +137,8 @@ def slug(label: str) -> str:
 def check_finished(cell: Cell) -> None:
     """A finished cell must have been run with exactly this config."""
     stored = json.loads((cell.out_dir / "config.json").read_text())
-    diff = config_differences(stored, cell.config)
+    # a cell finished by resuming records resume-from = its own folder
+    diff = config_differences(stored, cell.config, frozenset({"resume-from"}))
     if diff:
         raise ConfigError(
             f"cell {cell.out_dir} was run with another config ({diff}, stored -> wanted); "
@@ -181,16 +182,17 @@ def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int
     log(f"grid {grid.name}: {total} cells, {done0} finished, {len(todo)} to run now")
     failures, durations = 0, []
     for i, cell in enumerate(todo):
-        config = cell.config
-        if cell.out_dir.exists() and resumable(cell):  # interrupted: continue it
-            config = {**config, "resume-from": str(cell.out_dir)}
-        elif cell.out_dir.exists():  # an interrupted attempt that cannot continue exactly
-            shutil.rmtree(cell.out_dir)
-        if "resume-from" not in config:
+        resume = cell.out_dir.exists() and resumable(cell)
+        if resume:  # interrupted: continue it
+            config = {**cell.config, "resume-from": str(cell.out_dir)}
+        else:
+            config = cell.config
+            if cell.out_dir.exists():  # an interrupted attempt that cannot continue exactly
+                shutil.rmtree(cell.out_dir)
             check_output_dir(cell.out_dir)
         eta = (sum(durations) / len(durations) * (len(todo) - i)) if durations else None
         log(f"[{done0 + i + 1}/{total}] {cell.row} | {cell.column} | seed {cell.seed}"
-            + (" | resumed from its checkpoint" if "resume-from" in config else "")
+            + (" | resumed from its checkpoint" if resume else "")
             + (f" | ETA {eta / 60:.0f} min" if eta is not None else ""))
         start = time.monotonic()
         cell.out_dir.mkdir(parents=True, exist_ok=True)

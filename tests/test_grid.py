@@ -47,6 +47,7 @@ def finished_grid(tmp_path_factory, tiny_mnist_dir):
 def test_grid_runs_every_cell(finished_grid):
     path, results, failures, logs = finished_grid
     assert failures == 0
+    assert not any("resumed" in line for line in logs)  # fresh cells start at round 1
     cells = Grid.load(path).cells(results, [])
     assert len(cells) == 4 and all(c.done for c in cells)
     assert any("[4/4]" in line for line in logs)
@@ -157,6 +158,11 @@ def test_an_interrupted_cell_continues_from_its_checkpoint(finished_grid, tmp_pa
     logs = []
     assert run_grid(Grid.load(path), fresh, [], max_cells=1, log=logs.append) == 0
     assert any("resumed from its checkpoint" in line for line in logs)
+    assert f"resuming {cell.out_dir} after round 2" in (cell.out_dir / "run.log").read_text()
+    # the resumed cell counts as finished with the grid's config on the next run
+    logs.clear()
+    assert run_grid(Grid.load(path), fresh, [], max_cells=0, log=logs.append) == 0
+    assert "1 finished" in logs[0]
     a, b = torch.load(whole / "model.pt"), torch.load(cell.out_dir / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     rounds = [json.loads(line)["round"] for line in
