@@ -409,14 +409,8 @@ def cmd_superlink(args: argparse.Namespace) -> int:
         args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
         env, state)
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
-    try:
-        wait_for_port(local, args.port, procs)
-        procs.start("flower-superexec", [_bin("flower-superexec"), *superexec_flags(
-            f"{local}:{args.port}", tls.ca_cert if tls else None, secret)], env, state)
-    except BaseException:
-        procs.stop()
-        raise
-    return _foreground(procs)
+    return _add_superexec_and_wait(procs, local, args.port, tls.ca_cert if tls else None,
+                                   secret, env, state)
 
 
 def cmd_supernode(args: argparse.Namespace) -> int:
@@ -437,10 +431,18 @@ def cmd_supernode(args: argparse.Namespace) -> int:
     procs.start("flower-supernode", [_bin("flower-supernode"), *supernode_flags(
         args.superlink, node_config, "127.0.0.1", args.runtime_port, ca, key, secret)],
         env, state)
+    return _add_superexec_and_wait(procs, "127.0.0.1", args.runtime_port, None, secret, env,
+                                   state)
+
+
+def _add_superexec_and_wait(procs: Processes, host: str, port: int, ca: str | None,
+                            secret: str | None, env: dict[str, str], state: Path) -> int:
+    """Once the SuperLink or SuperNode in ``procs`` listens on ``host:port``, start the
+    SuperExec that serves its apps there; then run both in the foreground."""
     try:
-        wait_for_port("127.0.0.1", args.runtime_port, procs)
+        wait_for_port(host, port, procs)
         procs.start("flower-superexec", [_bin("flower-superexec"), *superexec_flags(
-            f"127.0.0.1:{args.runtime_port}", None, secret)], env, state)
+            f"{host}:{port}", ca, secret)], env, state)
     except BaseException:
         procs.stop()
         raise
