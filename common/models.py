@@ -1,4 +1,4 @@
-"""Models of ALGORITHM.md section 2, each returning logits and (on request) features.
+"""The models of docs/FEDEFC.md §2.2, each returning logits and (on request) features.
 
 - ``lenet``: LeNet-5 for CPU runs (the mnist-lite preset).
 - ``cnn9``: Co-teaching's 9-conv CNN (the paper's MNIST model); dropout is off in

@@ -24,3 +24,13 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
                              f"expected {tuple(ref.shape)}")
         new[name] = torch.as_tensor(np.asarray(arr), dtype=ref.dtype)
     model.load_state_dict(new)
+
+
+def state_dict_of(model: nn.Module, weights: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """``weights`` (the :func:`get_weights` order) as a CPU state dict of ``model``'s
+    architecture, for ``torch.save`` (the model's own tensors are left untouched)."""
+    state = model.state_dict()
+    if len(weights) != len(state):
+        raise ValueError(f"expected {len(state)} arrays for the model, got {len(weights)}")
+    return {name: torch.as_tensor(np.asarray(arr), dtype=ref.dtype).clone()
+            for (name, ref), arr in zip(state.items(), weights)}

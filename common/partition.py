@@ -1,4 +1,4 @@
-"""Client partitions as pure functions of (labels, parameters, seed) (ALGORITHM.md section 1).
+"""Client partitions as pure functions of (labels, parameters, seed) (docs/FEDEFC.md §1.3).
 
 Bernoulli-Dirichlet (FedCorr's non-IID sampling), computed on the TRUE labels:
 ``Phi ~ Bernoulli(p)`` of shape N x K decides which classes a client holds (rows

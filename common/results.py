@@ -13,6 +13,7 @@ half-written summary or model.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 RESULT_FILES = ("metrics.jsonl", "summary.json", "model.pt")
 
@@ -141,11 +143,8 @@ class RunRecorder:
         atomic_write_json(self.out_dir / "summary.json", summary)
         return _clean(summary)
 
-    def write_model(self, state_dict: dict[str, Any]) -> None:
-        import io
-
-        import torch
-
+    def write_model(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """model.pt: the final global model's state dict (``torch.load`` reads it)."""
         buf = io.BytesIO()
         torch.save(state_dict, buf)
         atomic_write_bytes(self.out_dir / "model.pt", buf.getvalue())

@@ -2,7 +2,7 @@
 
 Batches are built by indexing a tensor that already sits on the training device;
 normalization (and CIFAR's random crop + flip) is done on the batch tensor, with no
-per-sample PIL work (ALGORITHM.md section 2). A fresh SGD optimizer every round.
+per-sample PIL work (docs/FEDEFC.md §2.3-2.4). A fresh SGD optimizer every round.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def random_crop_flip(xb: torch.Tensor, generator: torch.Generator | None,
 
 @dataclass(frozen=True)
 class SGDSettings:
-    """The local optimizer of ALGORITHM.md section 2."""
+    """The local optimizer (docs/FEDEFC.md §2.3)."""
 
     epochs: int
     batch_size: int
@@ -99,6 +99,17 @@ def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.T
     return out
 
 
+@dataclass(frozen=True)
+class TrainingSet:
+    """What local training draws its batches from: uint8 images and their labels, both on
+    the training device, the batch transform, and whether batches are augmented."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    transform: BatchTransform
+    augment: bool = False
+
+
 # (model, normalized inputs, labels, sample indices) -> (loss, logits for accuracy)
 BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor],
                      tuple[torch.Tensor, torch.Tensor]]
@@ -107,7 +118,7 @@ OPTIMIZERS = ("sgd", "adam")
 
 def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
                    weight_decay: float) -> torch.optim.Optimizer:
-    """A fresh optimizer: SGD (the project's, ALGORITHM.md section 2) or Adam
+    """A fresh optimizer: SGD (the project's, docs/FEDEFC.md §2.3) or Adam
     (FedNoRo's reference, betas (0.9, 0.999); ``momentum`` unused)."""
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
@@ -117,23 +128,25 @@ def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
     raise ValueError(f"optimizer {name!r} is unknown; use one of {OPTIMIZERS}")
 
 
-def train_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_loss: BatchLoss,
-                  optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
-                  transform: BatchTransform, augment: bool, generator: torch.Generator,
-                  ) -> TrainStats:
-    """``epochs`` passes over (x, y) in shuffled batches, one optimizer step per batch.
+def train_batches(model: nn.Module, data: TrainingSet, batch_loss: BatchLoss,
+                  optimizer: torch.optim.Optimizer, settings: SGDSettings,
+                  generator: torch.Generator) -> TrainStats:
+    """``settings.epochs`` passes over ``data`` in shuffled batches of
+    ``settings.batch_size``, one optimizer step per batch (``generator`` fixes the order
+    and the augmentation).
 
     The loss sees the whole batch (model, inputs, labels, sample indices): FedNoRo's
     distillation needs the teacher on the same augmented batch, RoFL the features and
     the samples' pseudo-labels."""
     model.train()
+    x, y = data.x, data.y
     # summed on the device: no host sync per step (the GPU runs ahead of the loop)
     total_loss, steps, epoch_accs = torch.zeros((), device=x.device), 0, []
-    for _ in range(epochs):
+    for _ in range(settings.epochs):
         correct, seen = torch.zeros((), dtype=torch.long, device=x.device), 0
-        for idx in batches(len(y), batch_size, generator):
+        for idx in batches(len(y), settings.batch_size, generator):
             idx = idx.to(x.device)
-            xb, yb = transform(x[idx], augment, generator), y[idx]
+            xb, yb = data.transform(x[idx], data.augment, generator), y[idx]
             loss, logits = batch_loss(model, xb, yb, idx)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -148,11 +161,9 @@ def train_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_loss
                       mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0)
 
 
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
-          settings: SGDSettings, transform: BatchTransform, augment: bool,
+def train(model: nn.Module, data: TrainingSet, loss_fn: LossFn, settings: SGDSettings,
           generator: torch.Generator, regularizer: Regularizer | None = None) -> TrainStats:
-    """``settings.epochs`` epochs of SGD on (x, y), both already on the model's device,
-    with ``loss_fn(logits, labels)`` (+ ``regularizer(model)``)."""
+    """Local SGD on ``data`` with ``loss_fn(logits, labels)`` (+ ``regularizer(model)``)."""
     def batch_loss(m: nn.Module, xb: torch.Tensor, yb: torch.Tensor, _idx: torch.Tensor):
         logits = m(xb)
         loss = loss_fn(logits, yb)
@@ -162,14 +173,13 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
 
     optimizer = make_optimizer(model, "sgd", settings.lr, settings.momentum,
                                settings.weight_decay)
-    return train_batches(model, x, y, batch_loss, optimizer, settings.epochs,
-                         settings.batch_size, transform, augment, generator)
+    return train_batches(model, data, batch_loss, optimizer, settings, generator)
 
 
 @torch.no_grad()
 def predict_proba(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
                   batch_size: int = 1024) -> np.ndarray:
-    """Softmax predictions in eval mode, no augmentation (ALGORITHM.md sections 2 and 4)."""
+    """Softmax predictions in eval mode, no augmentation (docs/FEDEFC.md §2.4, §4)."""
     model.eval()
     out = [torch.softmax(model(transform(x[i:i + batch_size])), dim=1)
            for i in range(0, len(x), batch_size)]

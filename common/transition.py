@@ -1,4 +1,4 @@
-"""FedEFC's noise transition matrix from a client's predictions (ALGORITHM.md section 4).
+"""FedEFC's noise transition matrix from a client's predictions (docs/FEDEFC.md §4).
 
 All functions are plain NumPy on ``probs`` (n x K softmax of the received global
 model) and ``labels`` (the client's observed labels). Orientation everywhere:
@@ -32,7 +32,7 @@ def class_thresholds(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def count_matrix(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab") -> np.ndarray:
     """Paper eq. (4): C[i, j] = #samples labelled i whose P[., j] meets tau_j.
 
-    ``rule`` decides a sample that meets two or more thresholds (section 4.2):
+    ``rule`` decides a sample that meets two or more thresholds (docs/FEDEFC.md §4.2):
     ``cleanlab`` counts it at the argmax over all classes (cleanlab's confident joint,
     calibrate=False), ``masked`` at the argmax among the classes that met their
     threshold, ``paper`` in every such column. Diagonal entries are raised to >= 1.
@@ -60,7 +60,7 @@ def count_matrix(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab") 
 
 
 def label_prior_weighting(counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Section 4.4: rescale row i of C to sum to p~_i, the local fraction labelled i."""
+    """docs/FEDEFC.md §4.4: rescale row i of C to sum to p~_i, the local fraction labelled i."""
     k = counts.shape[0]
     prior = np.bincount(np.asarray(labels, dtype=np.int64), minlength=k) / max(len(labels), 1)
     rows = counts.sum(axis=1, keepdims=True).astype(float)
@@ -68,7 +68,7 @@ def label_prior_weighting(counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def column_normalize(counts: np.ndarray) -> np.ndarray:
-    """Section 4.3: Q[i, j] = C[i, j] / sum_i' C[i', j]; an all-zero column gives e_j."""
+    """docs/FEDEFC.md §4.3: Q[i, j] = C[i, j] / sum_i' C[i', j]; an all-zero column gives e_j."""
     counts = np.asarray(counts, dtype=float)
     cols = counts.sum(axis=0)
     q = np.eye(counts.shape[0])
@@ -89,7 +89,7 @@ def estimate_transition(probs: np.ndarray, labels: np.ndarray, rule: str = "clea
 
 
 def matrix_agreement(estimate: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
-    """Cosine similarity of the flattened matrices and their L1 distance (section 6)."""
+    """Cosine similarity of the flattened matrices and their L1 distance (docs/FEDEFC.md §5)."""
     a, b = np.ravel(estimate), np.ravel(truth)
     cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     return cos, float(np.abs(a - b).sum())

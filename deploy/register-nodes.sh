@@ -5,7 +5,7 @@
 #
 # CONNECTION is a `[superlink.CONNECTION]` entry of $FLWR_HOME/config.toml (default
 # ~/.flwr/config.toml) that points at the SuperLink with TLS (root-certificates = the
-# CA certificate); `python -m fedefc_server.deploy connection` writes one. A SuperNode
+# CA certificate); `fedefc deploy connection` writes one. A SuperNode
 # whose public key is not registered is refused (flower-supernode exits with code 305).
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""The on-disk cache of a node's prepared data (issue 3, item 5).
+"""The on-disk cache of a node's prepared data.
 
 A SuperNode runs every message in a fresh ClientApp process (torch imported again), so
 the node's data, decoded, partitioned and noised, is prepared once and kept as an

@@ -1,13 +1,13 @@
 """The NumPyClient: receives the global model, runs the method's local update, replies.
 
-Phase 1 (ALGORITHM.md section 3): every method reports A_k, the accuracy of the
-RECEIVED global model on the client's own noisy-labelled data
-(``accuracy-signal=global``) or the training accuracy averaged over the local epochs
-(``local-train``). Phase 2: no accuracy; FedEFC builds Q from the global model's
-predictions and trains with the forward-corrected loss (see :mod:`.methods`).
-Q and the labels never leave the client: a reply holds weights, the sample count,
-the partition id, phase 1's accuracy, and (simulation, ``diagnostics=true``) scalar
-diagnostics such as Q's cosine similarity to the client's true noise matrix.
+A reply holds the trained weights, the sample count, the partition id, and metrics
+that are scalars: the loss the client trained with, its mean training loss and local
+compute time, a method's own metrics, and, where the server asks for it (FedEFC's
+phase 1, docs/FEDEFC.md §3.1), A_k: the accuracy of the RECEIVED global model on the
+client's own noisy-labelled data (``accuracy-signal=global``) or its training accuracy
+averaged over the local epochs (``local-train``). Labels and FedEFC's Q never leave the
+client; in simulation with ``diagnostics=true`` the reply also carries scalars that
+only the simulator can compute (its true noise rate; Q's similarity to the truth).
 """
 
 from __future__ import annotations
@@ -26,9 +26,29 @@ from common.params import get_weights, set_weights
 from common.runtime import model_for
 from common.training import configure_threads
 
+from .baselines.confident_learning import confident_learning
+from .baselines.fedcorr import fedcorr
+from .baselines.fedditto import fedditto
+from .baselines.fednoro import fednoro
+from .baselines.fedprox import fedprox
+from .baselines.forward_correction import forward_correction
+from .baselines.rofl import rofl
 from .job import LocalJob
 from .local_data import LocalData
-from .methods import METHODS
+from .local_update import Update, fedavg, fedefc
+
+# Every method's local update (docs/ARCHITECTURE.md, "A new method").
+LOCAL_UPDATES: dict[str, Callable[[LocalJob], Update]] = {
+    "fedefc": fedefc,
+    "fedavg": fedavg,
+    "fedprox": fedprox,
+    "fedditto": fedditto,
+    "forward-correction": forward_correction,
+    "confident-learning": confident_learning,
+    "fedcorr": fedcorr,
+    "fednoro": fednoro,
+    "rofl": rofl,
+}
 
 
 class FedEFCClient(NumPyClient):
@@ -67,9 +87,10 @@ class FedEFCClient(NumPyClient):
         metrics: dict = {"partition-id": self.partition_id}
         if len(local) == 0:
             return get_weights(model), 0, metrics
-        job = LocalJob(self.cfg, local, model, int(config["phase"]), int(config["round"]),
+        phase = int(config["phase"]) if "phase" in config else None
+        job = LocalJob(self.cfg, local, model, phase, int(config["round"]),
                        int(config["seed"]), self.state, dict(config))
-        num_examples, extra, stats = METHODS[self.cfg.method](job)
+        num_examples, extra, stats = LOCAL_UPDATES[self.cfg.method](job)
         metrics.update(extra)
         if job.phase == 1:
             metrics["accuracy"] = (job.global_accuracy() if self.cfg.accuracy_signal == "global"

@@ -12,13 +12,16 @@ from common.config import RunConfig
 from common.losses import cross_entropy
 from common.models import FeatureClassifier
 from common.training import (
+    BatchLoss,
     BatchTransform,
     LossFn,
     Regularizer,
     SGDSettings,
+    TrainingSet,
     TrainStats,
     predict_proba,
     train,
+    train_batches,
 )
 
 from .local_data import LocalData
@@ -27,12 +30,13 @@ from .local_data import LocalData
 @dataclass
 class LocalJob:
     """Everything a method's local update needs; ``probs`` are the RECEIVED global
-    model's predictions on the local data (taken before any training)."""
+    model's predictions on the local data (taken before any training). ``phase`` is
+    FedEFC's phase (1 or 2) for the methods whose server has one, else None."""
 
     cfg: RunConfig
     local: LocalData
     model: FeatureClassifier
-    phase: int
+    phase: int | None
     server_round: int
     seed: int
     state: object = None  # the node's persistent context.state (a RecordDict)
@@ -70,13 +74,26 @@ class LocalJob:
         """Detached copies of the trainable parameters (the proximal terms' w_g)."""
         return [p.detach().clone() for p in (model or self.model).parameters()]
 
-    def train(self, loss_fn: LossFn = cross_entropy, keep: np.ndarray | None = None,
-              regularizer: Regularizer | None = None,
-              model: nn.Module | None = None) -> TrainStats:
-        """Local SGD on all samples, or on the ``keep`` mask's samples only."""
-        x, y = self.local.x, self.local.y
+    def training_set(self, labels: np.ndarray | None = None,
+                     keep: np.ndarray | None = None) -> TrainingSet:
+        """The local samples with their observed labels (or ``labels``), all of them or
+        those of the ``keep`` mask."""
+        x = self.local.x
+        y = self.local.y if labels is None else torch.as_tensor(labels, device=self.device)
         if keep is not None:
             idx = torch.as_tensor(np.flatnonzero(keep), device=self.device)
             x, y = x[idx], y[idx]
-        return train(model or self.model, x, y, loss_fn, self.settings(), self.transform,
-                     self.local.data.augment, self.generator, regularizer)
+        return TrainingSet(x, y, self.transform, self.local.data.augment)
+
+    def train(self, loss_fn: LossFn = cross_entropy, keep: np.ndarray | None = None,
+              regularizer: Regularizer | None = None, model: nn.Module | None = None,
+              labels: np.ndarray | None = None) -> TrainStats:
+        """Local SGD with ``loss_fn`` (+ ``regularizer``) on :meth:`training_set`."""
+        return train(model or self.model, self.training_set(labels, keep), loss_fn,
+                     self.settings(), self.generator, regularizer)
+
+    def train_batches(self, batch_loss: BatchLoss, optimizer: torch.optim.Optimizer
+                      ) -> TrainStats:
+        """Local training of ``self.model`` with a loss that sees the whole batch."""
+        return train_batches(self.model, self.training_set(), batch_loss, optimizer,
+                             self.settings(), self.generator)

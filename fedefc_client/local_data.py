@@ -24,6 +24,7 @@ import torch
 
 from common.config import RunConfig
 from common.datasets import ImageData
+from common.federation import federated_data
 from common.runtime import on_device
 
 from .cache import Arrays, DataCache, partition_key, private_key
@@ -66,10 +67,6 @@ _LOCK = threading.Lock()
 
 def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> LocalData:
     """Client ``partition_id`` of the run's federated data plan, cached per process."""
-    # imported here, so that a ClientApp process that finds its data in the disk cache
-    # does not import the plan's noise generator (cleanlab, ~1.5 s of imports)
-    from common.federation import federated_data
-
     key = (cfg.data_key(), partition_id, str(device))
     with _LOCK:
         if key in _CACHE:

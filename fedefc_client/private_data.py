@@ -1,7 +1,7 @@
 """A SuperNode's own private training data, read from the path in its node config.
 
-Issue 3, item 2(b); the formats are documented in docs/DEPLOYMENT.md ("Node data",
-mode (b)). ``data-path`` names one of:
+The formats are documented in docs/DEPLOYMENT.md ("Node data", mode (b)).
+``data-path`` names one of:
 
 - an ``.npz`` file with ``images``: uint8, shaped (N, H, W) (one channel), (N, C, H, W)
   or (N, H, W, C); and ``labels``: integers in 0..K-1, shaped (N,);
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError  # Pillow comes with torchvision
 
 from common.datasets import NORMALIZATION, NUM_CLASSES
 from common.results import atomic_write_bytes
@@ -126,8 +127,6 @@ def _as_nchw(images: np.ndarray, spec: ImageSpec, fail) -> np.ndarray:
 
 def _read_image_folder(root: Path, spec: ImageSpec, node: str
                        ) -> tuple[np.ndarray, np.ndarray]:
-    from PIL import Image, UnidentifiedImageError  # Pillow comes with torchvision
-
     def fail(problem: str) -> PrivateDataError:
         return PrivateDataError(f"{node}: data-path={str(root)!r}: {problem}")
 

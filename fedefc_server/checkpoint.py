@@ -1,8 +1,9 @@
 """Per-round checkpoints of the server side, and resuming a run from one.
 
-After every round the strategy writes ``<out-dir>/checkpoint.pt`` atomically (temp file
-+ rename): the round, the global model, the strategy state (prestopping: A_max,
-patience, T_e, accuracy history; method-specific server state) and the run config.
+After every round the round loop writes ``<out-dir>/checkpoint.pt`` atomically (temp
+file + rename): the round, the global model, the strategy's state (FedEFC: A_max,
+patience, T_e and the accuracy history; a baseline: its own server state), the run
+config and the wall time so far.
 There is no server-side RNG state to keep: client sampling and every client seed are
 pure functions of (seed, round). A new run with ``resume-from=<that folder>`` continues
 with round+1 and appends to the same folder.
@@ -22,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import config_differences
+from common.methods import changed_keys
 from common.results import atomic_write_bytes
 
 FILE = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2
 # Keys that may differ between the interrupted run and its resumption: where results
 # go, how long to run, and how (not what) to compute.
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
@@ -43,12 +44,14 @@ class Checkpoint:
     weights: list[np.ndarray]
     strategy: dict[str, Any]
     config: dict[str, Any]
+    elapsed_s: float = 0.0
 
 
 def save(out_dir: Path, ckpt: Checkpoint) -> None:
     payload = {"format": FORMAT, "round": ckpt.round,
                "weights": [torch.from_numpy(np.ascontiguousarray(w)) for w in ckpt.weights],
-               "strategy": json.dumps(ckpt.strategy), "config": json.dumps(ckpt.config)}
+               "strategy": json.dumps(ckpt.strategy), "config": json.dumps(ckpt.config),
+               "elapsed_s": float(ckpt.elapsed_s)}
     buf = io.BytesIO()
     torch.save(payload, buf)
     atomic_write_bytes(Path(out_dir) / FILE, buf.getvalue())
@@ -66,7 +69,8 @@ def load(folder: str | Path) -> Checkpoint:
         return Checkpoint(round=int(payload["round"]),
                           weights=[t.numpy() for t in payload["weights"]],
                           strategy=json.loads(payload["strategy"]),
-                          config=json.loads(payload["config"]))
+                          config=json.loads(payload["config"]),
+                          elapsed_s=float(payload["elapsed_s"]))
     except Exception as err:  # any unpickling/decoding failure means the file is unusable
         raise CheckpointError(f"{path} is corrupt or not a FedEFC checkpoint ({err}); "
                               "resume from another run or start a new one") from None
@@ -75,7 +79,7 @@ def load(folder: str | Path) -> Checkpoint:
 def check_compatible(ckpt: Checkpoint, config: dict[str, Any], folder: str | Path,
                      expected_shapes: list[tuple[int, ...]]) -> None:
     """Refuse a checkpoint of another config or another model."""
-    diff = config_differences(ckpt.config, config, MAY_DIFFER)
+    diff = changed_keys(ckpt.config, config, MAY_DIFFER)
     if diff:
         keys = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(diff.items()))
         raise CheckpointError(f"resume-from={str(folder)!r} was run with another config ({keys}); "

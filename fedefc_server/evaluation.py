@@ -1,9 +1,9 @@
-"""Centralized evaluation of the global model on the clean test set, every round."""
+"""Central evaluation of the global model on the run dataset's clean test set, every round
+(docs/FEDEFC.md §2.5)."""
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from common.config import RunConfig
 from common.datasets import load_dataset
@@ -27,8 +27,3 @@ class TestSetEvaluator:
     def __call__(self, weights: list[np.ndarray]) -> tuple[float, float]:
         set_weights(self.model, weights)
         return evaluate(self.model, self.x, self.y, self.transform, self.cfg.eval_batch_size)
-
-    def state_dict(self, weights: list[np.ndarray]) -> dict[str, torch.Tensor]:
-        """The weights as a CPU state dict of the model (for model.pt)."""
-        set_weights(self.model, weights)
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}

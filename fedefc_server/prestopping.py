@@ -1,4 +1,4 @@
-"""The prestopping rule of FedEFC's phase 1 (paper Algorithm 1; ALGORITHM.md section 3)."""
+"""The prestopping rule of FedEFC's phase 1 (paper Algorithm 1; docs/FEDEFC.md §3.3)."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 A reply is rejected (with its reason logged and counted in the round's record) when its
 arrays do not match the global model (count, shapes, dtypes), hold NaN or Inf, its
 sample count is not an integer in 1..``max_samples``, its partition id is missing,
-malformed, not one this round asked for, or repeated, (phase 1) its accuracy is missing
-or not a number in [0, 1], or a metric the round record averages or sums
-(:data:`MEAN_METRICS`, :data:`PER_CLIENT_METRICS`, :data:`SUM_METRICS`) is there but
-is not a finite number (a count: not an integer >= 0). bool, str and bytes are not
-numbers here: ``float()`` would take True or "0.9", or raise. A method strategy adds
-checks of its own metrics (``FedEFCStrategy.check_metrics``). The other replies
-aggregate normally.
+malformed, not one this round asked for, or repeated, its accuracy (when the round
+asks for one: FedEFC's phase 1) is missing or not a number in [0, 1], or a metric the
+round record averages or sums (:data:`MEAN_METRICS`, :data:`PER_CLIENT_METRICS`,
+:data:`SUM_METRICS`) is there but is not a finite number (a count: not an integer
+>= 0). bool, str and bytes are not numbers here: ``float()`` would take True or "0.9",
+or raise. A method strategy adds checks of its own metrics
+(``FedAvgStrategy.check_metrics``). The other replies aggregate normally.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Expected:
     shapes: list[tuple[int, ...]]
     dtypes: list[np.dtype]
     partitions: frozenset[int]
-    phase: int
+    needs_accuracy: bool
     max_samples: int
 
 
@@ -76,7 +76,7 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int]) -> str | None:
     n = res.num_examples
     if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= expected.max_samples:
         return f"sample count {n!r:.40} outside 1..{expected.max_samples}"
-    if expected.phase == 1:
+    if expected.needs_accuracy:
         reason = bad_number("phase-1 accuracy", res.metrics.get("accuracy"), 0.0, 1.0)
         if reason:
             return reason

@@ -1,15 +1,46 @@
-"""Shared fixtures: small real data written in torchvision's layouts (no network, no shared/)."""
+"""Shared fixtures: small real data written in torchvision's layouts (no network), and the
+guard that keeps the ``flower`` marker honest: a test without it that tries to start a
+Flower executable fails, naming the marker (the fast lane, ``-m "not flower"``, must
+never start one)."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from common.datasets import load_dataset
+
+FLOWER_EXECUTABLES = {"flower-superlink", "flower-supernode", "flower-superexec", "flwr"}
+_flower_allowed = {"now": False}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _flower_allowed["now"] = item.get_closest_marker("flower") is not None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flower_marker_guard():
+    """Refuse to start a Flower executable from a test not marked ``flower``."""
+    original = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        name = os.path.basename(str(argv[0])) if argv else ""
+        if name in FLOWER_EXECUTABLES and not _flower_allowed["now"]:
+            raise RuntimeError(f"this test starts {name} but is not marked "
+                               "@pytest.mark.flower")
+        original(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = guarded
+    yield
+    subprocess.Popen.__init__ = original
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

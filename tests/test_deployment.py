@@ -1,8 +1,8 @@
-"""FedEFC on a real Flower deployment (issue 3): SuperLink + SuperNodes on 127.0.0.1.
+"""FedEFC on a real Flower deployment: SuperLink + SuperNodes on 127.0.0.1.
 
 The end-to-end tests start real ``flower-superlink`` / ``flower-supernode`` /
 ``flower-superexec`` processes with ``--isolation process`` (the topology of
-deploy/compose.yml) through :class:`fedefc_server.deploy.LocalDeployment`, submit a
+deploy/compose.yml) through :class:`fedefc_cli.deployment.LocalDeployment`, submit a
 short job with ``flwr run``, read its status from ``flwr ls`` and stop every process by
 PID. The job is test_simulation.py's: lr 1e-7 makes A(t) tie in rounds 1 and 2, so with
 start-round 0 and gamma-thr 1 round 2 is T_e by construction and round 3 runs phase 2.
@@ -30,12 +30,8 @@ import pytest
 import torch
 import yaml
 
-from common.config import load_run_config
-from fedefc_client.cache import DataCache, partition_key, private_key
-from fedefc_client.local_data import check_node_config, node_data, partition_data
-from fedefc_client.private_data import ImageSpec, PrivateDataError, load_private_data, write_npz
-from fedefc_server import deploy
-from fedefc_server.deploy import (
+from common.methods import load_run_config
+from fedefc_cli.deployment import (
     DEPLOY_DIR,
     LocalDeployment,
     NodeSpec,
@@ -44,15 +40,14 @@ from fedefc_server.deploy import (
     superlink_flags,
     supernode_flags,
 )
-from fedefc_server.launch import (
-    _bin,
-    _free_port,
-    _toml_value,
-    read_app_defaults,
-    read_preset,
-    resolve_run_config,
-    run_simulation_job,
-)
+from fedefc_cli.flower import flower_bin, free_port
+from fedefc_cli.main import main
+from fedefc_cli.run_configs import read_app_defaults, read_preset, resolve_run_config, toml_value
+from fedefc_cli.simulation import run_simulation_job
+from fedefc_client.cache import DataCache, partition_key, private_key
+from fedefc_client.local_data import check_node_config, node_data, partition_data
+from fedefc_client.private_data import ImageSpec, PrivateDataError, load_private_data, write_npz
+from tests.helpers import records
 
 NODES = 3
 CPU = torch.device("cpu")
@@ -67,10 +62,6 @@ def job(data_dir: Path, out_dir: Path, **extra) -> dict:
         "zeta": 0.4, "iid": "true", **extra,
     }.items()]
     return resolve_run_config(None, overrides, str(out_dir))
-
-
-def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def group_members(pgids: list[int]) -> list[str]:
@@ -120,8 +111,8 @@ def refused_node(dep: LocalDeployment, key: Path) -> dict:
     """Start a SuperNode whose key was never registered; it must exit on its own."""
     dep.wait_online(NODES)
     flags = supernode_flags(dep.address, {"partition-id": 0, "num-partitions": NODES},
-                            "127.0.0.1", _free_port(), dep.ca_cert, str(key))
-    out = subprocess.run([_bin("flower-supernode"), *flags], env=dep.cli_env,
+                            "127.0.0.1", free_port(), dep.ca_cert, str(key))
+    out = subprocess.run([flower_bin("flower-supernode"), *flags], env=dep.cli_env,
                          cwd=dep.work_dir, capture_output=True, text=True, timeout=120,
                          start_new_session=True)
     return {"code": out.returncode, "log": out.stdout + out.stderr,
@@ -139,8 +130,8 @@ def tls_job(data_dir: Path, base: Path) -> DeployedRun:
         subprocess.run(["bash", str(DEPLOY_DIR / script), *map(str, args)], check=True,
                        capture_output=True)
     run_config = job(data_dir, base / "out")
-    sets = [f"--set={k}={_toml_value(v)}" for k, v in run_config.items() if k != "out-dir"]
-    assert deploy.main(["export", str(base / "data"), *sets]) == 0
+    sets = [f"--set={k}={toml_value(v)}" for k, v in run_config.items() if k != "out-dir"]
+    assert main(["deploy", "export", str(base / "data"), *sets]) == 0
     nodes = [NodeSpec({"partition-id": k, "num-partitions": NODES,
                        "data-path": str(base / "data" / f"node-{k}" / "data.npz"),
                        "cache-dir": str(base / f"cache-{k}")},
@@ -184,6 +175,7 @@ def check_phase_2_job(out: Path, diagnostics: bool) -> None:
     assert json.loads((out / "config.json").read_text())["out-dir"] == str(out)
 
 
+@pytest.mark.flower
 def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs):
     insecure_run = runs["insecure"].result()
     assert insecure_run.status == "finished:completed"
@@ -203,6 +195,7 @@ def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs):
         assert missing in log.read_text(), log
 
 
+@pytest.mark.flower
 def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_node(runs):
     tls_run = runs["tls"].result()
     refused = tls_run.extra
@@ -216,6 +209,7 @@ def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_nod
     assert "SuperNode authentication is disabled" not in link_log
 
 
+@pytest.mark.flower
 def test_deployment_result_equals_simulation(runs):
     insecure_run, tls_run = runs["insecure"].result(), runs["tls"].result()
     simulation_run = runs["simulation"].result()
@@ -251,7 +245,7 @@ def compose_services(tls: bool) -> dict[str, dict]:
 
 
 def expected_commands(tls: bool) -> dict[str, list[str]]:
-    """What fedefc_server.deploy (the native runs) gives for the compose services."""
+    """What fedefc_cli.deployment (the native runs) gives for the compose services."""
     ca = "/certs/ca.crt" if tls else None
     secret = "/secrets/superexec" if tls else None
     files = TLSFiles(ca, "/certs/server.pem", "/certs/server.key") if tls else None
@@ -268,7 +262,7 @@ def expected_commands(tls: bool) -> dict[str, list[str]]:
 
 def accepted_flags(binary: str) -> set[str]:
     """The flags in ``binary --help`` whose help text does not call them deprecated."""
-    text = subprocess.run([_bin(binary), "--help"], capture_output=True, text=True,
+    text = subprocess.run([flower_bin(binary), "--help"], capture_output=True, text=True,
                           timeout=120).stdout
     options = text.split("options:", 1)[1]
     flags = set()
@@ -285,6 +279,7 @@ def help_flags() -> dict[str, set[str]]:
                                            "flower-superexec")}
 
 
+@pytest.mark.flower
 @pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls"])
 def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
     services = compose_services(tls)
@@ -311,6 +306,7 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
     assert "FROM flwr/superexec:${FLWR_TAG}" in dockerfile
 
 
+@pytest.mark.flower
 def test_help_parsing_rejects_removed_and_deprecated_flags(help_flags):
     assert "--isolation" in help_flags["flower-superlink"]
     assert "--fleet-api-address" not in help_flags["flower-superlink"]  # deprecated
@@ -467,10 +463,10 @@ def test_private_cache_key_follows_the_data_and_export_round_trips(
 
 # -- the command line ------------------------------------------------------------------------
 def test_cli_refuses_a_public_insecure_superlink_and_a_submit_without_out_dir(tmp_path, capsys):
-    assert deploy.main(["superlink", "--host", "0.0.0.0", "--state-dir", str(tmp_path)]) == 2
+    assert main(["deploy", "superlink", "--host", "0.0.0.0", "--state-dir", str(tmp_path)]) == 2
     assert "refusing to serve the SuperLink without TLS" in capsys.readouterr().err
     assert not (tmp_path / "state.db").exists()  # nothing was started
-    assert deploy.main(["submit", "fedefc", "--set", "rounds=2"]) == 2
+    assert main(["deploy", "submit", "fedefc", "--set", "rounds=2"]) == 2
     assert "out-dir is required" in capsys.readouterr().err
 
 
@@ -479,8 +475,8 @@ def test_cli_connection_keeps_other_connections(tmp_path):
         '[superlink]\ndefault = "local"\n\n[superlink.local]\noptions.num-supernodes = 10\n')
     ca = tmp_path / "ca.crt"
     ca.write_text("-")
-    assert deploy.main(["connection", "prod", "link.example.org:8000", "--ca-cert", str(ca),
-                        "--flwr-home", str(tmp_path)]) == 0
+    assert main(["deploy", "connection", "prod", "link.example.org:8000", "--ca-cert", str(ca),
+                 "--flwr-home", str(tmp_path)]) == 0
     links = tomllib.loads((tmp_path / "config.toml").read_text())["superlink"]
     assert links["default"] == "local" and links["local"]["options"]["num-supernodes"] == 10
     assert links["prod"] == {"address": "link.example.org:8000", "root-certificates": str(ca)}

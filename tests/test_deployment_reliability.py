@@ -1,7 +1,7 @@
 """Reliability in deployment: a SuperNode that stops and comes back, and a killed ServerApp.
 
 Real ``flower-superlink`` / ``flower-supernode`` / ``flower-superexec`` processes on
-127.0.0.1 (:class:`fedefc_server.deploy.LocalDeployment`), every one stopped by PID.
+127.0.0.1 (:class:`fedefc_cli.deployment.LocalDeployment`), every one stopped by PID.
 """
 
 from __future__ import annotations
@@ -13,27 +13,22 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
+from fedefc_cli.deployment import LocalDeployment, NodeSpec
+from fedefc_cli.procs import descendants, stop_tree
+from fedefc_cli.run_configs import resume_config
+from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
-from fedefc_server.deploy import LocalDeployment, NodeSpec
-from fedefc_server.launch import resolve_run_config, resume_config, run_simulation_job
-from fedefc_server.procs import descendants
+from tests.helpers import records, small_job
 
+pytestmark = pytest.mark.flower  # every test here runs a deployment
 NODES = 3
 
 
 def job(data_dir: Path, out: Path, **extra) -> dict:
-    base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
-            "num-clients": NODES, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
-            "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
-            "iid": "true", "client-threads": 1, **extra}
-    return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))
-
-
-def records(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return small_job(data_dir, out, **{"num-clients": NODES, **extra})
 
 
 def wait_for_round(out: Path, rnd: int, timeout: float = 600.0) -> None:
@@ -52,8 +47,6 @@ def nodes(base: Path) -> list[NodeSpec]:
 
 def stop_node(dep: LocalDeployment, name: str) -> None:
     """Stop one SuperNode and its SuperExec (and whatever they started), by PID."""
-    from fedefc_server.procs import stop_tree
-
     for label, proc, _ in dep.procs.running:
         if label.startswith(f"{name} "):
             stop_tree(proc)

@@ -9,17 +9,26 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from common.config import ConfigError, load_run_config
-from common.fedcorr import plan_fedcorr, proximal_norm, relabel_confident, relabel_highest_loss
-from common.lid import client_lid, lid_mle, nearest_distances
-from common.noisy_clients import lid_noisy_clients, loss_noise_level
+from common.baselines.fedcorr import (
+    plan_fedcorr,
+    proximal_norm,
+    relabel_confident,
+    relabel_highest_loss,
+)
+from common.baselines.lid import client_lid, lid_mle, nearest_distances
+from common.baselines.noisy_clients import lid_noisy_clients, loss_noise_level
+from common.config import ConfigError
+from common.datasets import load_dataset
+from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
+from fedefc_cli.main import main
 from fedefc_client.client import FedEFCClient
 from fedefc_client.local_data import partition_data
+from fedefc_server import checkpoint
+from fedefc_server.baselines.fedcorr import FedCorrStrategy
 from fedefc_server.checkpoint import CheckpointError
-from fedefc_server.fedcorr import FedCorrStrategy
-from tests.noise_robust_helpers import (
+from tests.helpers import (
     GLOBAL,
     PARAMS,
     FakeNode,
@@ -191,6 +200,7 @@ def fedcorr_run(tiny_mnist_dir, tmp_path_factory):
                     **{"fraction": 1.0, "fedcorr-iterations": 1})
 
 
+@pytest.mark.flower
 def test_fedcorr_runs_its_three_stages_in_a_flower_simulation(fedcorr_run):
     summary, records = fedcorr_run
     assert summary["fedcorr_plan"]["stage1_rounds"] == 1
@@ -215,12 +225,12 @@ def test_fedcorr_runs_its_three_stages_in_a_flower_simulation(fedcorr_run):
     assert 0.0 <= summary["final_acc"] <= 1.0
 
 
-def test_strategy_flags_corrects_and_restricts_stage_2_in_process(tmp_path):
+def test_strategy_flags_corrects_and_restricts_stage_2_in_process():
     # 4 clients in one sub-round, 2 iterations (rounds 1-2), stage 2 = round 3, stage 3 = 4.
     nodes = [FakeNode(p, lambda config: {"fedcorr-relabelled": 3, "fedcorr-corrected": 5})
              for p in range(4)]
     m = manager(nodes)
-    s = make_strategy(FedCorrStrategy, tmp_path, **{
+    s = make_strategy(FedCorrStrategy, **{
         "method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4,
         "fedcorr-iterations": 2})
     lids, est = [1.0, 1.1, 0.9, 5.0], [0.05, 0.02, 0.5, 0.4]
@@ -240,10 +250,10 @@ def test_strategy_flags_corrects_and_restricts_stage_2_in_process(tmp_path):
     configs = stage1_round(2)
     assert [n.tasks[0]["fedcorr-task"] for n in nodes if n.tasks] == ["relabel-highest-loss"]
     assert nodes[3].tasks[0]["fedcorr-relabel-fraction"] == pytest.approx(0.4 * 0.5)
-    assert s._round_info["fedcorr_relabel_highest_loss"] == {3: 3}
+    assert s.take_round_fields()["fedcorr_relabel_highest_loss"] == {3: 3}
     assert configs[3]["fedcorr-mu"] == 0.4 and configs[0]["fedcorr-mu"] == 0.0
     assert s.lid_sum == {p: 2 * v for p, v in enumerate(lids)}
-    restored = make_strategy(FedCorrStrategy, tmp_path / "restored", **{
+    restored = make_strategy(FedCorrStrategy, **{
         "method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4,
         "fedcorr-iterations": 2})
     restored.load_server_state(json.loads(json.dumps(s.server_state())))
@@ -261,37 +271,37 @@ FEDCORR_4 = {"method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4
              "fedcorr-iterations": 2}
 
 
-def test_the_plan_survives_a_checkpoint_and_a_resume_with_another_plan_is_refused(tmp_path):
+def test_the_plan_survives_a_checkpoint_and_a_resume_with_another_plan_is_refused():
     # 4 clients in one sub-round, 2 iterations: stage 1 = rounds 1-2; stage 2 gets
     # floor(0.5 x (4 - 2) + 0.5) = 1 round; stage 3 the last one.
-    s = make_strategy(FedCorrStrategy, tmp_path / "a", **FEDCORR_4)
+    s = make_strategy(FedCorrStrategy, **FEDCORR_4)
     s.lid_sum, s.est_noise, s.noisy = {0: 1.0, 3: 5.0}, {3: 0.4}, [3]
     state = json.loads(json.dumps(s.server_state()))
     assert state["fedcorr"]["plan"] == {"rounds": 4, "num_clients": 4, "per_subround": 4,
                                         "iterations": 2, "finetune_rounds": 1}
-    restored = make_strategy(FedCorrStrategy, tmp_path / "b", **FEDCORR_4)
+    restored = make_strategy(FedCorrStrategy, **FEDCORR_4)
     restored.load_server_state(state)
     assert restored.plan == s.plan
     assert json.loads(json.dumps(restored.server_state()))["fedcorr"] == state["fedcorr"]
     # rounds=6 would give stage 2 floor(0.5 x 4 + 0.5) = 2 rounds: round 4, stage 3 in
     # the interrupted run, would become stage 2. Refused, naming the key.
-    longer = make_strategy(FedCorrStrategy, tmp_path / "c", **{**FEDCORR_4, "rounds": 6})
+    longer = make_strategy(FedCorrStrategy, **{**FEDCORR_4, "rounds": 6})
     with pytest.raises(CheckpointError, match=r"finetune_rounds: 1 -> 2.*rounds=4"):
         longer.load_server_state(state)
     # Without stage 2 more rounds only lengthen stage 3: the same plan, accepted.
     share0 = {**FEDCORR_4, "fedcorr-finetune-share": 0.0}
-    state0 = make_strategy(FedCorrStrategy, tmp_path / "d", **share0).server_state()
-    make_strategy(FedCorrStrategy, tmp_path / "e", **{**share0, "rounds": 8}) \
+    state0 = make_strategy(FedCorrStrategy, **share0).server_state()
+    make_strategy(FedCorrStrategy, **{**share0, "rounds": 8}) \
         .load_server_state(json.loads(json.dumps(state0)))
 
 
 @pytest.mark.parametrize("bad", ["3", -1, 2.5, True, None])
-def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(tmp_path, bad):
+def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(bad):
     answers = {2: {"fedcorr-relabelled": 4, "fedcorr-corrected": 6},
                3: {"fedcorr-relabelled": bad, "fedcorr-corrected": 5}}
     nodes = [FakeNode(p, lambda config, p=p: answers.get(p, {})) for p in range(4)]
     m = manager(nodes)
-    s = make_strategy(FedCorrStrategy, tmp_path, **FEDCORR_4)
+    s = make_strategy(FedCorrStrategy, **FEDCORR_4)
     instructions = s.configure_fit(1, PARAMS, m)
     lids, est = [1.0, 1.1, 5.0, 5.0], [0.05, 0.02, 0.3, 0.4]
     s.aggregate_fit(1, [trained_reply(node, 10, GLOBAL, **{"fedcorr-lid": lids[node.pid],
@@ -300,22 +310,20 @@ def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(tmp_path,
     assert s.noisy == [2, 3]
     s.configure_fit(2, PARAMS, m)  # the first iteration's correction goes to 2 and 3
     assert nodes[2].tasks and nodes[3].tasks
-    assert s._round_info["fedcorr_relabel_highest_loss"] == {2: 4}
-    assert s._round_info["fedcorr_relabel_highest_loss_corrected"] == {2: 6}
+    fields = s.take_round_fields()
+    assert fields["fedcorr_relabel_highest_loss"] == {2: 4}
+    assert fields["fedcorr_relabel_highest_loss_corrected"] == {2: 6}
 
 
 def test_a_resume_with_another_plan_fails_before_any_flower_process(tmp_path, capsys):
     """The launcher's preflight refuses it (exit 2, naming the plan and the rounds to
     use), so no SuperLink is started for a run the ServerApp would refuse."""
-    from fedefc_server import checkpoint
-    from fedefc_server.app import initial_weights
-    from fedefc_server.launch import main
-
     out = tmp_path / "run"
     out.mkdir()
     cfg = load_run_config({**FEDCORR_4, "prestopping": False, "out-dir": str(out)})
-    state = make_strategy(FedCorrStrategy, tmp_path / "s", **FEDCORR_4).server_state()
-    checkpoint.save(out, checkpoint.Checkpoint(2, initial_weights(cfg), state, cfg.to_flat()))
+    state = make_strategy(FedCorrStrategy, **FEDCORR_4).server_state()
+    weights = get_weights(initial_model(cfg, load_dataset(cfg.dataset)))
+    checkpoint.save(out, checkpoint.Checkpoint(2, weights, state, cfg.to_flat()))
     (out / "config.json").write_text(json.dumps(cfg.to_flat()))
     assert main(["resume", str(out), "--set", "rounds=6"]) == 2
     err = capsys.readouterr().err

@@ -9,18 +9,18 @@ import torch
 import torch.nn.functional as F
 from flwr.common import parameters_to_ndarrays
 
-from common.daagg import daagg_distances, daagg_weights, model_distance, weighted_average
-from common.exchange import pack_array
-from common.fednoro import (
+from common.baselines.daagg import daagg_distances, daagg_weights, model_distance, weighted_average
+from common.baselines.fednoro import (
     distillation_loss,
     distillation_weight,
     log_prior,
     logit_adjusted_ce,
     per_class_mean_loss,
 )
-from common.noisy_clients import fednoro_noisy_clients, normalized_class_losses
-from fedefc_server.fednoro import FedNoRoStrategy, read_class_losses
-from tests.noise_robust_helpers import (
+from common.baselines.noisy_clients import fednoro_noisy_clients, normalized_class_losses
+from common.exchange import pack_array
+from fedefc_server.baselines.fednoro import FedNoRoStrategy, read_class_losses
+from tests.helpers import (
     PARAMS,
     FakeNode,
     make_strategy,
@@ -103,7 +103,7 @@ def test_per_class_mean_loss_marks_absent_classes():
     np.testing.assert_allclose(out, [2.0, np.nan, 5.0, np.nan])
 
 
-def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(tmp_path):
+def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process():
     noisy = {1, 4}
 
     def class_losses(pid):  # 3 classes: GLOBAL's classifier is 3 x 4
@@ -118,7 +118,7 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
     m = manager(nodes)
     keys = {"method": "fednoro", "num-clients": 6, "fraction": 1.0, "rounds": 3,
             "fednoro-warmup": 1}
-    s = make_strategy(FedNoRoStrategy, tmp_path, **keys)
+    s = make_strategy(FedNoRoStrategy, **keys)
     first = s.configure_fit(1, PARAMS, m)
     assert not any(n.tasks for n in nodes) and "fednoro-noisy" not in first[0][1].config
     instructions = s.configure_fit(2, PARAMS, m)
@@ -138,8 +138,8 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
                           daagg_distances(ordered, flags))
     for got, want in zip(parameters_to_ndarrays(params), weighted_average(ordered, coefs)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert s._round_info["daagg_weights"] == pytest.approx(dict(enumerate(coefs)))
-    restored = make_strategy(FedNoRoStrategy, tmp_path / "restored", **keys)
+    assert s.take_round_fields()["daagg_weights"] == pytest.approx(dict(enumerate(coefs)))
+    restored = make_strategy(FedNoRoStrategy, **keys)
     restored.load_server_state(json.loads(json.dumps(s.server_state())))
     assert restored.noisy == noisy
 
@@ -159,7 +159,7 @@ BAD_CLASS_LOSSES = {  # case: (the reply's metrics without the partition id, rea
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CLASS_LOSSES))
-def test_detection_leaves_out_a_reply_without_a_valid_class_loss_vector(tmp_path, case):
+def test_detection_leaves_out_a_reply_without_a_valid_class_loss_vector(case):
     # Six clients, 3 classes (GLOBAL's classifier is 3 x 4); 1 and 4 noisy by
     # construction, client 2 lacks class 2 (NaN: legitimate, used); client 5 replies
     # with a bad vector: left out (treated as clean), the others still give {1, 4}.
@@ -176,12 +176,12 @@ def test_detection_leaves_out_a_reply_without_a_valid_class_loss_vector(tmp_path
         return {"fednoro-class-losses": pack_array(losses)}
 
     nodes = [FakeNode(p, lambda config, p=p: answer(p)) for p in range(6)]
-    s = make_strategy(FedNoRoStrategy, tmp_path, **{
+    s = make_strategy(FedNoRoStrategy, **{
         "method": "fednoro", "num-clients": 6, "fraction": 1.0, "rounds": 3,
         "fednoro-warmup": 1})
     s.configure_fit(2, PARAMS, manager(nodes))
     assert s.noisy == noisy
-    info = s._round_info
+    info = s.take_round_fields()
     assert info["fednoro_detection_clients"] == [0, 1, 2, 3, 4]
     assert list(info["fednoro_detection_skipped"]) == [5]
     assert BAD_CLASS_LOSSES[case][1] in info["fednoro_detection_skipped"][5]
@@ -200,6 +200,7 @@ def fednoro_run(tiny_mnist_dir, tmp_path_factory):
                     **{"fraction": 0.5, "fednoro-warmup": 1})
 
 
+@pytest.mark.flower
 def test_fednoro_detects_once_on_every_client_then_distills_and_uses_daagg(fednoro_run):
     summary, records = fednoro_run
     r1, r2, r3 = records[1:]

@@ -2,13 +2,19 @@
 
 import csv
 import json
+import shutil
 
 import pytest
+import torch
 
 from common.config import ConfigError
-from fedefc_server.grid import Grid, main, run_grid
-from fedefc_server.launch import CONFIGS_DIR
-from fedefc_server.report import load_paper_numbers, paper_key
+from common.methods import changed_keys, default_config
+from fedefc_cli.grid import Grid, run_grid
+from fedefc_cli.main import main
+from fedefc_cli.report import load_paper_numbers, paper_key
+from fedefc_cli.run_configs import CONFIGS_DIR
+from fedefc_cli.simulation import run_simulation_job
+from fedefc_server import checkpoint
 
 GRID = """
 name = "tiny"
@@ -44,6 +50,7 @@ def finished_grid(tmp_path_factory, tiny_mnist_dir):
     return path, base / "results", failures, logs
 
 
+@pytest.mark.flower
 def test_grid_runs_every_cell(finished_grid):
     path, results, failures, logs = finished_grid
     assert failures == 0
@@ -53,11 +60,12 @@ def test_grid_runs_every_cell(finished_grid):
     assert any("[4/4]" in line for line in logs)
 
 
+@pytest.mark.flower
 def test_rerun_skips_finished_cells_and_writes_the_report(finished_grid, capsys):
     path, results, _, _ = finished_grid
     before = {c.out_dir: (c.out_dir / "summary.json").stat().st_mtime_ns
               for c in Grid.load(path).cells(results, [])}
-    assert main(["run", str(path), "--results-dir", str(results)]) == 0
+    assert main(["grid", "run", str(path), "--results-dir", str(results)]) == 0
     assert "0 to run now" in capsys.readouterr().out
     after = {d: (d / "summary.json").stat().st_mtime_ns for d in before}
     assert before == after
@@ -76,13 +84,14 @@ def test_rerun_skips_finished_cells_and_writes_the_report(finished_grid, capsys)
         assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.flower
 def test_a_finished_cell_with_another_config_is_refused(finished_grid):
     path, results, _, _ = finished_grid
     with pytest.raises(ConfigError, match="another config"):
         run_grid(Grid.load(path), results, ["lr=0.05"], log=lambda *_: None)
 
 
-def test_paper_numbers_match_the_spec_table():
+def test_paper_numbers_match_the_papers_table():
     paper = load_paper_numbers()
     cfg = {"dataset": "mnist", "alpha-dir": 10.0, "p": 0.5, "rho": 0.2, "zeta": 0.8,
            "noise-groups": "", "iid": False}
@@ -100,17 +109,15 @@ def test_every_shipped_grid_builds_valid_cells(name, tmp_path):
 
 
 def test_a_key_added_later_with_its_default_does_not_orphan_finished_cells():
-    from common.config import RunConfig, config_differences
-
-    wanted = RunConfig().to_flat()
+    wanted = default_config()
     stored = {k: v for k, v in wanted.items() if k != "faults"}  # made before "faults" existed
-    assert config_differences(stored, wanted) == {}
-    assert config_differences(stored, {**wanted, "faults": "raise@1"}) == {
+    assert changed_keys(stored, wanted) == {}
+    assert changed_keys(stored, {**wanted, "faults": "raise@1"}) == {
         "faults": ("", "raise@1")}
 
 
 def test_ablations_and_variants_get_no_paper_number():
-    """Only the paper's own choices map to its numbers (spec section 7; ablations vary
+    """Only the paper's own choices map to its numbers (ablations vary
     count-rule, accuracy-signal, weighting; RoFL's detached variant is not the paper's)."""
     paper = load_paper_numbers()
     base = {"dataset": "mnist", "alpha-dir": 10.0, "p": 0.5, "rho": 0.2, "zeta": 0.8,
@@ -130,16 +137,10 @@ def test_ablations_and_variants_get_no_paper_number():
     assert paper_key({**rofl, "rofl-detach-centroid-feature": True}) is None
 
 
+@pytest.mark.flower
 def test_an_interrupted_cell_continues_from_its_checkpoint(finished_grid, tmp_path):
     """A cell stopped after round 2 of 3 resumes there, and ends bit-identical to the
     same cell run uninterrupted (CPU; fedavg/fedefc keep no client state)."""
-    import shutil
-
-    import torch
-
-    from fedefc_server import checkpoint
-    from fedefc_server.launch import run_simulation_job
-
     path, results, _, _ = finished_grid
     fresh = tmp_path / "results"
     cell = Grid.load(path).cells(fresh, [])[0]
@@ -154,7 +155,7 @@ def test_an_interrupted_cell_continues_from_its_checkpoint(finished_grid, tmp_pa
     ckpt = checkpoint.load(cell.out_dir)
     assert ckpt.round == 2
     checkpoint.save(cell.out_dir, checkpoint.Checkpoint(
-        ckpt.round, ckpt.weights, ckpt.strategy, {**ckpt.config, "rounds": 3}))
+        ckpt.round, ckpt.weights, ckpt.strategy, {**ckpt.config, "rounds": 3}, ckpt.elapsed_s))
     logs = []
     assert run_grid(Grid.load(path), fresh, [], max_cells=1, log=logs.append) == 0
     assert any("resumed from its checkpoint" in line for line in logs)

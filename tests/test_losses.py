@@ -1,4 +1,4 @@
-"""The forward-corrected loss (paper eq. (12), ALGORITHM.md section 4.5)."""
+"""The forward-corrected loss (paper eq. (12), docs/FEDEFC.md §4.5)."""
 
 import numpy as np
 import torch

@@ -1,4 +1,4 @@
-"""Models of ALGORITHM.md section 2."""
+"""The models of docs/FEDEFC.md §2.2."""
 
 import pytest
 import torch

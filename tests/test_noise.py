@@ -1,9 +1,10 @@
-"""Noise synthesis (ALGORITHM.md section 1) against cleanlab and exact expectations."""
+"""Noise synthesis (docs/FEDEFC.md §1.1) against cleanlab and exact expectations."""
 
 import numpy as np
 import pytest
 
-from common.config import ConfigError, load_run_config
+from common.config import ConfigError
+from common.methods import load_run_config
 from common.noise import (
     NoiseError,
     apply_noise,

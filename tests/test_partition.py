@@ -1,4 +1,4 @@
-"""Bernoulli-Dirichlet and IID partitions (ALGORITHM.md section 1)."""
+"""Bernoulli-Dirichlet and IID partitions (docs/FEDEFC.md §1.3)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The prestopping rule (paper Algorithm 1, ALGORITHM.md section 3) on known sequences."""
+"""The prestopping rule (paper Algorithm 1, docs/FEDEFC.md §3.3) on known sequences."""
 
 import pytest
 

@@ -2,36 +2,44 @@
 
 import io
 import json
+import os
+import signal
+import subprocess
 import threading
 import time
 
 import numpy as np
 import pytest
 import torch
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
-from common.config import load_run_config
 from common.exchange import pack_array
 from common.faults import parse_faults
+from common.methods import load_run_config
 from common.results import RunRecorder
+from fedefc_cli.flower import LocalSimulation
+from fedefc_cli.main import main
+from fedefc_cli.run_configs import resolve_run_config, resume_config
+from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
-from fedefc_server.extra_messages import send_tasks
-from fedefc_server.fedcorr import FedCorrStrategy
-from fedefc_server.fednoro import FedNoRoStrategy
-from fedefc_server.launch import (
-    LocalSimulation,
-    main,
-    resolve_run_config,
-    resume_config,
-    run_simulation_job,
+from fedefc_server.accuracy import aggregate_accuracy
+from fedefc_server.baselines.extra_messages import send_tasks
+from fedefc_server.baselines.fedcorr import FedCorrStrategy
+from fedefc_server.baselines.fednoro import FedNoRoStrategy
+from fedefc_server.baselines.rofl import RoFLStrategy
+from fedefc_server.fedefc_strategy import FedEFCStrategy
+from tests.helpers import (
+    GLOBAL,
+    OK,
+    PARAMS,
+    FakeNode,
+    FakeProxy,
+    make_strategy,
+    manager,
+    partition_manager,
+    records,
+    small_job,
 )
-from fedefc_server.robust import aggregate_accuracy
-from fedefc_server.rofl import RoFLStrategy
-from fedefc_server.strategy import FedEFCStrategy
-from tests.noise_robust_helpers import FakeNode, make_strategy, manager
-from tests.test_strategy import GLOBAL, PARAMS, FakeProxy, _manager
-
-OK = Status(code=Code.OK, message="")
 
 
 # -- payload validation, table-driven ------------------------------------------------
@@ -89,18 +97,17 @@ REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expe
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(tmp_path, case):
-    cfg = load_run_config({"num-clients": 6, "fraction": 1.0, "rounds": 5, "start-round": 0})
-    strategy = FedEFCStrategy(cfg, lambda w: (0.0, 0.0), RunRecorder(tmp_path, cfg.to_flat()),
-                              PARAMS, max_samples=4000)
-    strategy.configure_fit(1, PARAMS, _manager(6))
+def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(case):
+    strategy = make_strategy(FedEFCStrategy, **{"num-clients": 6, "fraction": 1.0, "rounds": 5,
+                                                "start-round": 0, "prestopping": True})
+    strategy.configure_fit(1, PARAMS, partition_manager(6))
     rng = np.random.default_rng(0)
     replies = [good_reply(pid, rng) for pid in range(6)]
     replies[5] = BAD[case](*replies[5])
     results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
-    info = strategy._round_info
+    info = strategy.take_round_fields()
     assert info["rejected"] == 1 and REASON[case] in info["rejected_reasons"][0]["reason"]
     assert info["partition_ids"] == [0, 1, 2, 3, 4]
     good = [w for w, _, _ in replies[:5]]
@@ -149,15 +156,13 @@ METHOD_BAD = {  # case: (method, metric, bad value or None to leave it out, reas
 
 
 @pytest.mark.parametrize("case", sorted(METHOD_BAD))
-def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(tmp_path, case):
+def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(case):
     method, key, value, reason = METHOD_BAD[case]
-    cfg = load_run_config({"method": method, "num-clients": 6, "fraction": 1.0, "rounds": 5,
-                           "start-round": 0, "fedcorr-iterations": 1})
     cls = {"fedcorr": FedCorrStrategy, "rofl": RoFLStrategy}[method]
-    strategy = cls(cfg, lambda w: (0.0, 0.0), RunRecorder(tmp_path, cfg.to_flat()), PARAMS,
-                   max_samples=4000)
-    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, _manager(6))] == \
-        list(range(6))
+    strategy = make_strategy(cls, **{"method": method, "num-clients": 6, "fraction": 1.0,
+                                     "rounds": 5, "fedcorr-iterations": 1})
+    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, partition_manager(6))
+            ] == list(range(6))
     rng = np.random.default_rng(0)
     replies = [good_reply(pid, rng, **method_metrics(method, pid, rng)) for pid in range(6)]
     w, n, m = replies[5]
@@ -166,7 +171,7 @@ def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(tmp
     results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
-    info = strategy._round_info
+    info = strategy.take_round_fields()
     assert info["rejected"] == 1 and reason in info["rejected_reasons"][0]["reason"]
     assert info["partition_ids"] == [0, 1, 2, 3, 4]
     good = [w for w, _, _ in replies[:5]]
@@ -228,16 +233,15 @@ def test_extra_messages_return_the_answers_despite_a_hung_and_a_failing_client()
 
 
 @pytest.mark.parametrize("client_timeout, expected", [(0.5, 0.5), (0.0, None)])
-def test_strategy_extra_messages_use_the_client_timeout(tmp_path, client_timeout, expected):
+def test_strategy_extra_messages_use_the_client_timeout(client_timeout, expected):
     release = threading.Event()
     nodes = _nodes_with_a_dead_one(release)
     if expected is None:  # no timeout: the exchange waits for the hung node (released below)
         nodes[3].release = threading.Event()
         nodes[3].release.set()
-    s = make_strategy(FedNoRoStrategy, tmp_path, **{"method": "fednoro", "num-clients": 5,
-                                                   "fraction": 1.0, "rounds": 3,
-                                                   "fednoro-warmup": 1,
-                                                   "client-timeout": client_timeout})
+    s = make_strategy(FedNoRoStrategy, **{"method": "fednoro", "num-clients": 5,
+                                          "fraction": 1.0, "rounds": 3, "fednoro-warmup": 1,
+                                          "client-timeout": client_timeout})
     try:
         replies = s.send_tasks(manager(nodes), PARAMS, {p: {"task": "t"} for p in range(5)}, 2)
         assert sorted(replies) == [0, 1, 3]
@@ -246,18 +250,17 @@ def test_strategy_extra_messages_use_the_client_timeout(tmp_path, client_timeout
         release.set()
 
 
-def test_round_below_min_fit_clients_keeps_the_model(tmp_path):
-    cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "rounds": 5, "start-round": 0,
-                           "min-fit-clients": 3})
-    strategy = FedEFCStrategy(cfg, lambda w: (0.0, 0.0), RunRecorder(tmp_path, cfg.to_flat()),
-                              PARAMS)
-    strategy.configure_fit(1, PARAMS, _manager(4))
+def test_round_below_min_fit_clients_keeps_the_model():
+    strategy = make_strategy(FedEFCStrategy, **{"num-clients": 4, "fraction": 1.0, "rounds": 5,
+                                                "start-round": 0, "min-fit-clients": 3,
+                                                "prestopping": True})
+    strategy.configure_fit(1, PARAMS, partition_manager(4))
     rng = np.random.default_rng(1)
     results = [(FakeProxy(str(i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(good_reply(p, rng) for p in range(2))]
     params, _ = strategy.aggregate_fit(1, results, [RuntimeError("boom"), RuntimeError("x")])
-    assert params is None and strategy._round_info["skipped"]
-    assert strategy._round_info["failures"] == 2
+    fields = strategy.take_round_fields()
+    assert params is None and fields["skipped"] and fields["failures"] == 2
     assert strategy.prestopper.history == []  # no A(t) from a skipped round
 
 
@@ -285,7 +288,7 @@ def test_fault_spec_parsing():
 # -- checkpoints ---------------------------------------------------------------------
 def _ckpt(cfg, rnd=3):
     return checkpoint.Checkpoint(rnd, [np.arange(6, dtype=np.float32).reshape(2, 3)],
-                                 {"prestopper": {"a_max": 0.5}}, cfg.to_flat())
+                                 {"prestopper": {"a_max": 0.5}}, cfg.to_flat(), elapsed_s=12.5)
 
 
 def test_checkpoint_roundtrip_and_refusals(tmp_path):
@@ -293,6 +296,7 @@ def test_checkpoint_roundtrip_and_refusals(tmp_path):
     checkpoint.save(tmp_path, _ckpt(cfg))
     got = checkpoint.load(tmp_path)
     assert got.round == 3 and got.strategy == {"prestopper": {"a_max": 0.5}}
+    assert got.elapsed_s == 12.5
     np.testing.assert_array_equal(got.weights[0], np.arange(6).reshape(2, 3))
     checkpoint.check_compatible(got, {**cfg.to_flat(), "rounds": 20, "out-dir": "/x"}, tmp_path,
                                 [(2, 3)])
@@ -378,18 +382,7 @@ def test_unwritable_output_folder_is_refused(tmp_path, capsys, where):
 
 
 # -- real simulations ----------------------------------------------------------------
-def small_job(data_dir, out, **extra):
-    base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
-            "num-clients": 4, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
-            "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
-            "iid": "true", "client-threads": 1, **extra}
-    return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))
-
-
-def records(out):
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.flower
 def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
     faults = "raise@0@2-3;nan@1@2;shape@2@3;samples=0@3@4;acc=1.5@3@2;pid=9@2@5"
     summary = run_simulation_job(small_job(tiny_mnist_dir, tmp_path / "run",
@@ -409,10 +402,6 @@ def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
 def _kill_simulation_after(sim: LocalSimulation, out, rnd: int) -> None:
     """SIGKILL the flwr-simulation process (it hosts the ServerApp) once round ``rnd``
     has been recorded."""
-    import os
-    import signal
-    import subprocess
-
     path = out / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -425,6 +414,7 @@ def _kill_simulation_after(sim: LocalSimulation, out, rnd: int) -> None:
         os.kill(int(pid), signal.SIGKILL)
 
 
+@pytest.mark.flower
 def test_kill_the_server_mid_run_then_resume_gives_the_uninterrupted_result(tmp_path,
                                                                               tiny_mnist_dir):
     whole = small_job(tiny_mnist_dir, tmp_path / "whole")
@@ -455,6 +445,7 @@ def _phase1_rounds(out):
     return {r["round"]: r for r in records(out) if r["round"] > 0 and r.get("A") is not None}
 
 
+@pytest.mark.flower
 def test_lying_clients_influence_on_a_t_is_bounded_under_median(tmp_path):
     """10% of the clients (partitions 0-1 of 20) always report accuracy 1.0.
 

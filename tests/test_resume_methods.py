@@ -10,13 +10,15 @@ import json
 import pytest
 import torch
 
-from fedefc_server.launch import resume_config, run_simulation_job
-from tests.test_reliability import records, small_job
+from fedefc_cli.run_configs import resume_config
+from fedefc_cli.simulation import run_simulation_job
+from tests.helpers import records, small_job
 
 EXTRA = {"fednoro": {"fednoro-warmup": 2, "fednoro-kd-begin": 2, "fednoro-kd-end": 4},
          "rofl": {"rofl-t-pl": 2, "rofl-num-gradual": 2}}
 
 
+@pytest.mark.flower
 @pytest.mark.parametrize("method", sorted(EXTRA))
 def test_server_state_methods_resume_exactly(tmp_path, tiny_mnist_dir, method):
     extra = {"method": f'"{method}"', **EXTRA[method]}

@@ -7,10 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.exchange import pack_array, unpack_array
-from common.models import build_model, classifier_shape
-from common.params import get_weights
-from common.rofl import (
+from common.baselines.rofl import (
     aggregate_centroids,
     centroid_weight,
     class_means,
@@ -22,8 +19,11 @@ from common.rofl import (
     update_centroids,
     uses_pseudo_labels,
 )
-from fedefc_server.rofl import RoFLStrategy
-from tests.noise_robust_helpers import (
+from common.exchange import pack_array, unpack_array
+from common.models import build_model, classifier_shape
+from common.params import get_weights
+from fedefc_server.baselines.rofl import RoFLStrategy
+from tests.helpers import (
     GLOBAL,
     PARAMS,
     FakeNode,
@@ -113,15 +113,15 @@ def test_centroid_term_trains_the_features_of_agreeing_samples():
 
 @pytest.mark.parametrize("name, width", [("lenet", 84), ("cnn9", 128), ("resnet18", 512)])
 def test_the_centroid_shape_is_read_from_the_model_arrays(name, width):
-    # K x D: the classes and the feature width of docs/BASELINES.md (LeNet 84, 9-conv
+    # K x D: the classes and the feature width of docs/BASELINE-METHODS.md (LeNet 84, 9-conv
     # CNN 128, ResNet 512), from the arrays the server holds.
     arrays = get_weights(build_model(name, 3, 7, 32, seed=0))
     assert classifier_shape([a.shape for a in arrays]) == (7, width)
 
 
-def test_strategy_aggregates_and_sends_the_global_centroids_in_process(tmp_path):
+def test_strategy_aggregates_and_sends_the_global_centroids_in_process():
     keys = {"method": "rofl", "num-clients": 4, "fraction": 1.0, "rounds": 3}
-    s = make_strategy(RoFLStrategy, tmp_path, **keys)
+    s = make_strategy(RoFLStrategy, **keys)
     m = manager([FakeNode(p) for p in range(4)])
     rng = np.random.default_rng(0)
     previous = None
@@ -140,7 +140,7 @@ def test_strategy_aggregates_and_sends_the_global_centroids_in_process(tmp_path)
         expected = aggregate_centroids(previous, [local[p] for p in range(4)])
         np.testing.assert_allclose(s.centroids, expected)
         previous = expected
-    restored = make_strategy(RoFLStrategy, tmp_path / "restored", **keys)
+    restored = make_strategy(RoFLStrategy, **keys)
     restored.load_server_state(json.loads(json.dumps(s.server_state())))
     np.testing.assert_array_equal(restored.centroids, s.centroids)
 
@@ -152,6 +152,7 @@ def rofl_run(tiny_mnist_dir, tmp_path_factory):
                     **{"fraction": 0.5, "rofl-t-pl": 1, "rofl-num-gradual": 2})
 
 
+@pytest.mark.flower
 def test_rofl_keeps_global_centroids_and_replaces_labels_in_a_flower_simulation(rofl_run):
     summary, records = rofl_run
     r1, r2, r3 = records[1:]

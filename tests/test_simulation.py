@@ -11,7 +11,11 @@ import json
 import pytest
 import torch
 
-from fedefc_server.launch import resolve_run_config, run_simulation_job
+from fedefc_cli.run_configs import resolve_run_config
+from fedefc_cli.simulation import run_simulation_job
+from tests.helpers import records
+
+pytestmark = pytest.mark.flower  # one real simulation, shared by the tests
 
 
 def job(data_dir, out_dir, **extra):
@@ -30,10 +34,6 @@ def two_runs(micro_mnist_dir, tmp_path_factory):
     outs = [base / "a", base / "b"]
     summaries = [run_simulation_job(job(micro_mnist_dir, out)) for out in outs]
     return outs, summaries
-
-
-def records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_run_passes_through_phase_2_with_forward_corrected_clients(two_runs):

@@ -1,58 +1,21 @@
-"""The FedEFC strategy against Flower's own FedAvg, and its phase switch."""
+"""The base strategy against Flower's own FedAvg, and FedEFC's phase switch."""
 
 import numpy as np
 import pytest
-from flwr.common import (
-    Code,
-    FitRes,
-    GetPropertiesRes,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from common.config import load_run_config
-from common.results import RunRecorder
-from fedefc_server.strategy import FedEFCStrategy
-
-OK = Status(code=Code.OK, message="")
+from fedefc_server.fedefc_strategy import FedEFCStrategy
+from fedefc_server.strategy import FedAvgStrategy
+from tests.helpers import OK, PARAMS, FakeProxy, make_strategy, partition_manager
 
 
-class FakeProxy(ClientProxy):
-    """A node that only answers the registry's partition-id query."""
-
-    def __init__(self, cid: str, partition_id: int):
-        super().__init__(cid)
-        self.partition_id = partition_id
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, {"partition-id": self.partition_id})
-
-    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):  # pragma: no cover - unused
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):  # pragma: no cover - unused
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):  # pragma: no cover - unused
-        raise NotImplementedError
-
-
-GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]
-PARAMS = ndarrays_to_parameters(GLOBAL)
-
-
-def make_strategy(tmp_path, **overrides):
-    cfg = load_run_config({"num-clients": 10, "fraction": 0.5, "start-round": 0,
-                           "gamma-thr": 1, "rounds": 10, **overrides})
-    evaluator = lambda weights: (0.0, 0.0)  # noqa: E731 - the tests here do not evaluate
-    return FedEFCStrategy(cfg, evaluator, RunRecorder(tmp_path / "out", cfg.to_flat()), PARAMS)
+def fedefc(**overrides):
+    """FedEFC on 10 clients, 5 per round, switching at the first round without gain."""
+    return make_strategy(FedEFCStrategy, **{"num-clients": 10, "fraction": 0.5,
+                                            "start-round": 0, "gamma-thr": 1, "rounds": 10,
+                                            "prestopping": True, **overrides})
 
 
 def fit_results(rng, n_clients, accuracies=None):
@@ -67,11 +30,12 @@ def fit_results(rng, n_clients, accuracies=None):
     return results
 
 
-def test_phase1_aggregation_equals_flower_fedavg(tmp_path):
+@pytest.mark.parametrize("cls", [FedAvgStrategy, FedEFCStrategy])
+def test_aggregation_equals_flower_fedavg(cls):
     rng = np.random.default_rng(0)
     results = fit_results(rng, 6, accuracies=[0.5] * 6)
-    strategy = make_strategy(tmp_path, fraction=1.0)
-    strategy.configure_fit(1, PARAMS, _manager(10))
+    strategy = make_strategy(cls, **{"num-clients": 10, "fraction": 1.0})
+    strategy.configure_fit(1, PARAMS, partition_manager(10))
     ours, _ = strategy.aggregate_fit(1, list(results), [])
     theirs, _ = FedAvg().aggregate_fit(1, list(results), [])
     for a, b in zip(parameters_to_ndarrays(ours), parameters_to_ndarrays(theirs)):
@@ -84,36 +48,43 @@ def test_phase1_aggregation_equals_flower_fedavg(tmp_path):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_reply_order_does_not_change_the_aggregate(tmp_path):
+def test_reply_order_does_not_change_the_aggregate():
     rng = np.random.default_rng(1)
     results = fit_results(rng, 8, accuracies=[0.5] * 8)
-    strategy = make_strategy(tmp_path, fraction=1.0)
-    strategy.configure_fit(1, PARAMS, _manager(10))
+    strategy = fedefc(fraction=1.0)
+    strategy.configure_fit(1, PARAMS, partition_manager(10))
     first, _ = strategy.aggregate_fit(1, list(results), [])
     shuffled = [results[i] for i in rng.permutation(len(results))]
     second, _ = strategy.aggregate_fit(1, shuffled, [])
     assert first.tensors == second.tensors
 
 
-def test_accuracy_is_unweighted_mean(tmp_path):
+def test_accuracy_is_unweighted_mean():
     rng = np.random.default_rng(2)
-    strategy = make_strategy(tmp_path, fraction=1.0)
-    strategy.configure_fit(1, PARAMS, _manager(10))
+    strategy = fedefc(fraction=1.0)
+    strategy.configure_fit(1, PARAMS, partition_manager(10))
     strategy.aggregate_fit(1, fit_results(rng, 4, accuracies=[0.1, 0.2, 0.3, 1.0]), [])
     assert strategy.prestopper.history == [(1, pytest.approx(0.4))]
+    assert strategy.take_round_fields()["A"] == pytest.approx(0.4)
 
 
-def _manager(n):
-    manager = SimpleClientManager()
-    for pid in range(n):
-        manager.register(FakeProxy(str(7_000_000 + 13 * pid), pid))
-    return manager
+def test_the_base_strategy_asks_no_accuracy_and_sends_no_phase():
+    """FedAvg's replies need no accuracy (nothing beyond the weights is asked of a
+    client), and its round config is the round and the client's seed only."""
+    rng = np.random.default_rng(4)
+    strategy = make_strategy(FedAvgStrategy, **{"num-clients": 4, "fraction": 1.0})
+    instructions = strategy.configure_fit(1, PARAMS, partition_manager(4))
+    assert all(set(ins.config) == {"round", "seed"} for _, ins in instructions)
+    params, _ = strategy.aggregate_fit(1, fit_results(rng, 4), [])
+    fields = strategy.take_round_fields()
+    assert params is not None and fields["rejected"] == 0 and "A" not in fields
+    assert strategy.state_fields(1) == {} and strategy.take_round_fields() == {}
 
 
-def test_after_the_switch_every_client_gets_phase_2(tmp_path):
+def test_after_the_switch_every_client_gets_phase_2():
     rng = np.random.default_rng(3)
-    strategy = make_strategy(tmp_path)
-    manager = _manager(10)
+    strategy = fedefc()
+    manager = partition_manager(10)
     params = PARAMS
     phases = []
     for rnd, acc in enumerate([0.5, 0.4, 0.9, 0.9], start=1):
@@ -127,30 +98,30 @@ def test_after_the_switch_every_client_gets_phase_2(tmp_path):
     assert phases == [{1}, {1}, {2}, {2}]
 
 
-def test_each_client_gets_its_own_config_copy_and_seed(tmp_path):
-    strategy = make_strategy(tmp_path)
-    instructions = strategy.configure_fit(1, PARAMS, _manager(10))
+def test_each_client_gets_its_own_config_copy_and_seed():
+    strategy = fedefc()
+    instructions = strategy.configure_fit(1, PARAMS, partition_manager(10))
     configs = [ins.config for _, ins in instructions]
     assert len({id(c) for c in configs}) == len(configs)
     assert len({c["seed"] for c in configs}) == len(configs)
     assert {c["round"] for c in configs} == {1}
 
 
-def test_sampling_is_by_partition_id_and_seeded(tmp_path):
-    a = make_strategy(tmp_path / "a")
-    b = make_strategy(tmp_path / "b")
+def test_sampling_is_by_partition_id_and_seeded():
+    a = fedefc()
+    b = fedefc()
     params = PARAMS
     for rnd in (1, 2, 3):
         # different node ids (as in two Flower runs), same partitions -> same sample
-        pa = [p.partition_id for p, _ in a.configure_fit(rnd, params, _manager(10))]
+        pa = [p.partition_id for p, _ in a.configure_fit(rnd, params, partition_manager(10))]
         other = SimpleClientManager()
         for pid in range(10):
             other.register(FakeProxy(str(99 + 7 * (10 - pid)), pid))
         pb = [p.partition_id for p, _ in b.configure_fit(rnd, params, other)]
         assert pa == pb and len(set(pa)) == 5
-    c = make_strategy(tmp_path / "c", seed=1)
-    assert [p.partition_id for p, _ in c.configure_fit(1, params, _manager(10))] != \
-        [p.partition_id for p, _ in a.configure_fit(1, params, _manager(10))]
+    c = fedefc(seed=1)
+    assert [p.partition_id for p, _ in c.configure_fit(1, params, partition_manager(10))] != \
+        [p.partition_id for p, _ in a.configure_fit(1, params, partition_manager(10))]
 
 
 class CountingManager(SimpleClientManager):
@@ -165,14 +136,14 @@ class CountingManager(SimpleClientManager):
         return super().wait_for(num_clients, timeout=1)
 
 
-def test_a_resumed_run_waits_for_the_nodes_before_its_first_round(tmp_path):
+def test_a_resumed_run_waits_for_the_nodes_before_its_first_round():
     """A run resumed at round 6 must wait for its nodes like a fresh run at round 1,
     or it samples from the few nodes that happen to be connected already."""
     for first_round in (1, 6):
         manager = CountingManager()
         for pid in range(10):
             manager.register(FakeProxy(str(5_000 + pid), pid))
-        strategy = make_strategy(tmp_path / str(first_round))
+        strategy = fedefc()
         strategy.configure_fit(first_round, PARAMS, manager)
         strategy.configure_fit(first_round + 1, PARAMS, manager)
         assert manager.waits == [10]

@@ -11,6 +11,7 @@ from common.models import build_model
 from common.training import (
     BatchTransform,
     SGDSettings,
+    TrainingSet,
     batches,
     evaluate,
     predict_proba,
@@ -62,7 +63,8 @@ def test_training_learns_and_is_deterministic(embedded):
         model = build_model("lenet", 1, 10, 28, seed=0)
         loss0, _ = evaluate(model, x, y, t)
         torch.manual_seed(1)
-        train(model, x, y, cross_entropy, settings, t, False, torch.Generator().manual_seed(1))
+        train(model, TrainingSet(x, y, t), cross_entropy, settings,
+              torch.Generator().manual_seed(1))
         loss1, acc1 = evaluate(model, x, y, t)
         assert loss1 < loss0 and acc1 > 0.5
         weights.append([v.clone() for v in model.state_dict().values()])
@@ -77,7 +79,7 @@ def test_forward_loss_with_non_identity_q_trains_a_different_model(embedded):
     for loss_fn in (cross_entropy, partial(forward_corrected_loss, q=torch.eye(10)),
                     partial(forward_corrected_loss, q=q)):
         model = build_model("lenet", 1, 10, 28, seed=0)
-        train(model, x, y, loss_fn, settings, t, False, torch.Generator().manual_seed(1))
+        train(model, TrainingSet(x, y, t), loss_fn, settings, torch.Generator().manual_seed(1))
         out.append(predict_proba(model, x, t))
     np.testing.assert_allclose(out[0], out[1], atol=1e-4)  # Q = I is cross-entropy
     assert np.abs(out[0] - out[2]).max() > 1e-3

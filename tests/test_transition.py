@@ -1,4 +1,4 @@
-"""FedEFC's count matrix and Q (ALGORITHM.md section 4) against cleanlab and hand computations."""
+"""FedEFC's count matrix and Q (docs/FEDEFC.md §4) against cleanlab and hand computations."""
 
 import numpy as np
 import pytest
@@ -98,7 +98,7 @@ def test_columns_sum_to_one_and_absent_class_is_unit_column():
 def test_cleanlab_rule_can_count_an_absent_class_through_the_overall_argmax():
     """cleanlab's confident joint sends a sample above two thresholds to its argmax over
     ALL classes, which may be a class nobody holds locally: that column is then not e_4
-    (ALGORITHM.md says e_j for every rule; it holds for 'masked' and 'paper' only)."""
+    (e_j holds for 'masked' and 'paper' only: docs/FEDEFC.md §4.2)."""
     rng = np.random.default_rng(0)
     probs = random_probs(rng, 300, 5)
     labels = rng.integers(0, 4, 300)

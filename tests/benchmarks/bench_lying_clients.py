@@ -17,7 +17,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from fedefc_server.launch import resolve_run_config, run_simulation_job
+from fedefc_cli.run_configs import resolve_run_config
+from fedefc_cli.simulation import run_simulation_job
 
 
 def main() -> None:

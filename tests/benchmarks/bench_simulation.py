@@ -28,31 +28,35 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+from flwr.app import RecordDict
+from flwr.common import ndarrays_to_parameters
+
+from common.federation import federated_data
+from common.methods import load_run_config
+from common.params import get_weights
+from common.runtime import initial_model
+from common.training import configure_threads, pick_device
+from fedefc_cli.flower import LocalSimulation
+from fedefc_cli.run_configs import resolve_run_config
+from fedefc_client.client import FedEFCClient
+from fedefc_client.local_data import partition_data
+from fedefc_server.evaluation import TestSetEvaluator
+from fedefc_server.fedefc_strategy import FedEFCStrategy
+from fedefc_server.strategy import sample_round
+
 
 def plain_loop(run_config: dict) -> dict:
     """The FL job without Flower (same building blocks, one process)."""
-    import numpy as np
-    from flwr.app import RecordDict
-
-    from common.config import load_run_config
-    from common.federation import federated_data
-    from common.params import get_weights
-    from common.runtime import initial_model
-    from common.training import configure_threads, pick_device
-    from fedefc_client.client import FedEFCClient
-    from fedefc_client.local_data import partition_data
-    from fedefc_server.evaluation import TestSetEvaluator
-    from fedefc_server.prestopping import Prestopper
-    from fedefc_server.strategy import round_config, sample_round
-
     start = time.monotonic()
     cfg = load_run_config(run_config)
     configure_threads(cfg.client_threads)
     fed = federated_data(cfg)
     device = pick_device(cfg.device)
     evaluator = TestSetEvaluator(cfg)
-    stopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
     weights = get_weights(initial_model(cfg, fed.data))
+    strategy = FedEFCStrategy(cfg, ndarrays_to_parameters(weights))  # its config and prestopper
+    stopper = strategy.prestopper
     states = {pid: RecordDict() for pid in range(cfg.num_clients)}
     accs, round_s = [], []
     for rnd in range(1, cfg.rounds + 1):
@@ -62,7 +66,7 @@ def plain_loop(run_config: dict) -> dict:
         for pid in sample_round(cfg, list(range(cfg.num_clients)), rnd):
             client = FedEFCClient(cfg, pid, lambda p=pid: partition_data(cfg, p, device),
                                   states[pid])
-            replies.append(client.fit(weights, round_config(cfg, pid, rnd, phase)))
+            replies.append(client.fit(weights, strategy.client_config(pid, rnd)))
         total = sum(n for _, n, _ in replies)
         weights = [sum(w[i] * (n / total) for w, n, _ in replies).astype(weights[i].dtype)
                    for i in range(len(weights))]
@@ -125,8 +129,6 @@ client = ClientApp(client_fn=lambda context: Noop().to_client())
 
 def noop_flower_run(app_dir: Path, rounds: int) -> None:
     """Run the no-op app for ``rounds`` rounds on 100 simulated nodes (internal mode)."""
-    from fedefc_server.launch import LocalSimulation
-
     with tempfile.TemporaryDirectory() as tmp, LocalSimulation(Path(tmp)) as sim:
         _, status = sim.run({"rounds": rounds}, 100, 1, 0.0, app_dir=app_dir,
                             log_path=Path(tmp) / "log")
@@ -156,8 +158,6 @@ def main() -> None:
     if args.noop_app:
         noop_flower_run(Path(args.noop_app), args.rounds)
         return
-    from fedefc_server.launch import resolve_run_config
-
     flower_s, plain_s, floor_s, results = [], [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
         noop_dir = Path(tmp) / "noop"
@@ -168,7 +168,7 @@ def main() -> None:
             out = Path(tmp) / f"flower-{rep}"
             overrides = [f'data-dir="{args.data_dir}"', f"rounds={args.rounds}", "start-round=3"]
             sets = [arg for o in overrides for arg in ("--set", o)]
-            seconds, _ = timed([sys.executable, "-m", "fedefc_server.launch", "run", "mnist-lite",
+            seconds, _ = timed([sys.executable, "-m", "fedefc_cli", "run", "mnist-lite",
                                 *sets, "--out-dir", str(out)])
             flower_s.append(seconds)
             results["flower"] = json.loads((out / "summary.json").read_text())

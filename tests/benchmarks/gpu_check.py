@@ -1,7 +1,7 @@
 """CUDA check: every method's real strategy and clients on a GPU, plus throughputs.
 
 For machines without Ray (or to debug), the federation runs in one process: the method's
-real Strategy inside Flower's legacy round loop (:class:`ResumableServer`), and real
+real Strategy inside the app's round loop (:class:`RoundLoop`), and real
 FedEFCClient objects behind in-process ClientProxies (each with its own persistent
 ``context.state``). Everything trains on ``cuda``. Then it times local training of
 the paper's models (9-conv CNN on MNIST; ResNet-18 / ResNet-34 at batch 10 on
@@ -27,21 +27,20 @@ from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from common.config import load_run_config
 from common.federation import federated_data
 from common.losses import cross_entropy
+from common.methods import load_run_config
 from common.models import build_model
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
-from common.training import BatchTransform, SGDSettings, train
+from common.training import BatchTransform, SGDSettings, TrainingSet, train
+from fedefc_cli.run_configs import read_app_defaults, read_preset
 from fedefc_client.client import FedEFCClient
 from fedefc_client.local_data import partition_data
-from fedefc_server.app import STRATEGIES
 from fedefc_server.evaluation import TestSetEvaluator
-from fedefc_server.launch import read_app_defaults, read_preset
-from fedefc_server.server import ResumableServer
-from fedefc_server.strategy import FedEFCStrategy
+from fedefc_server.round_loop import RoundLoop
+from fedefc_server.server_app import STRATEGIES
 
 
 class InProcessProxy(ClientProxy):
@@ -78,17 +77,19 @@ def run_in_process(flat: dict) -> dict:
     for pid in range(cfg.num_clients):
         manager.register(InProcessProxy(cfg, pid, device))
     data = federated_data(cfg).data
-    strategy = STRATEGIES.get(cfg.method, FedEFCStrategy)(
-        cfg, TestSetEvaluator(cfg), RunRecorder(cfg.out_dir, cfg.to_flat()),
-        ndarrays_to_parameters(get_weights(initial_model(cfg, data))),
+    model = initial_model(cfg, data)
+    strategy = STRATEGIES[cfg.method](
+        cfg, ndarrays_to_parameters(get_weights(model)), evaluator=TestSetEvaluator(cfg),
         max_samples=len(data.train_y))
-    server = ResumableServer(client_manager=manager, strategy=strategy)
+    server = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
+                       recorder=RunRecorder(cfg.out_dir, cfg.to_flat()), model=model,
+                       run_info={})
     server.set_max_workers(1)  # clients share the process's model cache: one at a time
     start = time.monotonic()
     server.fit(cfg.rounds, None)
     summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text())
     return {"method": cfg.method, "model": cfg.resolved_model(), "final_acc": summary["final_acc"],
-            "t_e": summary["t_e"], "seconds": round(time.monotonic() - start, 1)}
+            "t_e": summary.get("t_e"), "seconds": round(time.monotonic() - start, 1)}
 
 
 def throughput(name: str, channels: int, size: int, classes: int, batch: int,
@@ -99,8 +100,8 @@ def throughput(name: str, channels: int, size: int, classes: int, batch: int,
     y = torch.randint(0, classes, (n,), device=device)
     mean, std = (0.5,) * channels, (0.25,) * channels
     settings = SGDSettings(epochs=2, batch_size=batch, lr=0.01, momentum=0.5)
-    args = (model, x, y, cross_entropy, settings, BatchTransform(mean, std, device),
-            channels == 3, torch.Generator().manual_seed(0))
+    data = TrainingSet(x, y, BatchTransform(mean, std, device), augment=channels == 3)
+    args = (model, data, cross_entropy, settings, torch.Generator().manual_seed(0))
     train(*args)  # warm-up (cuDNN autotuning, allocator)
     torch.cuda.synchronize()
     start = time.monotonic()

@@ -1,0 +1,381 @@
+"""Run FedEFC across machines: a SuperLink and SuperNodes, each with a SuperExec.
+
+The process topology (docs/DEPLOYMENT.md; deploy/compose.yml runs the same)::
+
+    SuperLink machine     flower-superlink --isolation process  + flower-superexec (ServerApps)
+    every client machine  flower-supernode --isolation process  + flower-superexec (ClientApps)
+
+:func:`superlink_flags`, :func:`superexec_flags` and :func:`supernode_flags` are the one
+place where these flags are written: the ``fedefc deploy`` commands below,
+:class:`LocalDeployment` (tests and benchmark, everything on 127.0.0.1) and the compose
+test use them all.
+
+``fedefc deploy`` (or the deploy/*.sh wrappers):
+
+- ``superlink``: the SuperLink and its SuperExec in the foreground (Ctrl-C stops both);
+- ``supernode``: a SuperNode and its SuperExec in the foreground;
+- ``connection``: add a ``[superlink.NAME]`` entry to ``$FLWR_HOME/config.toml``;
+- ``submit``: ``flwr run`` the app on a connection, follow its log, and exit non-zero
+  unless ``flwr ls`` reports ``finished:completed``;
+- ``export``: write every partition of a run config as a private-data ``.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import torch
+
+from common.config import ConfigError
+from common.methods import load_run_config
+from fedefc_client.local_data import partition_data
+from fedefc_client.private_data import write_npz
+
+from .errors import LaunchError, UsageError
+from .flower import flower_bin, flwr_env, flwr_json, free_port, submit_run
+from .procs import Processes, ProcessGroup, wait_for_port
+from .run_configs import APP_DIR, merged_config, toml_value
+
+DEPLOY_DIR = APP_DIR / "deploy"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "fedefc" / "node-data"
+
+
+
+
+# -- the flags of each process ----------------------------------------------------------
+@dataclass(frozen=True)
+class TLSFiles:
+    """The SuperLink's TLS files, as deploy/gen-certs.sh names them."""
+
+    ca_cert: str
+    server_cert: str
+    server_key: str
+
+    @classmethod
+    def in_dir(cls, folder: str | Path) -> TLSFiles:
+        root = Path(folder).resolve()
+        files = cls(str(root / "ca.crt"), str(root / "server.pem"), str(root / "server.key"))
+        missing = [f for f in (files.ca_cert, files.server_cert, files.server_key)
+                   if not Path(f).is_file()]
+        if missing:
+            raise UsageError(f"TLS files missing: {', '.join(missing)}; create them with "
+                             f"deploy/gen-certs.sh {root} <host name> <IP>")
+        return files
+
+
+def superlink_flags(host: str, port: int, database: str, tls: TLSFiles | None = None,
+                    node_auth: bool = False, superexec_secret: str | None = None) -> list[str]:
+    """flower-superlink: one port for the Fleet, Control and Runtime APIs; ServerApps run
+    by a separate SuperExec (``--isolation process``); no runtime ``uv sync``."""
+    if node_auth and tls is None:
+        raise UsageError("SuperNode authentication needs TLS: give the certificates too")
+    flags = ["--isolation", "process", "--host", host, "--port", str(port),
+             "--database", database, "--disable-runtime-dependency-installation"]
+    if tls is None:
+        flags.append("--insecure")
+    else:
+        flags += ["--ssl-ca-certfile", tls.ca_cert, "--ssl-certfile", tls.server_cert,
+                  "--ssl-keyfile", tls.server_key]
+    if node_auth:
+        flags.append("--enable-supernode-auth")
+    if superexec_secret:
+        flags += ["--superexec-auth-secret-file", superexec_secret]
+    return flags
+
+
+def superexec_flags(runtime_address: str, ca_cert: str | None = None,
+                    superexec_secret: str | None = None) -> list[str]:
+    """flower-superexec: starts the ServerApp / ClientApp processes of one SuperLink or
+    SuperNode, whose Runtime API is at ``runtime_address`` (TLS when ``ca_cert``)."""
+    flags = ["--runtime-api-address", runtime_address]
+    flags += ["--root-certificates", ca_cert] if ca_cert else ["--insecure"]
+    if superexec_secret:
+        flags += ["--superexec-auth-secret-file", superexec_secret]
+    return flags
+
+
+def render_node_config(node_config: dict[str, Any]) -> str:
+    """``--node-config`` text: ``key=value`` pairs with TOML values (strings quoted)."""
+    return " ".join(f"{key}={toml_value(value)}" for key, value in node_config.items())
+
+
+def supernode_flags(superlink: str, node_config: dict[str, Any], host: str, port: int,
+                    ca_cert: str | None = None, auth_key: str | None = None,
+                    superexec_secret: str | None = None) -> list[str]:
+    """flower-supernode: connects to ``superlink``; its Runtime API (``host:port``) is for
+    its own SuperExec only; ClientApps run by that SuperExec (``--isolation process``)."""
+    if auth_key and not ca_cert:
+        raise UsageError("SuperNode authentication needs TLS: give the CA certificate too")
+    flags = ["--superlink", superlink, "--isolation", "process", "--host", host,
+             "--port", str(port), "--node-config", render_node_config(node_config)]
+    flags += ["--root-certificates", ca_cert] if ca_cert else ["--insecure"]
+    if auth_key:
+        flags += ["--auth-supernode-private-key", auth_key]
+    if superexec_secret:
+        flags += ["--superexec-auth-secret-file", superexec_secret]
+    return flags
+
+
+
+
+# -- the flwr CLI side ----------------------------------------------------------------------
+def write_connection(flwr_home: Path, name: str, address: str,
+                     ca_cert: str | None = None) -> Path:
+    """Add or replace ``[superlink.NAME]`` in ``flwr_home/config.toml`` (others kept)."""
+    if ca_cert and not Path(ca_cert).is_absolute():
+        raise UsageError(f"root certificate {ca_cert!r} must be an absolute path")
+    path = flwr_home / "config.toml"
+    config: dict[str, Any] = {}
+    if path.exists():
+        with open(path, "rb") as fh:
+            config = tomllib.load(fh)
+    links = config.setdefault("superlink", {})
+    links[name] = ({"address": address, "root-certificates": ca_cert} if ca_cert
+                   else {"address": address, "insecure": True})
+    links.setdefault("default", name)
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(tomli_w.dumps(config).encode())
+    return path
+
+
+# -- a whole federation on one machine ------------------------------------------------------
+@dataclass(frozen=True)
+class NodeSpec:
+    """One SuperNode of a :class:`LocalDeployment`."""
+
+    node_config: dict[str, Any]
+    auth_key: str | None = None  # private key; its public key is auth_key + ".pub"
+    superexec_secret: str | None = None  # shared by this SuperNode and its SuperExec
+
+
+class LocalDeployment(ProcessGroup):
+    """A federation on 127.0.0.1 with the deployment topology (module docstring).
+
+    Every SuperLink/SuperNode pair gets its own folder and FLWR_HOME under ``work_dir``,
+    as on its own machine; the ``flwr`` CLI gets another, holding the connection
+    ``fedefc``. With ``tls`` the SuperLink serves TLS; with node keys it also requires
+    SuperNode authentication, and the public keys are registered with
+    deploy/register-nodes.sh before the SuperNodes start; ``link_secret`` is the
+    SuperExec shared secret of the SuperLink pair. Every process is stopped by PID on
+    exit, also when starting fails.
+    """
+
+    CONNECTION = "fedefc"
+
+    def __init__(self, work_dir: Path, nodes: list[NodeSpec], tls: TLSFiles | None = None,
+                 link_secret: str | None = None):
+        super().__init__()
+        self.work_dir = Path(work_dir).resolve()
+        self.nodes = nodes
+        self.tls = tls
+        self.node_auth = any(n.auth_key for n in nodes)
+        self.link_secret = link_secret
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.cli_env = flwr_env(self.work_dir / "cli" / "flwr-home")
+        self.cli_dir = self.work_dir / "cli"
+
+    @property
+    def ca_cert(self) -> str | None:
+        return self.tls.ca_cert if self.tls else None
+
+    def _start(self) -> None:
+        folder, env = state_dir(self.work_dir / "superlink")
+        self.procs.start("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
+            "127.0.0.1", self.port, str(folder / "state.db"), self.tls, self.node_auth,
+            self.link_secret)], env, folder, folder / "superlink.log")
+        wait_for_port("127.0.0.1", self.port, self.procs)
+        self.procs.start("superlink's flower-superexec", [flower_bin("flower-superexec"),
+                         *superexec_flags(self.address, self.ca_cert, self.link_secret)],
+                         env, folder, folder / "superexec.log")
+        self.cli_dir.mkdir(parents=True, exist_ok=True)
+        write_connection(Path(self.cli_env["FLWR_HOME"]), self.CONNECTION, self.address,
+                         self.ca_cert)
+        if self.node_auth:
+            self.register([f"{n.auth_key}.pub" for n in self.nodes if n.auth_key])
+        for i, node in enumerate(self.nodes):
+            self.start_node(f"node-{i}", node)
+
+    def register(self, public_keys: list[str]) -> None:
+        """Register SuperNode public keys with deploy/register-nodes.sh."""
+        env = {**self.cli_env, "PATH": f"{Path(flower_bin('flwr')).parent}:{self.cli_env['PATH']}"}
+        out = subprocess.run(["bash", str(DEPLOY_DIR / "register-nodes.sh"), self.CONNECTION,
+                              *public_keys], env=env, cwd=self.cli_dir, capture_output=True,
+                             text=True)
+        if out.returncode != 0:
+            raise LaunchError(f"registering {public_keys} failed:\n{out.stdout}{out.stderr}")
+
+    def start_node(self, name: str, node: NodeSpec) -> subprocess.Popen:
+        """Start one SuperNode and its SuperExec (folder ``work_dir/name``)."""
+        folder, env = state_dir(self.work_dir / name)
+        port = free_port()
+        proc = self.procs.start(f"{name} flower-supernode", [flower_bin("flower-supernode"),
+                                *supernode_flags(self.address, node.node_config, "127.0.0.1",
+                                                 port, self.ca_cert, node.auth_key,
+                                                 node.superexec_secret)],
+                                env, folder, folder / "supernode.log")
+        self.procs.start(f"{name} flower-superexec", [flower_bin("flower-superexec"),
+                         *superexec_flags(f"127.0.0.1:{port}", None, node.superexec_secret)],
+                         env, folder, folder / "superexec.log")
+        return proc
+
+    def online_nodes(self) -> int:
+        """How many SuperNodes the SuperLink reports online."""
+        res = flwr_json(["supernode", "ls", self.CONNECTION], self.cli_env, self.cli_dir)
+        return sum(1 for n in res.get("nodes", []) if n.get("status") == "online")
+
+    def wait_online(self, count: int, timeout: float = 120.0) -> None:
+        """Wait until ``count`` SuperNodes are online (raise if a process dies first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.procs.check_alive()
+            if self.online_nodes() >= count:
+                return
+            time.sleep(1.0)
+        raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:.0f} s")
+
+    def run(self, run_config: dict[str, Any], timeout: float = 1800.0) -> tuple[str, str]:
+        """Submit the app with ``run_config``; return (run id, status) once it ends."""
+        self.wait_online(len(self.nodes))
+        return submit_run(self.CONNECTION, run_config, self.cli_env, self.cli_dir,
+                          log=self.cli_dir / "run.log", timeout=timeout)
+
+
+# -- the fedefc deploy commands ----------------------------------------------------------
+def state_dir(folder: str | Path) -> tuple[Path, dict[str, str]]:
+    """A SuperLink's or SuperNode's own folder (made absolute, created) and the
+    environment of its processes (FLWR_HOME inside it), as on its own machine."""
+    path = Path(folder).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path, flwr_env(path / "flwr-home")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _foreground(procs: Processes) -> int:
+    """Wait until a process exits or SIGINT/SIGTERM arrives; stop all; return the code."""
+    stop = {"signal": False}
+
+    def handler(signum, frame):  # noqa: ARG001
+        stop["signal"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    code = 0
+    try:
+        while not stop["signal"]:
+            for name, proc, _ in procs.running:
+                if proc.poll() is not None:
+                    print(f"fedefc deploy: {name} exited with code {proc.returncode}",
+                          file=sys.stderr)
+                    code = 1
+                    stop["signal"] = True
+            time.sleep(0.5)
+    finally:
+        procs.stop()
+    return code
+
+
+def cmd_superlink(args: argparse.Namespace) -> int:
+    tls = TLSFiles.in_dir(args.certs) if args.certs else None
+    if tls is None and not _is_loopback(args.host) and not args.allow_insecure:
+        raise UsageError(
+            f"refusing to serve the SuperLink without TLS on --host {args.host}: its port "
+            "also carries the Control and Runtime APIs. Give --certs (deploy/gen-certs.sh), "
+            "or --allow-insecure on a trusted private network only")
+    secret = str(Path(args.superexec_secret).resolve()) if args.superexec_secret else None
+    state, env = state_dir(args.state_dir)
+    procs = Processes()
+    procs.start("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
+        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
+        env, state)
+    local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
+    return _add_superexec_and_wait(procs, local, args.port, tls.ca_cert if tls else None,
+                                   secret, env, state)
+
+
+def cmd_supernode(args: argparse.Namespace) -> int:
+    node_config: dict[str, Any] = {"partition-id": args.partition_id,
+                                   "num-partitions": args.num_partitions,
+                                   "cache-dir": str(Path(args.cache_dir).resolve())}
+    if args.data_path:
+        node_config["data-path"] = str(Path(args.data_path).resolve())
+        if not Path(node_config["data-path"]).exists():
+            raise UsageError(f"--data-path {node_config['data-path']} does not exist")
+    ca = str(Path(args.ca_cert).resolve()) if args.ca_cert else None
+    key = str(Path(args.auth_key).resolve()) if args.auth_key else None
+    secret = str(Path(args.superexec_secret).resolve()) if args.superexec_secret else None
+    state, env = state_dir(args.state_dir)
+    procs = Processes()
+    procs.start("flower-supernode", [flower_bin("flower-supernode"), *supernode_flags(
+        args.superlink, node_config, "127.0.0.1", args.runtime_port, ca, key, secret)],
+        env, state)
+    return _add_superexec_and_wait(procs, "127.0.0.1", args.runtime_port, None, secret, env,
+                                   state)
+
+
+def _add_superexec_and_wait(procs: Processes, host: str, port: int, ca: str | None,
+                            secret: str | None, env: dict[str, str], state: Path) -> int:
+    """Once the SuperLink or SuperNode in ``procs`` listens on ``host:port``, start the
+    SuperExec that serves its apps there; then run both in the foreground."""
+    try:
+        wait_for_port(host, port, procs)
+        procs.start("flower-superexec", [flower_bin("flower-superexec"), *superexec_flags(
+            f"{host}:{port}", ca, secret)], env, state)
+    except BaseException:
+        procs.stop()
+        raise
+    return _foreground(procs)
+
+
+def cmd_connection(args: argparse.Namespace) -> int:
+    home = Path(args.flwr_home).resolve() if args.flwr_home else default_flwr_home()
+    ca = str(Path(args.ca_cert).resolve()) if args.ca_cert else None
+    path = write_connection(home, args.name, args.address, ca)
+    print(f"connection {args.name!r} -> {args.address} ({'TLS' if ca else 'insecure'}) "
+          f"written to {path}")
+    return 0
+
+
+def default_flwr_home() -> Path:
+    """Where the flwr CLI keeps its connections: $FLWR_HOME, else ~/.flwr."""
+    return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    merged = merged_config(args.preset, args.overrides)
+    if not merged.get("out-dir"):
+        raise ConfigError("out-dir is required: an absolute folder on the SuperLink machine, "
+                          "where the ServerApp writes; e.g. --set out-dir=\"/srv/fedefc/run1\"")
+    cfg = load_run_config(merged)
+    run_id, status = submit_run(args.connection, cfg.to_flat(), flwr_env(default_flwr_home()),
+                                Path.cwd())
+    print(f"run {run_id}: {status}; results in {cfg.out_dir} on the SuperLink machine")
+    return 0 if status == "finished:completed" else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    cfg = load_run_config(merged_config(args.preset, args.overrides))
+    out = Path(args.out_dir).resolve()
+    for pid in range(cfg.num_clients):
+        local = partition_data(cfg, pid, torch.device("cpu"))
+        path = out / f"node-{pid}" / "data.npz"
+        write_npz(path, local.x.numpy(), local.labels)
+        print(f"partition {pid}: {len(local)} samples -> {path}")
+    return 0

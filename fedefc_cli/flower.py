@@ -1,0 +1,155 @@
+"""Driving Flower's own executables: ``flower-superlink``, ``flwr run``, ``flwr ls``, ``flwr log``.
+
+Facts of Flower 1.42 this module is built around (docs/ARCHITECTURE.md, "Flower's
+processes"): ``flwr run`` keeps its connections in ``$FLWR_HOME/config.toml``, so every
+run here gets a private ``FLWR_HOME``; the SuperLink would ``uv sync`` the app's
+dependencies for every run unless told not to (it fails offline); ``flwr run --stream``
+exits 0 even when the run failed, so the outcome is read from ``flwr ls``; and Flower's
+processes start each other by name, so this environment's scripts go first on PATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import LaunchError
+from .procs import ProcessGroup, wait_for_port
+from .run_configs import APP_DIR, write_run_config
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flwr_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for offline, private Flower processes."""
+    env = dict(os.environ)
+    # Flower's processes start each other by name (the SuperLink runs flower-superexec,
+    # which runs flwr-simulation): put this environment's scripts first on PATH, so a
+    # venv works without being activated.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(FLWR_HOME=str(flwr_home), FLWR_DISABLE_UPDATE_CHECK="1",
+               FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+    return env
+
+
+def flower_bin(name: str) -> str:
+    """A Flower executable next to this interpreter (works without an activated venv)."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+def flwr_json(args: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """``flwr ARGS --format json``, parsed; LaunchError with its output otherwise."""
+    out = subprocess.run([flower_bin("flwr"), *args, "--format", "json"], env=env, cwd=cwd,
+                         capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise LaunchError(f"flwr {' '.join(args)} gave no JSON (exit {out.returncode}):\n"
+                          f"{out.stdout[-2000:]}{out.stderr[-2000:]}") from None
+
+
+def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> str:
+    """The run's status as ``flwr ls`` reports it, e.g. ``finished:completed``."""
+    res = flwr_json(["ls", connection, "--run-id", run_id], env, cwd)
+    runs = res.get("runs") or []
+    if not runs:
+        raise LaunchError(f"flwr ls knows no run {run_id}: {res}")
+    return str(runs[0]["status"])
+
+
+def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str], cwd: Path,
+               app_dir: Path = APP_DIR, log: Path | None = None,
+               timeout: float = 3600.0) -> tuple[str, str]:
+    """``flwr run`` the app, follow its log until it ends (to ``log``, else stdout);
+    return (run id, status)."""
+    with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
+        cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
+        res = flwr_json(["run", str(app_dir), connection, "--run-config", str(cfg_file)],
+                        env, cwd)
+    if not res.get("success") or not res.get("run-id"):
+        raise LaunchError(f"flwr run was refused: {res}")
+    run_id = str(res["run-id"])
+    with open(log, "ab") if log else contextlib.nullcontext() as out:
+        try:
+            subprocess.run([flower_bin("flwr"), "log", run_id, connection, "--stream"], env=env,
+                           cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                           timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"run {run_id} did not end within {timeout:.0f} s") from None
+    deadline = time.monotonic() + 60
+    status = run_status(connection, run_id, env, cwd)
+    while not status.startswith("finished") and time.monotonic() < deadline:
+        time.sleep(1)
+        status = run_status(connection, run_id, env, cwd)
+    return run_id, status
+
+
+class LocalSimulation(ProcessGroup):
+    """A private simulation SuperLink on loopback ports and its FLWR_HOME; stopped, with
+    everything it started, on exit."""
+
+    CONNECTION = "fedefc-sim"
+
+    def __init__(self, work_dir: Path):
+        super().__init__()
+        self.work_dir = work_dir
+        self.flwr_home = work_dir / "flwr-home"
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.control_port = free_port()
+        self.env = flwr_env(self.flwr_home)
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "superlink.log"
+
+    def _start(self) -> None:
+        self.procs.start("flower-superlink", [
+            flower_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+            "--port", str(self.port), "--control-api-address", f"127.0.0.1:{self.control_port}",
+            "--disable-runtime-dependency-installation", "--database",
+            str(self.work_dir / "state.db")], self.env, self.work_dir, self.log_path)
+        wait_for_port("127.0.0.1", self.port, self.procs)
+
+    def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,
+            client_gpus: float, app_dir: Path = APP_DIR,
+            log_path: Path | None = None) -> tuple[int, str]:
+        """Submit the app, stream its log (to ``log_path``, else stdout), and return
+        (run id, status) once it ends."""
+        cfg_file = write_run_config(self.work_dir / "run-config.toml", run_config)
+        fed = (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)} "
+               f"client-resources-num-gpus={client_gpus}")
+        cmd = [flower_bin("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
+               "--run-config", str(cfg_file), "--federation-config", fed]
+        with open(log_path, "ab") if log_path else contextlib.nullcontext() as out:
+            code = subprocess.call(cmd, env=self.env, cwd=self.work_dir, stdout=out,
+                                   stderr=subprocess.STDOUT if out else None)
+        if code != 0:
+            raise LaunchError(f"flwr run exited with code {code}")
+        return self.latest_status()
+
+    def latest_status(self) -> tuple[int, str]:
+        runs = flwr_json(["ls", self.CONNECTION], self.env, self.work_dir).get("runs")
+        if not runs:
+            raise LaunchError(f"flwr ls lists no run; see {self.log_path}")
+        last = max(runs, key=lambda r: r.get("created-at", ""))
+        return int(last["run-id"]), str(last["status"])

@@ -1,0 +1,207 @@
+"""The experiment runner: a grid of methods x settings x seeds, each cell one Flower run.
+
+A grid file (TOML, see ``configs/grids/``)::
+
+    name = "mnist-lite-table1"          # results go to <results-dir>/<name>/
+    title = "..."                       # the table's caption
+    preset = "mnist-lite"               # configs/<preset>.toml
+    seeds = [0]
+    [rows]                              # table rows: label -> run-config overrides
+    "FedEFC" = { method = "fedefc" }
+    [columns]                           # table columns: label -> run-config overrides
+    "(10, 0.5)" = { alpha-dir = 10.0, p = 0.5 }
+    [[extra]]                           # optional: more seeds for some rows
+    rows = ["FedEFC"]
+    seeds = [1, 2]
+
+A cell's run config is pyproject defaults < grid preset < column (its own ``preset``
+first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells run in
+order through :func:`.simulation.run_simulation_job` (real ``flwr run``);
+a cell whose folder holds ``summary.json`` is finished and skipped, so an interrupted
+grid resumes where it stopped. The cell that was interrupted continues from its last
+checkpoint when that is exact (:data:`EXACT_RESUME`: the methods whose clients keep no
+state across rounds, docs/RELIABILITY.md) and its checkpoint matches the cell's config;
+otherwise its partial folder is removed and it reruns from round 1. A finished cell
+whose stored config differs from the one the grid asks for now is an error (results are
+never mixed silently).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.config import METHODS, ConfigError
+from common.methods import changed_keys, load_run_config
+from common.results import check_output_dir
+from fedefc_server import checkpoint
+
+from .errors import LaunchError
+from .run_configs import CONFIGS_DIR, parse_overrides, read_app_defaults, read_preset
+from .simulation import run_simulation_job
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    row: str
+    column: str
+    seed: int
+    config: dict[str, Any]
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config["out-dir"])
+
+    @property
+    def done(self) -> bool:
+        return (self.out_dir / "summary.json").exists()
+
+
+@dataclass
+class Grid:
+    """A parsed grid file."""
+
+    name: str
+    title: str
+    preset: str | None
+    seeds: list[int]
+    rows: dict[str, dict[str, Any]]
+    columns: dict[str, dict[str, Any]]
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Grid:
+        path = Path(path)
+        if not path.suffix:
+            path = CONFIGS_DIR / "grids" / f"{path}.toml"
+        try:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"grid file {path} not found") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"grid file {path} is not valid TOML: {err}") from None
+        unknown = set(raw) - {"name", "title", "preset", "seeds", "rows", "columns", "extra"}
+        if unknown:
+            raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)}")
+        for key in ("name", "rows", "columns"):
+            if key not in raw:
+                raise ConfigError(f"grid file {path}: missing {key!r}")
+        grid = cls(name=raw["name"], title=raw.get("title", raw["name"]),
+                   preset=raw.get("preset"), seeds=list(raw.get("seeds", [0])),
+                   rows=dict(raw["rows"]), columns=dict(raw["columns"]),
+                   extra=list(raw.get("extra", [])), path=path)
+        for block in grid.extra:
+            missing = set(block.get("rows", [])) - set(grid.rows)
+            if missing:
+                raise ConfigError(f"grid file {path}: [[extra]] names unknown rows {missing}")
+        return grid
+
+    def cells(self, results_dir: Path, overrides: list[str]) -> list[Cell]:
+        """Every cell with its validated run config, in run order (seed-major)."""
+        base = {**read_app_defaults(), **read_preset(self.preset)}
+        cli = parse_overrides(overrides)
+        plan: list[tuple[str, str, int]] = []
+        for seed in self.seeds:
+            plan += [(r, c, seed) for c in self.columns for r in self.rows]
+        for block in self.extra:
+            for seed in block["seeds"]:
+                plan += [(r, c, seed) for c in self.columns for r in block["rows"]
+                         if (r, c, seed) not in plan]
+        cells = []
+        for row, col, seed in plan:
+            column = dict(self.columns[col])
+            merged = {**base, **read_preset(column.pop("preset", None)), **column,
+                      **self.rows[row], **cli, "seed": seed}
+            merged["out-dir"] = str(results_dir / self.name / slug(row) / slug(col)
+                                    / f"seed{seed}")
+            try:
+                cfg = load_run_config(merged)
+            except ConfigError as err:
+                raise ConfigError(f"cell ({row}, {col}, seed {seed}): {err}") from None
+            cells.append(Cell(row, col, seed, cfg.to_flat()))
+        return cells
+
+
+def slug(label: str) -> str:
+    """A folder name for a row or column label."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", label).strip("-").lower() or "x"
+
+
+def check_finished(cell: Cell) -> None:
+    """A finished cell must have been run with exactly this config."""
+    stored = json.loads((cell.out_dir / "config.json").read_text())
+    # a cell finished by resuming records resume-from = its own folder
+    diff = changed_keys(stored, cell.config, frozenset({"resume-from"}))
+    if diff:
+        raise ConfigError(
+            f"cell {cell.out_dir} was run with another config ({diff}, stored -> wanted); "
+            "use another --results-dir or remove that cell"
+        )
+
+
+# Methods whose interrupted run resumes to exactly the uninterrupted result: fedditto and
+# fedcorr keep client state that a new Flower run starts empty (docs/RELIABILITY.md).
+EXACT_RESUME = frozenset(METHODS) - {"fedditto", "fedcorr"}
+
+
+def resumable(cell: Cell) -> bool:
+    """Whether the interrupted attempt in ``cell.out_dir`` can be continued exactly."""
+    if cell.config["method"] not in EXACT_RESUME:
+        return False
+    try:
+        ckpt = checkpoint.load(cell.out_dir)
+        stored = json.loads((cell.out_dir / "config.json").read_text())
+    except (checkpoint.CheckpointError, OSError, json.JSONDecodeError):
+        return False
+    ignore = frozenset({"out-dir", "resume-from"})
+    return (not changed_keys(stored, cell.config, ignore)
+            and not changed_keys(ckpt.config, cell.config, ignore)
+            and ckpt.round < int(cell.config["rounds"]))
+
+
+def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int | None = None,
+             client_cpus: int = 1, client_gpus: float = 0.0, log=print) -> int:
+    """Run the unfinished cells; return how many failed."""
+    cells = grid.cells(results_dir, overrides)
+    for cell in cells:
+        if cell.done:
+            check_finished(cell)
+    todo = [c for c in cells if not c.done][:max_cells]
+    total, done0 = len(cells), sum(c.done for c in cells)
+    log(f"grid {grid.name}: {total} cells, {done0} finished, {len(todo)} to run now")
+    failures, durations = 0, []
+    for i, cell in enumerate(todo):
+        resume = cell.out_dir.exists() and resumable(cell)
+        if resume:  # interrupted: continue it
+            config = {**cell.config, "resume-from": str(cell.out_dir)}
+        else:
+            config = cell.config
+            if cell.out_dir.exists():  # an interrupted attempt that cannot continue exactly
+                shutil.rmtree(cell.out_dir)
+            check_output_dir(cell.out_dir)
+        eta = (sum(durations) / len(durations) * (len(todo) - i)) if durations else None
+        log(f"[{done0 + i + 1}/{total}] {cell.row} | {cell.column} | seed {cell.seed}"
+            + (" | resumed from its checkpoint" if resume else "")
+            + (f" | ETA {eta / 60:.0f} min" if eta is not None else ""))
+        start = time.monotonic()
+        cell.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            summary = run_simulation_job(config, client_cpus, client_gpus,
+                                         log_path=cell.out_dir / "run.log")
+            log(f"    final acc {summary.get('final_acc')}, T_e {summary.get('t_e')}, "
+                f"{time.monotonic() - start:.0f} s")
+        except (LaunchError, OSError) as err:
+            failures += 1
+            log(f"    FAILED: {err}")
+        durations.append(time.monotonic() - start)
+    return failures

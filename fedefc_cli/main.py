@@ -1,0 +1,202 @@
+"""``fedefc``: every command a user types, in one argparse tree.
+
+    fedefc run [PRESET] [--set KEY=VALUE ...]       one simulation job (flwr run)
+    fedefc resume OUT_DIR [--set rounds=N]          continue an interrupted job
+    fedefc presets                                  list configs/*.toml
+    fedefc grid run|report|list GRID [--set ...]    the experiment runner
+    fedefc deploy superlink|supernode|connection|submit|export ...
+                                                    a deployment across machines
+
+Bad input exits 2 before anything starts; a failed run exits 1 (:mod:`.errors`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from . import deployment
+from .errors import EXIT_CODES
+from .grid import Grid, run_grid
+from .report import write_report
+from .run_configs import preset_names, resolve_run_config, resume_config
+from .simulation import preflight, run_simulation_job
+
+
+def _unwind_on_signals() -> None:
+    """SIGTERM/SIGHUP unwind the stack, so every Flower process we started is stopped."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
+
+
+def _exit_on_signal(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``fedefc run`` and ``fedefc resume``: one job, its summary printed at the end."""
+    _unwind_on_signals()
+    if args.command == "resume":
+        run_config = resume_config(args.folder, args.overrides)
+    else:
+        run_config = resolve_run_config(args.preset, args.overrides, args.out_dir)
+    preflight(run_config)
+    gpus = args.client_gpus
+    if gpus is None:
+        gpus = 0.25 if torch.cuda.is_available() and run_config["device"] != "cpu" else 0.0
+    print(f"fedefc: results -> {run_config['out-dir']}", flush=True)
+    summary = run_simulation_job(run_config, args.client_cpus, gpus)
+    print(json.dumps(summary, indent=2))
+    print(f"fedefc: results in {summary['out_dir']}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    for name in preset_names():
+        print(name)
+    return 0
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    """``fedefc grid run|report|list``; run and report write the table and plots."""
+    _unwind_on_signals()
+    results_dir = Path(args.results_dir).expanduser().resolve()
+    grid = Grid.load(args.grid)
+    if args.action == "list":
+        for cell in grid.cells(results_dir, args.overrides):
+            print(f"{'done' if cell.done else 'todo'}  {cell.out_dir}")
+        return 0
+    failures = 0
+    if args.action == "run":
+        failures = run_grid(grid, results_dir, args.overrides, args.max_cells,
+                            args.client_cpus, args.client_gpus)
+    for path in write_report(grid, results_dir, args.overrides):
+        print(f"wrote {path}")
+    return 1 if failures else 0
+
+
+def _overrides(parser: argparse.ArgumentParser, example: str = "rho=0.4") -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help=f"override a run-config key (repeatable), e.g. --set {example}")
+
+
+def _resources(parser: argparse.ArgumentParser, gpu_default: float | None) -> None:
+    parser.add_argument("--client-cpus", type=int, default=1, help="CPUs per simulated client")
+    parser.add_argument("--client-gpus", type=float, default=gpu_default,
+                        help="GPUs per simulated client" + (
+                            " (default 0.25 when CUDA is visible, else 0)"
+                            if gpu_default is None else ""))
+
+
+def _preset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("preset", nargs="?", default=None,
+                        help="configs/<preset>.toml name or a .toml path "
+                             "(default: the pyproject.toml defaults)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedefc", description="FedEFC on Flower.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run one simulation job (flwr run)")
+    _preset(run)
+    _overrides(run)
+    run.add_argument("--out-dir", default=None,
+                     help="results folder (made absolute; must be unused)")
+    _resources(run, None)
+    run.set_defaults(func=cmd_run)
+
+    res = sub.add_parser("resume", help="continue an interrupted run from its checkpoint")
+    res.add_argument("folder", help="the out-dir of the run to continue")
+    _overrides(res, "rounds=200")
+    _resources(res, None)
+    res.set_defaults(func=cmd_run)
+
+    sub.add_parser("presets", help="list the presets in configs/").set_defaults(
+        func=cmd_presets)
+
+    grid = sub.add_parser("grid", help="run, tabulate or list a grid of runs")
+    grid.add_argument("action", choices=["run", "report", "list"])
+    grid.add_argument("grid", help="configs/grids/<name>.toml name or a grid file path")
+    _overrides(grid, "data-dir=/data")
+    grid.add_argument("--results-dir", default="results",
+                      help="root folder of grid results (default ./results)")
+    grid.add_argument("--max-cells", type=int, default=None, help="run at most this many cells")
+    _resources(grid, 0.0)
+    grid.set_defaults(func=cmd_grid)
+
+    dep = sub.add_parser("deploy", help="run FedEFC across machines (docs/DEPLOYMENT.md)")
+    dsub = dep.add_subparsers(dest="deploy_command", required=True, metavar="DEPLOY_COMMAND")
+    link = dsub.add_parser("superlink", help="the SuperLink and its SuperExec (foreground)")
+    link.add_argument("--host", default="0.0.0.0", help="interface to serve on")
+    link.add_argument("--port", type=int, default=8000,
+                      help="the one port of the Fleet, Control and Runtime APIs")
+    link.add_argument("--state-dir", default="./superlink-state",
+                      help="database (node registrations), FLWR_HOME")
+    link.add_argument("--certs", help="folder written by deploy/gen-certs.sh (enables TLS)")
+    link.add_argument("--node-auth", action="store_true",
+                      help="accept registered SuperNodes only (needs --certs)")
+    link.add_argument("--superexec-secret", help="shared-secret file: only a SuperExec "
+                      "holding it may run ServerApps")
+    link.add_argument("--allow-insecure", action="store_true",
+                      help="serve without TLS on a non-loopback host (trusted network only)")
+    link.set_defaults(func=deployment.cmd_superlink)
+
+    node = dsub.add_parser("supernode", help="a SuperNode and its SuperExec (foreground)")
+    node.add_argument("--superlink", required=True, help="SuperLink address host:port")
+    node.add_argument("--partition-id", type=int, required=True,
+                      help="this node's identity (and its partition without --data-path)")
+    node.add_argument("--num-partitions", type=int, required=True,
+                      help="the run's num-clients")
+    node.add_argument("--data-path", help="private data: an .npz or an ImageFolder directory")
+    node.add_argument("--cache-dir", default=str(deployment.DEFAULT_CACHE_DIR),
+                      help="prepared-data cache (default %(default)s)")
+    node.add_argument("--ca-cert", help="the SuperLink's CA certificate (enables TLS)")
+    node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh)")
+    node.add_argument("--superexec-secret", help="shared-secret file for this node's SuperExec")
+    node.add_argument("--runtime-port", type=int, default=9094,
+                      help="local Runtime API port, served on 127.0.0.1 only")
+    node.add_argument("--state-dir", default="./supernode-state", help="FLWR_HOME and logs")
+    node.set_defaults(func=deployment.cmd_supernode)
+
+    conn = dsub.add_parser("connection", help="add a SuperLink connection for the flwr CLI")
+    conn.add_argument("name")
+    conn.add_argument("address", help="host:port of the SuperLink")
+    conn.add_argument("--ca-cert", help="CA certificate (TLS); without it: insecure")
+    conn.add_argument("--flwr-home", help="default: $FLWR_HOME or ~/.flwr")
+    conn.set_defaults(func=deployment.cmd_connection)
+
+    submit = dsub.add_parser("submit", help="run the app on a connection")
+    submit.add_argument("connection")
+    _preset(submit)
+    _overrides(submit, 'out-dir="/srv/fedefc/run1"')
+    submit.set_defaults(func=deployment.cmd_submit)
+
+    export = dsub.add_parser("export", help="write each partition as private data")
+    export.add_argument("out_dir", help="gets node-K/data.npz for every partition K")
+    _preset(export)
+    _overrides(export)
+    export.set_defaults(func=deployment.cmd_export)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except Exception as err:
+        for kinds, code in EXIT_CODES:
+            if isinstance(err, kinds):
+                print(f"fedefc: error: {err}", file=sys.stderr)
+                return code
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Tables and figures from a grid's finished cells (paper Tables 1-3 and Fig. 1).
+
+Written into ``<results-dir>/<grid name>/``:
+
+- ``table.md`` / ``table.csv``: final-round test accuracy (%) per row and column,
+  mean +- std over the finished seeds, the best two per column in bold (rows without
+  noise excluded, as in the paper), and the paper's number beside ours where the
+  paper has that cell (``configs/reference/paper-results.toml``).
+- ``plots/acc-<column>.png``: test accuracy vs round, one line per row (first seed).
+- ``plots/fig1-<column>.png``: FedEFC's averaged client accuracy A(t) with A_max and
+  T_e marked beside the test accuracy (Fig. 1 left), and the clients' mean cosine
+  similarity between estimated Q and their true noise matrices (Fig. 1 right).
+- ``plots/q-heatmap-<column>.png``: the largest client's Q, recomputed offline from the final
+  global model on that client's data, next to its true noise matrix (needs the dataset).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.datasets import DatasetError
+from common.federation import federated_data
+from common.methods import load_run_config
+from common.runtime import initial_model
+from common.training import BatchTransform, predict_proba
+from common.transition import estimate_transition
+
+from .grid import Cell, Grid, slug
+from .run_configs import CONFIGS_DIR
+
+PAPER_FILE = CONFIGS_DIR / "reference" / "paper-results.toml"
+DATASET_FAMILY = {"mnist": "mnist", "cifar10": "cifar10", "cifar100": "cifar100"}
+
+
+# The paper's choices for the keys that ablations vary: a run with another value is not
+# the method the paper measured, so it gets no paper number beside it.
+PAPER_CHOICES = {"count-rule": "cleanlab", "accuracy-signal": "global", "prestopping": True,
+                 "rofl-detach-centroid-feature": False}
+
+
+def paper_weighting(family: str, p: float) -> str:
+    """The paper uses the label-prior weighting on MNIST and CIFAR-10 when p = 0.2
+    (docs/FEDEFC.md §4.4)."""
+    return "label-prior" if family in ("mnist", "cifar10") and p == 0.2 else "none"
+
+
+def paper_key(config: dict[str, Any]) -> tuple | None:
+    """The paper-table cell a run corresponds to, or None (e.g. the embedded dataset, or
+    an ablation that changes one of the paper's choices)."""
+    family = DATASET_FAMILY.get(config["dataset"])
+    if family is None or config.get("noise-groups") or config.get("iid"):
+        return None
+    if any(config.get(k, v) != v for k, v in PAPER_CHOICES.items()):
+        return None
+    if config["method"] == "fedefc" and \
+            config.get("weighting", "none") != paper_weighting(family, config["p"]):
+        return None
+    method = config["method"]
+    if config["rho"] == 0.0:
+        if method != "fedavg":
+            return None
+        return (family, config["alpha-dir"], config["p"], 0.0, 0.0, "fedavg-nonoise")
+    return (family, config["alpha-dir"], config["p"], config["rho"], config["zeta"], method)
+
+
+def load_paper_numbers(path: Path = PAPER_FILE) -> dict[tuple, tuple[float, float]]:
+    with open(path, "rb") as fh:
+        entries = tomllib.load(fh)["entry"]
+    return {(e["dataset"], e["alpha-dir"], e["p"], e["rho"], e["zeta"], e["method"]):
+            (e["mean"], e["std"]) for e in entries}
+
+
+def read_records(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def cell_stats(cells: list[Cell]) -> dict[str, Any]:
+    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds."""
+    finals, last10, t_es, seeds = [], [], [], []
+    for cell in cells:
+        if cell.done:
+            summary = json.loads((cell.out_dir / "summary.json").read_text())
+            finals.append(100 * summary["final_acc"])
+            last10.append(100 * summary["mean_last10_acc"])
+            t_es.append(summary.get("t_e"))
+            seeds.append(cell.seed)
+    if not finals:
+        return {"n": 0}
+    return {"n": len(finals), "mean": float(np.mean(finals)), "std": float(np.std(finals)),
+            "last10": float(np.mean(last10)), "t_e": t_es, "seeds": seeds}
+
+
+def _fmt(stats: dict[str, Any]) -> str:
+    if not stats.get("n"):
+        return "–"
+    text = f"{stats['mean']:.2f}"
+    return text + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
+
+
+def write_report(grid: Grid, results_dir: Path, overrides: list[str]) -> list[Path]:
+    """Write the table (md, csv) and plots of every finished cell; return the paths."""
+    cells = grid.cells(results_dir, overrides)
+    out = results_dir / grid.name
+    out.mkdir(parents=True, exist_ok=True)
+    paper = load_paper_numbers()
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in grid.rows:
+        for col in grid.columns:
+            group = [c for c in cells if c.row == row and c.column == col]
+            stats = cell_stats(group)
+            key = paper_key(group[0].config)
+            stats["paper"] = paper.get(key) if key else None
+            stats["noiseless"] = group[0].config["rho"] == 0.0
+            table[(row, col)] = stats
+    written = [_write_markdown(grid, table, out), _write_csv(grid, table, out)]
+    written += write_plots(grid, cells, out)
+    return written
+
+
+def _best_two(grid: Grid, table, col: str) -> set[str]:
+    ranked = sorted((s["mean"], r) for r in grid.rows
+                    if (s := table[(r, col)]).get("n") and not s["noiseless"])
+    return {r for _, r in ranked[-2:]}
+
+
+def _write_markdown(grid: Grid, table, out: Path) -> Path:
+    has_paper = any(s.get("paper") for s in table.values())
+    head = ["method"]
+    for col in grid.columns:
+        head += [f"{col} ours"] + ([f"{col} paper"] if has_paper else [])
+    lines = [f"### {grid.title}", "",
+             "Final-round test accuracy (%), mean ± std over seeds; best two per column in "
+             "bold (noiseless rows excluded)." + (" Paper: the published mean ± std of 3 "
+                                                  "trials." if has_paper else ""), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in grid.rows:
+        cols = [row]
+        for col in grid.columns:
+            stats = table[(row, col)]
+            text = _fmt(stats)
+            if stats.get("n") and row in _best_two(grid, table, col):
+                text = f"**{text}**"
+            cols.append(text)
+            if has_paper:
+                cols.append(f"{stats['paper'][0]:.2f} ± {stats['paper'][1]:.2f}"
+                            if stats.get("paper") else "–")
+        lines.append("| " + " | ".join(cols) + " |")
+    seeds = sorted({s for st in table.values() for s in st.get("seeds", [])})
+    lines += ["", f"Seeds finished: {seeds}. T_e per cell is in table.csv."]
+    path = out / "table.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _write_csv(grid: Grid, table, out: Path) -> Path:
+    path = out / "table.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["row", "column", "n_seeds", "final_mean", "final_std", "last10_mean",
+                         "t_e", "seeds", "paper_mean", "paper_std"])
+        for (row, col), s in table.items():
+            paper = s.get("paper") or (None, None)
+            writer.writerow([row, col, s.get("n", 0), _round(s.get("mean")),
+                             _round(s.get("std")), _round(s.get("last10")),
+                             " ".join(str(t) for t in s.get("t_e", [])),
+                             " ".join(str(x) for x in s.get("seeds", [])), *paper])
+    return path
+
+
+def _round(value):
+    return None if value is None else round(value, 3)
+
+
+def write_plots(grid: Grid, cells: list[Cell], out: Path) -> list[Path]:
+    # lazily: pyplot adds 0.3 s to every `fedefc` command; only grid reports draw
+    import matplotlib  # 0.3 s with pyplot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # 0.3 s, lazily (above)
+
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    written = []
+    first_seed = {(c.row, c.column): c for c in reversed(cells) if c.done}
+    for col in grid.columns:
+        done = [first_seed[(r, col)] for r in grid.rows if (r, col) in first_seed]
+        if not done:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for cell in done:
+            recs = [r for r in read_records(cell.out_dir) if r["round"] > 0]
+            ax.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs],
+                    label=cell.row, lw=1.2)
+        title = textwrap.fill(grid.title, 70)  # a grid title is longer than the plot
+        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{title}\n{col}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        path = plots / f"acc-{slug(col)}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+        efc = next((c for c in done if c.config["method"] == "fedefc"), None)
+        if efc is not None:
+            written.append(_fig1(plt, efc, plots / f"fig1-{slug(col)}.png", col))
+            heat = _q_heatmap(plt, efc, plots / f"q-heatmap-{slug(col)}.png", col)
+            if heat is not None:
+                written.append(heat)
+    return written
+
+
+def _fig1(plt, cell: Cell, path: Path, col: str) -> Path:
+    recs = [r for r in read_records(cell.out_dir) if r["round"] > 0]
+    summary = json.loads((cell.out_dir / "summary.json").read_text())
+    t_e = summary.get("t_e")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    a = [(r["round"], 100 * r["A"]) for r in recs if r.get("A") is not None]
+    left.plot(*zip(*a), "o-", ms=3, label="A(t): mean client accuracy of the global model")
+    left.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs],
+              label="test accuracy")
+    if summary.get("A_max"):
+        left.axhline(100 * summary["A_max"], ls=":", c="gray", label="A_max")
+    if t_e is not None:
+        left.axvline(t_e, ls="--", c="red", label=f"prestopping point T_e = {t_e}")
+    left.set(xlabel="round", ylabel="accuracy (%)", title=f"FedEFC, {col}: phase 1 -> phase 2")
+    left.legend(fontsize=7)
+    left.grid(alpha=0.3)
+    q = [(r["round"], r["q_cos"]) for r in recs if r.get("q_cos") is not None]
+    if q:
+        right.plot(*zip(*q), "o-", ms=3)
+    right.set(xlabel="round", ylabel="cosine similarity",
+              title="estimated Q vs true noise matrix (mean over clients)")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _q_heatmap(plt, cell: Cell, path: Path, col: str) -> Path | None:
+    """The largest client's Q from the final global model (recomputed here), beside
+    its true noise matrix."""
+    model_path = cell.out_dir / "model.pt"
+    if not model_path.exists():
+        return None
+    cfg = load_run_config(cell.config)
+    try:
+        fed = federated_data(cfg)
+    except (DatasetError, OSError):
+        return None
+    client = int(np.argmax([len(ix) for ix in fed.client_indices]))
+    idx = fed.client_indices[client]
+    model = initial_model(cfg, fed.data)
+    model.load_state_dict(torch.load(model_path, map_location="cpu"))
+    probs = predict_proba(model, fed.data.train_x[torch.as_tensor(idx)],
+                          BatchTransform(fed.data.mean, fed.data.std, torch.device("cpu")))
+    q = estimate_transition(probs, fed.noisy_labels[idx], cfg.count_rule, cfg.weighting)
+    truth = fed.client_true_transition(client)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    for ax, mat, title in ((axes[0], q, "estimated Q (final global model)"),
+                           (axes[1], truth, "true noise matrix")):
+        im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
+        ax.set(xlabel="true label j", ylabel="observed label i", title=title)
+    fig.colorbar(im, ax=axes, shrink=0.8)
+    fig.suptitle(f"FedEFC, {col}: client {client} ({len(idx)} samples)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

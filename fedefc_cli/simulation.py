@@ -1,0 +1,67 @@
+"""One job on Flower's simulation engine, end to end (``fedefc run``, ``fedefc resume``, grids).
+
+In order:
+
+1. :func:`preflight`: load the data, build the partitions and the noise, check a
+   checkpoint to resume, so that bad data or an unusable checkpoint fails before any
+   Flower process starts;
+2. a private ``flower-superlink --simulation`` on free loopback ports
+   (:class:`.flower.LocalSimulation`);
+3. ``flwr run <app> --stream`` with the run config and ``num-supernodes = num-clients``;
+   the ServerApp's log streams to the terminal (or a log file);
+4. ``flwr ls`` must report ``finished:completed``; the SuperLink is stopped by PID and
+   the run's summary returned.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from common.baselines.fedcorr import FedCorrSettings
+from common.datasets import load_dataset
+from common.federation import federated_data
+from common.methods import load_run_config
+from common.params import get_weights
+from common.runtime import initial_model
+from fedefc_server import checkpoint
+from fedefc_server.baselines.fedcorr import check_resume_plan
+
+from .errors import LaunchError
+from .flower import LocalSimulation
+
+
+def preflight(run_config: dict[str, Any]) -> None:
+    """Fail now, naming the problem, on anything that would fail the run before round 1."""
+    cfg = load_run_config(run_config)
+    federated_data(cfg)
+    if cfg.resume_from:
+        ckpt = checkpoint.load(cfg.resume_from)
+        model = initial_model(cfg, load_dataset(cfg.dataset, cfg.data_dir, cfg.download))
+        checkpoint.check_compatible(ckpt, cfg.to_flat(), cfg.resume_from,
+                                    [w.shape for w in get_weights(model)])
+        if cfg.method == "fedcorr":
+            check_resume_plan(ckpt.strategy, cfg.settings(FedCorrSettings).plan(cfg))
+
+
+def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
+                       client_gpus: float = 0.0, log_path: Path | None = None) -> dict[str, Any]:
+    """Run one job through ``flwr run`` and return its summary (LaunchError on failure).
+
+    The run's log streams to stdout, or is appended to ``log_path`` when given."""
+    preflight(run_config)
+    out_dir = Path(run_config["out-dir"])
+    with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
+        with LocalSimulation(Path(tmp)) as sim:
+            run_id, status = sim.run(run_config, int(run_config["num-clients"]), client_cpus,
+                                     client_gpus, log_path=log_path)
+        if status != "finished:completed":
+            log_tail = sim.log_path.read_text(errors="replace")[-4000:]
+            raise LaunchError(f"run {run_id} ended {status!r}, not finished:completed.\n"
+                              f"SuperLink log tail:\n{log_tail}")
+    summary_path = out_dir / "summary.json"
+    if not summary_path.exists():
+        raise LaunchError(f"run completed but wrote no {summary_path}")
+    return json.loads(summary_path.read_text())

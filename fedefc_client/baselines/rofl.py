@@ -1,0 +1,81 @@
+"""RoFL's local update (Yang et al., IEEE Intelligent Systems 2022; docs/BASELINE-METHODS.md,
+"RoFL"; math in :mod:`common.baselines.rofl`).
+
+Each round the client takes global-guided pseudo-labels (argmax of the RECEIVED global
+model on its data) and starts its local centroids f_k from the server's f_G (in
+round 1, when there is no f_G yet, from the class means of the received model's
+features). Per batch it keeps the small-loss samples, checks each against its nearest
+centroid, trains with CE + centroid + entropy terms, and moves f_k toward the kept
+samples' class means. It returns its weights and f_k.
+
+Nothing persists on the client: pseudo-labels are recomputed from each round's global
+model and f_k restarts from f_G every round (so ``context.state`` is not used).
+Everything exchanged: :class:`RoFLMessages`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.baselines.rofl import RoFLMessages as M
+from common.baselines.rofl import (
+    RoFLSettings,
+    class_means,
+    nearest_centroid,
+    rofl_loss,
+    rofl_targets,
+    small_loss_indices,
+    update_centroids,
+)
+from common.exchange import pack_array, unpack_array
+from common.training import make_optimizer, predict_logits_features
+
+from ..job import LocalJob
+from ..local_update import Update
+
+
+def initial_centroids(job: LocalJob) -> torch.Tensor:
+    """f_G from the server, or (round 1) the class means of the received model's
+    features on the local data, by observed label (0 for an absent class)."""
+    if M.CENTROIDS in job.config:
+        return torch.as_tensor(unpack_array(job.config[M.CENTROIDS]), dtype=torch.float32,
+                               device=job.device)
+    _, features = predict_logits_features(job.model, job.local.x, job.transform,
+                                          job.cfg.eval_batch_size)
+    return class_means(features, job.local.y, job.local.data.num_classes)[0]
+
+
+def rofl(job: LocalJob) -> Update:
+    cfg, settings = job.cfg, job.cfg.settings(RoFLSettings)
+    num_classes = job.local.data.num_classes
+    pseudo = torch.as_tensor(job.probs.argmax(1), device=job.device)
+    rate, lam_cen, use_pseudo = settings.schedule(job.server_round)
+    f_k = initial_centroids(job)
+    replaced = torch.zeros(len(job.labels), dtype=torch.bool, device=job.device)
+    counts = {"kept": 0, "agree": 0}
+
+    def batch_loss(model, xb, yb, idx):
+        nonlocal f_k
+        logits, features = model(xb, return_features=True)
+        keep = small_loss_indices(F.cross_entropy(logits, yb, reduction="none"), rate)
+        feats, labels = features[keep], yb[keep]
+        agree = nearest_centroid(feats.detach(), f_k) == labels
+        targets = rofl_targets(labels, agree, pseudo[idx[keep]], use_pseudo)
+        loss = rofl_loss(logits[keep], feats, targets, labels, agree, f_k, lam_cen,
+                         settings.rofl_lambda_e, settings.rofl_detach_centroid_feature)
+        f_k = update_centroids(f_k, *class_means(feats.detach(), labels, num_classes))
+        replaced[idx[keep][targets != labels]] = True
+        counts["kept"] += len(keep)
+        counts["agree"] += int(agree.sum())
+        return loss, logits
+
+    optimizer = make_optimizer(job.model, "sgd", cfg.lr, cfg.momentum, cfg.weight_decay)
+    stats = job.train_batches(batch_loss, optimizer)
+    metrics: dict = {"loss": "rofl",
+                     M.LOCAL_CENTROIDS: pack_array(f_k.cpu().numpy().astype(np.float32))}
+    if cfg.diagnostics:
+        metrics.update({M.KEPT: counts["kept"], M.AGREE: counts["agree"],
+                        M.REPLACED: int(replaced.sum())})
+    return len(job.labels), metrics, stats

@@ -1,0 +1,56 @@
+"""The ClientApp: one FedEFC client per message, its data chosen by the node config.
+
+Node config keys (docs/DEPLOYMENT.md, "Node data"): ``partition-id`` (the node's
+identity: seeds, sampling, reply order) and ``num-partitions`` (= the run's
+num-clients) always; ``data-path`` for the node's own private data instead of
+partition ``partition-id`` of the run's dataset; ``cache-dir`` to keep the prepared
+data on disk across the per-message ClientApp processes of a SuperNode.
+"""
+
+from __future__ import annotations
+
+from flwr.client import ClientApp
+from flwr.common import Context
+
+from common.config import ConfigError
+from common.methods import load_run_config
+from common.training import pick_device
+
+from .client import FedEFCClient
+from .local_data import check_node_config, node_data
+
+
+def partition_of(context: Context, num_clients: int) -> int:
+    """The node's ``partition-id``, checked against ``num-partitions`` and ``num-clients``."""
+    node = context.node_config
+    if "partition-id" not in node:
+        raise ConfigError(
+            f"node {context.node_id}: node config has no 'partition-id'; start the SuperNode "
+            "with --node-config 'partition-id=K num-partitions=N'"
+        )
+    pid = int(node["partition-id"])
+    parts = int(node.get("num-partitions", num_clients))
+    if parts != num_clients:
+        raise ConfigError(
+            f"node {context.node_id}: num-partitions={parts} differs from the run's "
+            f"num-clients={num_clients}; make them equal (simulation: num-supernodes)"
+        )
+    if not 0 <= pid < num_clients:
+        raise ConfigError(
+            f"node {context.node_id}: partition-id={pid} is outside 0..{num_clients - 1}"
+        )
+    return pid
+
+
+def client_fn(context: Context):
+    cfg = load_run_config(context.run_config)
+    pid = partition_of(context, cfg.num_clients)
+    node = f"node {context.node_id} (partition-id {pid})"
+    node_config = dict(context.node_config)
+    check_node_config(node_config, node)
+    return FedEFCClient(
+        cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
+        context.state).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

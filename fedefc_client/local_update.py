@@ -1,0 +1,50 @@
+"""FedEFC's local update, and FedAvg's, which is FedEFC's phase 1.
+
+A local update trains ``job.model`` (the received global model) in place and returns
+``(num_examples, metrics, stats)``: the sample count the server weights the reply by,
+the metrics the reply carries, and what training measured. The baselines' local
+updates are in ``fedefc_client/baselines/``; ``client.py: LOCAL_UPDATES`` names them all.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from common.losses import forward_corrected_loss
+from common.training import TrainStats
+from common.transition import estimate_transition, matrix_agreement
+
+from .job import LocalJob
+
+Update = tuple[int, dict, TrainStats]
+
+
+def fedavg(job: LocalJob) -> Update:
+    """Cross-entropy in every round (rho=0 gives 'FedAvg without noise')."""
+    return len(job.labels), {"loss": "cross-entropy"}, job.train()
+
+
+def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
+    """Train with the forward-corrected loss for noise matrix ``q`` (rows = observed
+    label, columns = true label; docs/FEDEFC.md §4.5). With ``diagnostics`` and the
+    simulator's truth, the reply carries Q's cosine similarity and L1 distance to the
+    client's true noise matrix (two scalars; docs/FEDEFC.md §5), never Q itself."""
+    metrics: dict = {"loss": "forward-corrected"}
+    job.last_q = q
+    truth = job.local.true_transition
+    if job.cfg.diagnostics and truth is not None:
+        metrics["q-cos"], metrics["q-l1"] = matrix_agreement(q, truth)
+    q_t = torch.as_tensor(q, dtype=torch.float32, device=job.device)
+    return len(job.labels), metrics, job.train(partial(forward_corrected_loss, q=q_t))
+
+
+def fedefc(job: LocalJob) -> Update:
+    """Phase 1: cross-entropy. Phase 2: Q from the received global model's predictions
+    (paper eqs. (4)-(6), docs/FEDEFC.md §4) and the forward-corrected loss (eq. (12))."""
+    if job.phase == 1:
+        return fedavg(job)
+    q = estimate_transition(job.probs, job.labels, job.cfg.count_rule, job.cfg.weighting)
+    return train_forward_corrected(job, q)

@@ -1,0 +1,109 @@
+"""RoFL's server (Yang et al., IEEE Intelligent Systems 2022; docs/BASELINE-METHODS.md,
+"RoFL"; math in :mod:`common.baselines.rofl`).
+
+The server keeps the global class centroids f_G (K x D, D the model's feature width),
+sends them to every sampled client from round 2 on, and after each round replaces
+them by the cosine-weighted average of the clients' returned centroids (round 1: their
+plain mean). The model is aggregated with the project's FedAvg.
+
+A reply whose f_k is missing, undecodable, not a finite float K x D matrix of this
+model's shape, or whose counts are not integers >= 0, is rejected
+(:meth:`RoFLStrategy.check_metrics`), like any invalid reply.
+
+Records per round: the forget rate, lambda_cen and whether pseudo-labels are active,
+the clients' summed counts (kept samples, nearest-centroid agreement, replaced
+labels), and how far f_G moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.common import FitRes, Parameters, Scalar
+from flwr.server.client_proxy import ClientProxy
+
+from common.baselines.rofl import RoFLMessages as M
+from common.baselines.rofl import RoFLSettings, aggregate_centroids
+from common.exchange import pack_array, unpack_array
+from common.models import classifier_shape
+
+from ..validation import bad_number
+from .noise_robust import NoiseRobustStrategy
+
+
+def bad_centroids(value: Any, shape: tuple[int, int]) -> str | None:
+    """Why a reply's local centroids f_k are unusable (None: they are usable): they must
+    be .npy bytes of a finite float matrix of ``shape`` (K classes x D features)."""
+    try:
+        f_k = unpack_array(value)
+    except (TypeError, ValueError) as err:  # missing (None), not bytes, or not .npy
+        return f"undecodable {M.LOCAL_CENTROIDS} ({type(err).__name__})"
+    if f_k.shape != shape or f_k.dtype.kind != "f":
+        return (f"{M.LOCAL_CENTROIDS} holds {f_k.dtype} of shape {f_k.shape}, expected "
+                f"{shape} floats")
+    if not np.isfinite(f_k).all():
+        return f"{M.LOCAL_CENTROIDS} holds NaN or Inf"
+    return None
+
+
+class RoFLStrategy(NoiseRobustStrategy):
+    """FedAvg plus RoFL's global class centroids."""
+
+    def __init__(self, cfg, *args, **kwargs):
+        super().__init__(cfg, *args, **kwargs)
+        self.centroids: np.ndarray | None = None
+        self._centroid_bytes: bytes | None = None  # f_G as sent, packed once per round
+
+    def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
+        config = super().client_config(partition_id, server_round)
+        if self._centroid_bytes is not None:
+            config[M.CENTROIDS] = self._centroid_bytes
+        return config
+
+    def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
+        """Every RoFL reply's f_k (:func:`bad_centroids`, K x D of the model's
+        classifier) and, when reported, its counts."""
+        shape = classifier_shape(self._expected.shapes)
+        reason = bad_centroids(metrics.get(M.LOCAL_CENTROIDS), shape)
+        for key in (M.KEPT, M.AGREE, M.REPLACED):
+            if reason is None and key in metrics:
+                reason = bad_number(key, metrics[key], 0, integer=True)
+        return reason
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
+        params, metrics = super().aggregate_fit(server_round, results, failures)
+        replies = [(p, r.metrics) for p, r in self.accepted_replies()]
+        rate, lambda_cen, pseudo = self.cfg.settings(RoFLSettings).schedule(server_round)
+        info: dict[str, Any] = {"rofl_forget_rate": rate, "rofl_lambda_cen": lambda_cen,
+                                "rofl_pseudo_labels": pseudo}
+        for key in (M.KEPT, M.AGREE, M.REPLACED):
+            if any(key in m for _, m in replies):
+                info[key.replace("-", "_")] = int(sum(int(m.get(key, 0)) for _, m in replies))
+        if info.get("rofl_kept"):
+            info["rofl_agree_rate"] = info["rofl_agree"] / info["rofl_kept"]
+        if replies and params is not None:  # a skipped round keeps f_G with the model
+            new = aggregate_centroids(self.centroids, [unpack_array(m[M.LOCAL_CENTROIDS])
+                                                       for _, m in replies])
+            if self.centroids is not None:
+                info["rofl_centroid_shift"] = float(np.linalg.norm(new - self.centroids, axis=1)
+                                                    .mean())
+            info["rofl_centroid_norm"] = float(np.linalg.norm(new, axis=1).mean())
+            self._set_centroids(new)
+        self.record(**info)
+        return params, metrics
+
+    def _set_centroids(self, centroids: np.ndarray) -> None:
+        self.centroids = centroids
+        self._centroid_bytes = pack_array(centroids.astype(np.float32))
+
+    def server_state(self) -> dict[str, Any]:
+        f_g = None if self.centroids is None else self.centroids.tolist()
+        return {**super().server_state(), "rofl": {"centroids": f_g}}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        super().load_server_state(state)
+        f_g = state["rofl"]["centroids"]
+        if f_g is not None:
+            self._set_centroids(np.array(f_g, dtype=np.float64))

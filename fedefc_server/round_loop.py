@@ -1,0 +1,113 @@
+"""The round loop: Flower's legacy ``Server.fit``, able to start after a checkpoint, and the
+owner of everything a run writes.
+
+Per round: ``fit_round`` (the strategy's configure / aggregate), then the central
+evaluation (the strategy's ``evaluate`` hook), then the round's record in
+``metrics.jsonl``, its log line and ``checkpoint.pt``. After the last round:
+``model.pt`` and ``summary.json``. The strategy contributes fields through its hooks
+(:class:`.strategy.FedAvgStrategy`); nothing here depends on the method.
+
+The strategy sees absolute round numbers, so sampling and client seeds, which are pure
+functions of (seed, round), continue exactly where an interrupted run stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.common import parameters_to_ndarrays
+from flwr.common.logger import log
+from flwr.server import Server
+from flwr.server.client_manager import ClientManager
+from flwr.server.history import History
+from torch import nn
+
+from common.config import RunConfig
+from common.params import state_dict_of
+from common.results import RunRecorder
+
+from . import checkpoint
+from .strategy import FedAvgStrategy
+
+
+class RoundLoop(Server):
+    """``Server.fit`` from round ``first_round`` on, recording every round."""
+
+    def __init__(self, *, client_manager: ClientManager, strategy: FedAvgStrategy,
+                 cfg: RunConfig, recorder: RunRecorder, model: nn.Module,
+                 run_info: dict[str, Any], first_round: int = 1, elapsed_before: float = 0.0):
+        """``model`` gives the architecture that ``model.pt`` is saved as; ``run_info``
+        (the data's facts) opens the summary; ``elapsed_before`` is the wall time of
+        the interrupted run(s) this one resumes."""
+        super().__init__(client_manager=client_manager, strategy=strategy)
+        self.strategy: FedAvgStrategy = strategy
+        self.cfg = cfg
+        self.recorder = recorder
+        self.model = model
+        self.run_info = run_info
+        self.first_round = first_round
+        self._elapsed_before = elapsed_before
+        self._t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        """Wall time of the whole run so far, interrupted parts included."""
+        return self._elapsed_before + time.monotonic() - self._t0
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        history = History()
+        self.parameters = self._get_initial_parameters(self.first_round - 1, timeout)
+        if self.first_round == 1:
+            self._end_round(0, history, time.monotonic())
+        else:
+            log(INFO, "resuming at round %d of %d", self.first_round, num_rounds)
+        start = time.monotonic()
+        for server_round in range(self.first_round, num_rounds + 1):
+            round_start = time.monotonic()
+            result = self.fit_round(server_round=server_round, timeout=timeout)
+            if result is not None and result[0] is not None:
+                self.parameters = result[0]
+            self._end_round(server_round, history, round_start)
+        self._finish(parameters_to_ndarrays(self.parameters))
+        return history, time.monotonic() - start
+
+    def _end_round(self, server_round: int, history: History, round_start: float) -> None:
+        """Evaluate, record, log and checkpoint round ``server_round`` (0: the initial model)."""
+        evaluated = self.strategy.evaluate(server_round, parameters=self.parameters)
+        record: dict[str, Any] = {"round": server_round}
+        if evaluated is not None:
+            loss, metrics = evaluated
+            history.add_loss_centralized(server_round=server_round, loss=loss)
+            history.add_metrics_centralized(server_round=server_round, metrics=metrics)
+            record.update(test_acc=metrics["accuracy"], test_loss=loss)
+        record.update(self.strategy.state_fields(server_round), elapsed_s=self.elapsed())
+        if server_round == 0:
+            record["n_clients"] = 0
+        else:
+            record.update(self.strategy.take_round_fields(),
+                          round_s=time.monotonic() - round_start)
+        self.recorder.write_round(record)
+        log(INFO, "[round %d/%d] %s", server_round, self.cfg.rounds,
+            self.strategy.describe(record))
+        if server_round > 0:
+            checkpoint.save(self.recorder.out_dir, checkpoint.Checkpoint(
+                server_round, parameters_to_ndarrays(self.parameters),
+                self.strategy.server_state(), self.cfg.to_flat(), self.elapsed()))
+
+    def _finish(self, weights: list[np.ndarray]) -> dict[str, Any]:
+        """Write model.pt and summary.json, and log the summary."""
+        self.recorder.write_model(state_dict_of(self.model, weights))
+        summary = self.recorder.write_summary({
+            **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
+            "seed": self.cfg.seed, "rounds": self.cfg.rounds, **self.strategy.summary_fields(),
+            "wall_time_s": self.elapsed(),
+        })
+        t_e = f" | T_e {summary['t_e']}" if "t_e" in summary else ""
+        log(INFO, "SUMMARY | final acc %.4f | best %.4f (round %s) | mean of last 10 %.4f%s | "
+            "wall time %.1f s", summary.get("final_acc", float("nan")),
+            summary.get("best_acc", float("nan")), summary.get("best_round"),
+            summary.get("mean_last10_acc", float("nan")), t_e, summary["wall_time_s"])
+        log(INFO, "results: %s", summary["out_dir"])
+        return summary

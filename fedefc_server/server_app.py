@@ -1,0 +1,110 @@
+"""The ServerApp: the method's strategy and the round loop, built from the run config.
+
+Everything is validated before round 1 (config, data, output folder, checkpoint), so a
+bad run fails at once. A run with ``resume-from`` continues after its checkpoint's
+round, in its own folder (docs/RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.common import Context, ndarrays_to_parameters
+from flwr.common.logger import log
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.client_manager import SimpleClientManager
+
+from common.config import ConfigError, RunConfig
+from common.datasets import load_dataset
+from common.federation import federated_data
+from common.methods import load_run_config
+from common.params import get_weights
+from common.results import RunRecorder, atomic_write_json
+from common.runtime import initial_model
+from common.training import configure_threads
+
+from . import checkpoint
+from .baselines.fedcorr import FedCorrStrategy
+from .baselines.fednoro import FedNoRoStrategy
+from .baselines.rofl import RoFLStrategy
+from .evaluation import TestSetEvaluator
+from .fedefc_strategy import FedEFCStrategy
+from .round_loop import RoundLoop
+from .strategy import FedAvgStrategy
+
+# Every method's server (docs/ARCHITECTURE.md, "A new method"). Forward correction and
+# confident learning switch their local update at FedEFC's prestopping point.
+STRATEGIES: dict[str, type[FedAvgStrategy]] = {
+    "fedefc": FedEFCStrategy,
+    "fedavg": FedAvgStrategy,
+    "fedprox": FedAvgStrategy,
+    "fedditto": FedAvgStrategy,
+    "forward-correction": FedEFCStrategy,
+    "confident-learning": FedEFCStrategy,
+    "fedcorr": FedCorrStrategy,
+    "fednoro": FedNoRoStrategy,
+    "rofl": RoFLStrategy,
+}
+
+
+def default_out_dir(cfg: RunConfig) -> Path:
+    """Where results go when ``out-dir`` is empty:
+    ~/fedefc-runs/<method>-<dataset>-s<seed>-<time>."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path.home() / "fedefc-runs" / f"{cfg.method}-{cfg.dataset}-s{cfg.seed}-{stamp}"
+
+
+def data_summary(cfg: RunConfig) -> dict[str, Any]:
+    """The realized noise and partition sizes (the simulator knows the true labels)."""
+    fed = federated_data(cfg)
+    sizes = [len(ix) for ix in fed.client_indices]
+    return {"realized_noise_rate": fed.realized_noise_rate, "train_samples": len(fed.true_labels),
+            "client_sizes_min": min(sizes), "client_sizes_max": max(sizes),
+            "noise_matrices": [m.tolist() for m in fed.noise_matrices]}
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    """Validate everything before round 1, then build the method's strategy and a round
+    loop that starts at round 1 or after the checkpoint's round."""
+    cfg = load_run_config(context.run_config)
+    configure_threads(cfg.client_threads)
+    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+    info = data_summary(cfg)
+    model = initial_model(cfg, data)
+    init = get_weights(model)
+    ckpt = None
+    if cfg.resume_from:
+        ckpt = checkpoint.load(cfg.resume_from)
+        checkpoint.check_compatible(ckpt, cfg.to_flat(), cfg.resume_from, [w.shape for w in init])
+        if cfg.out_dir and cfg.out_dir != cfg.resume_from:
+            raise ConfigError(f"out-dir={cfg.out_dir!r} differs from resume-from="
+                              f"{cfg.resume_from!r}: a resumed run continues in its own folder; "
+                              "leave out-dir empty or equal to resume-from")
+    out_dir = cfg.resume_from or cfg.out_dir or str(default_out_dir(cfg))
+    if ckpt:
+        log(INFO, "resuming %s after round %d", out_dir, ckpt.round)
+    recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
+                           resume_round=ckpt.round if ckpt else None)
+    log(INFO, "FedEFC run | method %s | %s (%d train / %d test) | %d clients, %d per round | "
+        "%d rounds | realized noise rate %.4f | results -> %s", cfg.method, cfg.dataset,
+        len(data.train_y), len(data.test_y), cfg.num_clients, cfg.clients_per_round,
+        cfg.rounds, info["realized_noise_rate"], out_dir)
+    strategy = STRATEGIES[cfg.method](
+        cfg, ndarrays_to_parameters(ckpt.weights if ckpt else init),
+        evaluator=TestSetEvaluator(cfg), max_samples=len(data.train_y))
+    if ckpt:
+        strategy.load_server_state(ckpt.strategy)
+    atomic_write_json(Path(out_dir) / "data.json", info)
+    loop = RoundLoop(client_manager=SimpleClientManager(), strategy=strategy, cfg=cfg,
+                     recorder=recorder, model=model,
+                     run_info={k: v for k, v in info.items() if k != "noise_matrices"},
+                     first_round=ckpt.round + 1 if ckpt else 1,
+                     elapsed_before=ckpt.elapsed_s if ckpt else 0.0)
+    return ServerAppComponents(server=loop, config=ServerConfig(
+        num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None))
+
+
+app = ServerApp(server_fn=server_fn)

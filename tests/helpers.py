@@ -1,0 +1,127 @@
+"""Stand-ins and small jobs shared by the tests (fixtures are in conftest.py).
+
+- In-process nodes that drive a strategy without Ray: :class:`FakeProxy` answers the
+  partition registry's query; :class:`FakeNode` also replies to task messages with
+  metrics computed from the message config.
+- :func:`make_strategy`: a strategy whose central evaluation is a stub.
+- Small real jobs through ``flwr run`` (:func:`simulate`, :func:`small_job`) and their
+  records (:func:`records`); the tests that run them carry the ``flower`` marker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    Code,
+    FitRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from common.methods import load_run_config
+from fedefc_cli.run_configs import resolve_run_config
+from fedefc_cli.simulation import run_simulation_job
+
+OK = Status(code=Code.OK, message="")
+GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]  # a "model": K=3, D=4
+PARAMS = ndarrays_to_parameters(GLOBAL)
+
+
+class FakeProxy(ClientProxy):
+    """A node that only answers the registry's partition-id query."""
+
+    def __init__(self, cid: str, partition_id: int):
+        super().__init__(cid)
+        self.partition_id = partition_id
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(OK, {"partition-id": self.partition_id})
+
+    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):  # pragma: no cover - unused
+        raise NotImplementedError
+
+
+class FakeNode(FakeProxy):
+    """A node serving partition ``pid``; ``answer(config)`` gives its task replies' metrics."""
+
+    def __init__(self, pid: int, answer: Callable[[dict], dict] | None = None):
+        super().__init__(str(5_000_000 + 7 * pid), pid)
+        self.pid = pid
+        self.answer = answer
+        self.tasks: list[dict] = []
+
+    def fit(self, ins, timeout, group_id):
+        self.tasks.append(dict(ins.config))
+        return FitRes(OK, ins.parameters, 0, {"partition-id": self.pid, **self.answer(ins.config)})
+
+
+def manager(nodes: list[FakeProxy]) -> SimpleClientManager:
+    """A client manager with ``nodes`` registered."""
+    m = SimpleClientManager()
+    for node in nodes:
+        m.register(node)
+    return m
+
+
+def partition_manager(n: int, base: int = 7_000_000) -> SimpleClientManager:
+    """A client manager with nodes serving partitions 0..n-1."""
+    return manager([FakeProxy(str(base + 13 * pid), pid) for pid in range(n)])
+
+
+def make_strategy(cls, **overrides: Any):
+    """A strategy of class ``cls`` for the run config ``overrides`` (prestopping off
+    unless given), with the 2-array model :data:`GLOBAL` and a stub evaluation."""
+    cfg = load_run_config({"prestopping": False, **overrides})
+    return cls(cfg, PARAMS, evaluator=lambda weights: (0.0, 0.0), max_samples=4000)
+
+
+def trained_reply(node: FakeNode, num_examples: int, arrays: list[np.ndarray],
+                  **metrics) -> tuple[ClientProxy, FitRes]:
+    """A training reply of ``node``."""
+    return node, FitRes(OK, ndarrays_to_parameters(arrays), num_examples,
+                        {"partition-id": node.pid, **metrics})
+
+
+def records(out: Path) -> list[dict]:
+    """A run's metrics.jsonl ([] before its first record)."""
+    path = out / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def simulate(data_dir: Path, out: Path, method: str, **keys) -> tuple[dict, list[dict]]:
+    """3 rounds of ``method`` on 4 IID clients of the tiny MNIST folder (LeNet, one local
+    epoch, noise (0.4, 0.4), no prestopping) through ``flwr run``; (summary, records)."""
+    overrides = [f"{k}={v}" for k, v in {
+        "method": f'"{method}"', "dataset": '"mnist"', "data-dir": f'"{data_dir}"',
+        "model": '"lenet"', "num-clients": 4, "rounds": 3, "local-epochs": 1,
+        "batch-size": 16, "prestopping": "false", "iid": "true", "rho": 0.4, "zeta": 0.4,
+        **keys}.items()]
+    summary = run_simulation_job(resolve_run_config(None, overrides, str(out)))
+    return summary, records(out)
+
+
+def small_job(data_dir: Path, out: Path, **extra) -> dict[str, Any]:
+    """The run config of a 6-round FedEFC job on 4 IID clients of the tiny MNIST folder
+    (prestopping can trigger from round 2)."""
+    base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
+            "num-clients": 4, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
+            "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
+            "iid": "true", "client-threads": 1, **extra}
+    return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))

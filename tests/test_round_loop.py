@@ -1,0 +1,99 @@
+"""The round loop owns the records, the checkpoints and the summary (in-process nodes, no Ray).
+
+Four nodes train a tiny linear model: each returns the global weights plus its
+partition id, with its size as sample count and a scripted accuracy. Every number the
+loop writes is known in advance: the FedAvg of the replies, A(t), T_e.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+
+from common.methods import load_run_config
+from common.params import get_weights
+from common.results import RunRecorder
+from fedefc_server import checkpoint
+from fedefc_server.fedefc_strategy import FedEFCStrategy
+from fedefc_server.round_loop import RoundLoop
+from fedefc_server.strategy import FedAvgStrategy
+from tests.helpers import OK, FakeProxy, records
+
+SIZES = {0: 10, 1: 20, 2: 30, 3: 40}
+ACCURACY = {1: 0.5, 2: 0.6, 3: 0.6, 4: 0.6}  # A(t): no gain in round 3, T_e = 3 (gamma 1)
+
+
+class TrainingNode(FakeProxy):
+    """Adds its partition id to every weight; reports its size and the round's accuracy."""
+
+    def fit(self, ins, timeout, group_id):
+        weights = [w + self.partition_id for w in parameters_to_ndarrays(ins.parameters)]
+        metrics = {"partition-id": self.partition_id, "loss": "cross-entropy",
+                   "train-loss": 0.1 * self.partition_id}
+        if "phase" in ins.config and int(ins.config["phase"]) == 1:
+            metrics["accuracy"] = ACCURACY[int(ins.config["round"])]
+        return FitRes(OK, ndarrays_to_parameters(weights), SIZES[self.partition_id], metrics)
+
+
+def run_loop(tmp_path, cls, rounds=4):
+    cfg = load_run_config({"method": "fedefc" if cls is FedEFCStrategy else "fedavg",
+                           "num-clients": 4, "fraction": 1.0, "rounds": rounds,
+                           "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path)})
+    model = torch.nn.Linear(2, 3)
+    init = get_weights(model)
+    evaluated = []
+
+    def evaluator(weights):  # the "test accuracy" is the bias's first entry
+        evaluated.append(weights)
+        return 1.0, float(weights[1][0])
+
+    strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator)
+    manager = SimpleClientManager()
+    for pid in SIZES:
+        manager.register(TrainingNode(f"node-{pid}", pid))
+    loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
+                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
+                     run_info={"train_samples": 100})
+    loop.set_max_workers(1)
+    loop.fit(rounds, None)
+    return init, evaluated
+
+
+def test_fedefc_records_every_round_its_checkpoint_and_the_summary(tmp_path):
+    init, evaluated = run_loop(tmp_path, FedEFCStrategy)
+    # each round adds the size-weighted mean partition id: (10*0+20*1+30*2+40*3)/100 = 2
+    step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
+    recs = records(tmp_path)
+    assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
+    for rnd, r in enumerate(recs):
+        np.testing.assert_allclose(evaluated[rnd][1], init[1] + rnd * step, rtol=1e-6)
+        assert r["test_acc"] == pytest.approx(float(init[1][0] + rnd * step))
+    assert recs[0]["phase"] == 1 and recs[0]["n_clients"] == 0 and recs[0]["t_e"] is None
+    assert [r.get("A") for r in recs[1:]] == [0.5, 0.6, 0.6, None]
+    assert [r["phase"] for r in recs] == [1, 1, 1, 1, 2]
+    assert [r["t_e"] for r in recs] == [None, None, None, 3, 3]
+    assert recs[1]["partition_ids"] == [0, 1, 2, 3] and recs[1]["num_examples"] == [10, 20, 30,
+                                                                                   40]
+    assert recs[4]["train_loss"] == pytest.approx(np.mean([0.0, 0.1, 0.2, 0.3]))
+    ckpt = checkpoint.load(tmp_path)
+    assert ckpt.round == 4 and ckpt.strategy["prestopper"]["t_e"] == 3
+    np.testing.assert_allclose(ckpt.weights[1], init[1] + 4 * step, rtol=1e-6)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["t_e"] == 3 and summary["A_max"] == 0.6 and summary["train_samples"] == 100
+    assert summary["final_acc"] == recs[-1]["test_acc"] and summary["best_round"] == 4
+    saved = torch.load(tmp_path / "model.pt")
+    assert list(saved) == ["weight", "bias"]
+    np.testing.assert_allclose(saved["bias"].numpy(), init[1] + 4 * step, rtol=1e-6)
+
+
+def test_fedavg_records_carry_no_phase_and_no_prestopping(tmp_path):
+    run_loop(tmp_path, FedAvgStrategy, rounds=2)
+    recs = records(tmp_path)
+    assert [r["round"] for r in recs] == [0, 1, 2]
+    for r in recs:
+        assert not {"phase", "A", "A_max", "t_e", "client_acc"} & set(r)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "t_e" not in summary and summary["method"] == "fedavg"
