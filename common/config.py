@@ -78,11 +78,13 @@ class RunConfig(BaseModel):
     rho: float = Field(0.2, ge=0.0, lt=1.0)
     zeta: float = Field(0.8, ge=0.0, le=1.0)
     noise_groups: str = ""
+    noise_seed: int = Field(-1, ge=-1, le=2**31 - 1)  # -1: derived from seed
+    noise_draw: Literal["project", "reference"] = "project"
     prestopping: bool = True
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
     accuracy_signal: Literal["global", "local-train"] = "global"
-    count_rule: Literal["cleanlab", "masked", "paper"] = "cleanlab"
+    count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
     seed: int = Field(0, ge=0, le=2**31 - 1)
     out_dir: str = ""
@@ -129,6 +131,11 @@ class RunConfig(BaseModel):
             )
         for group in self.noise_group_list():
             _check_noise(group.rho, group.zeta, "noise-groups")
+        if self.noise_draw == "reference" and len(self.noise_group_list()) > 1:
+            raise ValueError(
+                f"noise-draw='reference' draws one noise matrix for the whole training set, "
+                f"but noise-groups={self.noise_groups!r} asks for several; use "
+                "noise-draw='project' with noise-groups")
         _check_noise(self.rho, self.zeta, "rho/zeta")
         if int(self.num_clients * self.fraction) < 1:
             raise ValueError(
@@ -195,7 +202,7 @@ class RunConfig(BaseModel):
     def data_key(self) -> str:
         """A digest of every key that decides the clients' data (partition and noise)."""
         keys = ("dataset", "data-dir", "num-clients", "iid", "alpha-dir", "p", "rho",
-                "zeta", "noise-groups", "seed")
+                "zeta", "noise-groups", "noise-seed", "noise-draw", "seed")
         flat = self.model_dump(by_alias=True)
         blob = json.dumps({k: flat[k] for k in keys}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -3,8 +3,11 @@
 Built from the run config alone (docs/FEDEFC.md §1), so the ServerApp, every
 simulated client and every SuperNode that is given ``partition-id`` derive the same
 split: noise matrices per noise group (cleanlab), the Bernoulli-Dirichlet or IID
-partition on the TRUE labels, then noisy labels for each group's samples. Cached
-per process by :meth:`RunConfig.data_key`.
+partition on the TRUE labels, then noisy labels for each group's samples. The noise
+derives from ``noise-seed`` (default: ``seed``); ``noise-draw = "reference"`` draws it
+as the authors' reference code does (one matrix and one labelling of the whole training
+set, seed 42 unless ``noise-seed`` is given). Cached per process by
+:meth:`RunConfig.data_key`.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import numpy as np
 
 from .config import RunConfig
 from .datasets import ImageData, load_dataset
-from .noise import apply_noise, empirical_transition, noise_matrix
+from .noise import apply_noise, empirical_transition, noise_matrix, reference_noise
 from .partition import bernoulli_dirichlet, iid
 from .seeds import derive_seed
+
+REFERENCE_SEED = 42  # the reference code's noise seed, the same for every trial
 
 
 @dataclass(frozen=True)
@@ -74,14 +79,21 @@ def build_federated_data(data: ImageData, cfg: RunConfig) -> FederatedData:
     prior = np.bincount(true, minlength=k) / len(true)
     groups = cfg.noise_group_list()
     group_of_client = np.arange(cfg.num_clients) * len(groups) // cfg.num_clients
+    noise_seed = cfg.seed if cfg.noise_seed < 0 else cfg.noise_seed
+    if cfg.noise_draw == "reference":  # one group (checked by RunConfig)
+        nm, noisy = reference_noise(true, k, cfg.rho, cfg.zeta, prior,
+                                    REFERENCE_SEED if cfg.noise_seed < 0 else cfg.noise_seed)
+        return FederatedData(data=data, client_indices=parts, noisy_labels=noisy,
+                             true_labels=true, group_of_client=group_of_client,
+                             noise_matrices=[nm])
     noisy = true.copy()
     matrices = []
     for g, grp in enumerate(groups):
-        nm = noise_matrix(k, grp.rho, grp.zeta, prior, derive_seed(cfg.seed, "noise-matrix", g))
+        nm = noise_matrix(k, grp.rho, grp.zeta, prior, derive_seed(noise_seed, "noise-matrix", g))
         matrices.append(nm)
         members = np.flatnonzero(group_of_client == g)
         idx = np.concatenate([parts[c] for c in members]) if len(members) else np.zeros(0, int)
         idx = np.sort(idx)
-        noisy[idx] = apply_noise(true[idx], nm, derive_seed(cfg.seed, "noise-labels", g))
+        noisy[idx] = apply_noise(true[idx], nm, derive_seed(noise_seed, "noise-labels", g))
     return FederatedData(data=data, client_indices=parts, noisy_labels=noisy, true_labels=true,
                          group_of_client=group_of_client, noise_matrices=matrices)

@@ -5,6 +5,10 @@ group, drawn by ``cleanlab.benchmarking.noise_generation`` with trace ``K(1-rho)
 and a fraction ``zeta`` of zero off-diagonal noise rates. cleanlab draws from
 NumPy's global generator; the functions here seed it and restore it afterwards,
 so they are pure functions of their arguments.
+
+:func:`reference_noise` reproduces the authors' reference code, which draws the matrix
+and then the noisy labels of the whole training set from ONE stream of that generator,
+seeded by the matrix call (docs/FEDEFC.md §1.1).
 """
 
 from __future__ import annotations
@@ -37,12 +41,7 @@ def noise_matrix(num_classes: int, rho: float, zeta: float, prior: np.ndarray,
         return np.eye(num_classes)
     if zeta >= 1.0:
         raise NoiseError(f"zeta={zeta} leaves no off-diagonal noise rate for rho={rho}>0")
-    trace = num_classes * (1.0 - rho)
-    if trace <= 1.0:
-        raise NoiseError(
-            f"rho={rho} gives trace {trace:.3f} <= 1 for K={num_classes}; cleanlab needs "
-            f"trace > 1 for a learnable noise matrix: use rho < {1 - 1 / num_classes:.3f}"
-        )
+    trace = _trace(num_classes, rho)
     # lazily: cleanlab adds 0.9 s to the start of every ClientApp process (a SuperNode
     # starts one per message), which never needs it once its data is cached on disk
     from cleanlab.benchmarking.noise_generation import generate_noise_matrix_from_trace  # 0.9 s
@@ -52,6 +51,45 @@ def noise_matrix(num_classes: int, rho: float, zeta: float, prior: np.ndarray,
             num_classes, trace, py=np.asarray(prior, dtype=float),
             frac_zero_noise_rates=zeta, valid_noise_matrix=True, seed=seed % 2**32,
         )
+    return _checked(nm, num_classes, rho, zeta)
+
+
+def reference_noise(true_labels: np.ndarray, num_classes: int, rho: float, zeta: float,
+                    prior: np.ndarray, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
+    """(NM, noisy labels) as the reference code draws them: the matrix with cleanlab's
+    ``seed`` (42 there, whatever the trial), then the flips of ``true_labels`` (the whole
+    training set, in its order) from the same NumPy stream, without reseeding."""
+    if rho == 0.0:
+        return np.eye(num_classes), np.asarray(true_labels).copy()
+    trace = _trace(num_classes, rho)
+    from cleanlab.benchmarking.noise_generation import (  # 0.9 s, lazily (noise_matrix)
+        generate_noise_matrix_from_trace,
+        generate_noisy_labels,
+    )
+
+    true_labels = np.asarray(true_labels)
+    with _seeded_global_numpy(seed):
+        nm = _checked(generate_noise_matrix_from_trace(
+            num_classes, trace, py=np.asarray(prior, dtype=float),
+            frac_zero_noise_rates=zeta, valid_noise_matrix=True, seed=seed % 2**32),
+            num_classes, rho, zeta)
+        noisy = np.asarray(generate_noisy_labels(true_labels, nm), dtype=true_labels.dtype)
+    return nm, noisy
+
+
+def _trace(num_classes: int, rho: float) -> float:
+    """K(1 - rho), refused when cleanlab cannot build a matrix with it."""
+    trace = num_classes * (1.0 - rho)
+    if trace <= 1.0:
+        raise NoiseError(
+            f"rho={rho} gives trace {trace:.3f} <= 1 for K={num_classes}; cleanlab needs "
+            f"trace > 1 for a learnable noise matrix: use rho < {1 - 1 / num_classes:.3f}"
+        )
+    return trace
+
+
+def _checked(nm: np.ndarray | None, num_classes: int, rho: float, zeta: float) -> np.ndarray:
+    """cleanlab's matrix, or NoiseError when it found none or fewer zeros than asked."""
     if nm is None:
         raise NoiseError(
             f"cleanlab found no valid noise matrix for rho={rho}, zeta={zeta} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-COUNT_RULES = ("cleanlab", "masked", "paper")
+COUNT_RULES = ("cleanlab", "cleanlab-present", "masked", "paper")
 # cleanlab's fuzzy comparison (cleanlab.internal.constants.FLOATING_POINT_COMPARISON).
 TOLERANCE = 1e-6
 # cleanlab's floor on thresholds (CONFIDENT_THRESHOLDS_LOWER_BOUND), so a class the
@@ -34,20 +34,25 @@ def count_matrix(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab") 
 
     ``rule`` decides a sample that meets two or more thresholds (docs/FEDEFC.md §4.2):
     ``cleanlab`` counts it at the argmax over all classes (cleanlab's confident joint,
-    calibrate=False), ``masked`` at the argmax among the classes that met their
-    threshold, ``paper`` in every such column. Diagonal entries are raised to >= 1.
+    calibrate=False), ``cleanlab-present`` at the argmax over the classes with a local
+    label (so a class the client does not hold is never counted), ``masked`` at the
+    argmax among the classes that met their threshold, ``paper`` in every such column.
+    Diagonal entries are raised to >= 1.
     """
     probs = np.asarray(probs, dtype=float)
     labels = np.asarray(labels, dtype=np.int64)
     k = probs.shape[1]
-    confident = probs >= class_thresholds(probs, labels) - TOLERANCE
+    tau = class_thresholds(probs, labels)
+    confident = probs >= tau - TOLERANCE
     counts = np.zeros((k, k), dtype=np.int64)
     if rule == "paper":
         np.add.at(counts, labels, confident.astype(np.int64))
-    elif rule in ("cleanlab", "masked"):
+    elif rule in ("cleanlab", "cleanlab-present", "masked"):
         n_conf = confident.sum(axis=1)
         if rule == "cleanlab":
             several = probs.argmax(axis=1)
+        elif rule == "cleanlab-present":
+            several = np.where(np.isfinite(tau), probs, -np.inf).argmax(axis=1)
         else:
             several = np.where(confident, probs, -np.inf).argmax(axis=1)
         guess = np.where(n_conf > 1, several, confident.argmax(axis=1))

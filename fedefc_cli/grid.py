@@ -5,13 +5,14 @@ A grid file (TOML, see ``configs/grids/``)::
     name = "mnist-lite-table1"          # results go to <results-dir>/<name>/
     title = "..."                       # the table's caption
     preset = "mnist-lite"               # configs/<preset>.toml
-    seeds = [0]
+    seeds = [0]                         # every row x column; [] for none
     [rows]                              # table rows: label -> run-config overrides
     "FedEFC" = { method = "fedefc" }
     [columns]                           # table columns: label -> run-config overrides
     "(10, 0.5)" = { alpha-dir = 10.0, p = 0.5 }
-    [[extra]]                           # optional: more seeds for some rows
+    [[extra]]                           # optional: more cells for some rows (and columns)
     rows = ["FedEFC"]
+    columns = ["(10, 0.5)"]             # optional, default every column
     seeds = [1, 2]
 
 A cell's run config is pyproject defaults < grid preset < column (its own ``preset``
@@ -101,9 +102,11 @@ class Grid:
                    rows=dict(raw["rows"]), columns=dict(raw["columns"]),
                    extra=list(raw.get("extra", [])), path=path)
         for block in grid.extra:
-            missing = set(block.get("rows", [])) - set(grid.rows)
-            if missing:
-                raise ConfigError(f"grid file {path}: [[extra]] names unknown rows {missing}")
+            for key, known in (("rows", grid.rows), ("columns", grid.columns)):
+                missing = set(block.get(key, [])) - set(known)
+                if missing:
+                    raise ConfigError(f"grid file {path}: [[extra]] names unknown {key} "
+                                      f"{sorted(missing)}")
         return grid
 
     def cells(self, results_dir: Path, overrides: list[str]) -> list[Cell]:
@@ -115,8 +118,8 @@ class Grid:
             plan += [(r, c, seed) for c in self.columns for r in self.rows]
         for block in self.extra:
             for seed in block["seeds"]:
-                plan += [(r, c, seed) for c in self.columns for r in block["rows"]
-                         if (r, c, seed) not in plan]
+                plan += [(r, c, seed) for c in block.get("columns", self.columns)
+                         for r in block["rows"] if (r, c, seed) not in plan]
         cells = []
         for row, col, seed in plan:
             column = dict(self.columns[col])

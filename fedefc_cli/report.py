@@ -117,9 +117,9 @@ def write_report(grid: Grid, results_dir: Path, overrides: list[str]) -> list[Pa
         for col in grid.columns:
             group = [c for c in cells if c.row == row and c.column == col]
             stats = cell_stats(group)
-            key = paper_key(group[0].config)
+            key = paper_key(group[0].config) if group else None  # no cell: not in the grid
             stats["paper"] = paper.get(key) if key else None
-            stats["noiseless"] = group[0].config["rho"] == 0.0
+            stats["noiseless"] = bool(group) and group[0].config["rho"] == 0.0
             table[(row, col)] = stats
     written = [_write_markdown(grid, table, out), _write_csv(grid, table, out)]
     written += write_plots(grid, cells, out)

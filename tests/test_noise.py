@@ -2,8 +2,13 @@
 
 import numpy as np
 import pytest
+from cleanlab.benchmarking.noise_generation import (
+    generate_noise_matrix_from_trace,
+    generate_noisy_labels,
+)
 
 from common.config import ConfigError
+from common.federation import build_federated_data
 from common.methods import load_run_config
 from common.noise import (
     NoiseError,
@@ -86,3 +91,46 @@ def test_impossible_noise_is_a_clear_error():
         noise_matrix(K, 0.95, 0.0, np.full(K, 0.1), 0)
     with pytest.raises(ConfigError, match="zeta=1.*rho=0.2"):
         load_run_config({"rho": 0.2, "zeta": 1.0})
+
+
+def test_the_reference_draw_is_cleanlabs_one_stream_seeded_42(embedded):
+    """noise-draw=reference reproduces the reference code's labelling: cleanlab's matrix
+    with seed=42 and the flips of the whole training set (in its order) from the same
+    global NumPy stream, whatever the run's seed; the partition still follows the seed."""
+
+    true = embedded.train_y.numpy()
+    prior = np.bincount(true, minlength=K) / len(true)
+    nm = generate_noise_matrix_from_trace(K, K * (1 - 0.4), py=prior,
+                                          frac_zero_noise_rates=0.8, valid_noise_matrix=True,
+                                          seed=42)
+    expected = generate_noisy_labels(true, nm)  # continues the stream seed=42 started
+    feds = [build_federated_data(embedded, load_run_config(
+        {"rho": 0.4, "zeta": 0.8, "noise-draw": "reference", "seed": seed})) for seed in (0, 3)]
+    for fed in feds:
+        np.testing.assert_array_equal(fed.noise_matrices[0], nm)
+        np.testing.assert_array_equal(fed.noisy_labels, expected)
+    assert not all(np.array_equal(a, b) for a, b in zip(*(f.client_indices for f in feds)))
+    other = build_federated_data(embedded, load_run_config(
+        {"rho": 0.4, "zeta": 0.8, "noise-draw": "reference", "noise-seed": 7}))
+    assert not np.array_equal(other.noisy_labels, expected)
+
+
+def test_noise_seed_pins_the_noise_and_defaults_to_the_seed(embedded):
+    def fed(**keys):
+        return build_federated_data(embedded, load_run_config({"rho": 0.2, "zeta": 0.8,
+                                                               "iid": True, **keys}))
+
+    today = fed(seed=1)
+    assert np.array_equal(fed(seed=1, **{"noise-seed": 1}).noisy_labels, today.noisy_labels)
+    pinned = [fed(seed=s, **{"noise-seed": 5}) for s in (1, 2)]
+    # same noise matrix and flips per sample, other partitions
+    np.testing.assert_array_equal(pinned[0].noise_matrices[0], pinned[1].noise_matrices[0])
+    np.testing.assert_array_equal(pinned[0].noisy_labels, pinned[1].noisy_labels)
+    assert not np.array_equal(pinned[0].noisy_labels, today.noisy_labels)
+    assert not all(np.array_equal(a, b) for a, b in zip(pinned[0].client_indices,
+                                                         pinned[1].client_indices))
+
+
+def test_the_reference_draw_takes_one_noise_group():
+    with pytest.raises(ConfigError, match="noise-draw='reference'.*noise-groups"):
+        load_run_config({"noise-draw": "reference", "noise-groups": "0.2:0.4;0.4:0.8"})

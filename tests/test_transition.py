@@ -6,6 +6,7 @@ from cleanlab.count import calibrate_confident_joint, compute_confident_joint
 
 from common.noise import apply_noise, empirical_transition, noise_matrix
 from common.transition import (
+    COUNT_RULES,
     class_thresholds,
     column_normalize,
     count_matrix,
@@ -83,11 +84,37 @@ def test_rules_differ_on_a_sample_above_two_thresholds():
     np.testing.assert_array_equal(pa, [[1, 1, 1], [0, 1, 2], [0, 1, 1]])
 
 
+def test_the_issues_example_counts_into_an_absent_class_under_cleanlab_only():
+    """Four samples with probabilities [0.3, 0.3, 0.4], labels [0, 0, 1, 1]: thresholds
+    tau = (0.3, 0.3, inf); every sample meets classes 0 and 1, and its argmax over all
+    classes is 2, a class nobody here holds. cleanlab counts all four in column 2
+    (whose column becomes [.4, .4, .2] after the diagonal is raised to 1); the present
+    rule counts each at its argmax over classes 0 and 1 (the first: 0)."""
+    probs = np.tile([0.3, 0.3, 0.4], (4, 1))
+    labels = np.array([0, 0, 1, 1])
+    q = estimate_transition(probs, labels, "cleanlab")
+    np.testing.assert_allclose(q[:, 2], [0.4, 0.4, 0.2])
+    counts = count_matrix(probs, labels, "cleanlab-present")
+    np.testing.assert_array_equal(counts, [[2, 0, 0], [2, 1, 0], [0, 0, 1]])
+    np.testing.assert_array_equal(estimate_transition(probs, labels, "cleanlab-present")[:, 2],
+                                  [0, 0, 1])
+    # under label-prior weighting cleanlab's column 2 even loses its diagonal: Q[2][2] = 0
+    assert estimate_transition(probs, labels, "cleanlab", "label-prior")[2, 2] == 0
+
+
+def test_cleanlab_present_equals_cleanlab_when_every_class_is_held():
+    rng = np.random.default_rng(3)
+    probs = random_probs(rng, 400, 6)
+    labels = rng.integers(0, 6, 400)
+    np.testing.assert_array_equal(count_matrix(probs, labels, "cleanlab-present"),
+                                  count_matrix(probs, labels, "cleanlab"))
+
+
 def test_columns_sum_to_one_and_absent_class_is_unit_column():
     rng = np.random.default_rng(0)
     probs = random_probs(rng, 300, 5)
     labels = rng.integers(0, 4, 300)  # class 4 never observed
-    for rule in ("cleanlab", "masked", "paper"):
+    for rule in COUNT_RULES:
         for weighting in ("none", "label-prior"):
             q = estimate_transition(probs, labels, rule, weighting)
             np.testing.assert_allclose(q.sum(axis=0), 1.0)
@@ -137,7 +164,7 @@ def test_label_prior_weighting_matches_cleanlab_calibration_up_to_rounding():
     assert np.abs(ours - theirs).max() < 2e-3
 
 
-@pytest.mark.parametrize("rule", ["cleanlab", "masked", "paper"])
+@pytest.mark.parametrize("rule", COUNT_RULES)
 def test_oracle_predictor_recovers_the_noise_matrix(rule):
     k = 10
     true = np.repeat(np.arange(k), 1000)
