@@ -94,20 +94,52 @@ def _load(name: str, data_dir: str, download: bool) -> ImageData:
     return _load_cifar(name, data_dir, download)
 
 
-def _load_mnist(data_dir: str, download: bool) -> ImageData:
-    # lazily: torchvision adds 1.0 s to every process start; only MNIST's IDX files need it
-    from torchvision.datasets import MNIST  # 1.0 s
+MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+IDX_MAGIC = {3: 2051, 1: 2049}  # images (N x H x W), labels (N)
 
+
+def _load_mnist(data_dir: str, download: bool) -> ImageData:
+    """MNIST's four IDX files (torchvision's layout, ``MNIST/raw/``, plain or ``.gz``),
+    read straight into uint8 arrays: no torchvision import and no second copy in memory
+    (docs/BENCHMARKS.md, "Memory"); ``download=true`` fetches them with torchvision."""
+    raw = Path(data_dir) / "MNIST" / "raw"
+    if download:
+        # lazily: torchvision adds 1.0 s and 90 MB to a process; only a download needs it
+        from torchvision.datasets import MNIST  # 1.0 s
+
+        MNIST(data_dir, train=True, download=True)
     try:
-        train = MNIST(data_dir, train=True, download=download)
-        test = MNIST(data_dir, train=False, download=download)
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        splits = {split: (_read_idx(raw / images, 3), _read_idx(raw / labels, 1))
+                  for split, (images, labels) in MNIST_FILES.items()}
+    except (OSError, EOFError, ValueError) as err:
         raise DatasetError(
             f"cannot read mnist from data-dir={data_dir!r} ({err}); it must hold "
             f"{_layout_hint('mnist')} (torchvision layout), or set download=true"
         ) from None
-    return ImageData("mnist", _as_nchw(train.data), train.targets.long(),
-                     _as_nchw(test.data), test.targets.long(), 10)
+    (train_x, train_y), (test_x, test_y) = splits["train"], splits["test"]
+    return ImageData("mnist", torch.from_numpy(train_x[:, None]), torch.from_numpy(train_y),
+                     torch.from_numpy(test_x[:, None]), torch.from_numpy(test_y), 10)
+
+
+def _read_idx(path: Path, ndim: int) -> np.ndarray:
+    """An IDX file of unsigned bytes (``path`` or ``path.gz``): uint8 images, or int64
+    labels for ``ndim`` = 1. ValueError naming the file when it is not one."""
+    gz = path.with_name(path.name + ".gz")
+    if not path.exists() and gz.exists():
+        with gzip.open(gz, "rb") as fh:
+            blob = np.frombuffer(bytearray(fh.read()), dtype=np.uint8)
+    else:
+        blob = np.fromfile(path, dtype=np.uint8)
+    header = 4 + 4 * ndim
+    words = [int.from_bytes(blob[i:i + 4].tobytes(), "big") for i in range(0, header, 4)]
+    shape = tuple(words[1:])
+    if len(blob) < header or words[0] != IDX_MAGIC[ndim] or \
+            len(blob) - header != np.prod(shape):
+        raise ValueError(f"{path} is not an IDX file of {ndim}-D unsigned bytes (magic "
+                         f"{words[0] if words else None}, {len(blob)} bytes, shape {shape})")
+    body = blob[header:].reshape(shape)
+    return body.astype(np.int64) if ndim == 1 else body
 
 
 CIFAR_FILES = {
@@ -154,11 +186,6 @@ def _layout_hint(name: str) -> str:
         "cifar10": "cifar-10-batches-py/",
         "cifar100": "cifar-100-python/",
     }[name]
-
-
-def _as_nchw(data) -> torch.Tensor:
-    """MNIST's N x H x W uint8 images as N x 1 x H x W."""
-    return torch.as_tensor(np.asarray(data), dtype=torch.uint8).unsqueeze(1).contiguous()
 
 
 def embedded_mnist_path() -> Path:

@@ -6,19 +6,31 @@ split: noise matrices per noise group (cleanlab), the Bernoulli-Dirichlet or IID
 partition on the TRUE labels, then noisy labels for each group's samples. The noise
 derives from ``noise-seed`` (default: ``seed``); ``noise-draw = "reference"`` draws it
 as the authors' reference code does (one matrix and one labelling of the whole training
-set, seed 42 unless ``noise-seed`` is given). Cached per process by
-:meth:`RunConfig.data_key`.
+set, seed 42 unless ``noise-seed`` is given).
+
+Cached per process by :meth:`RunConfig.data_key`, and on disk (:func:`plan_cache_dir`):
+the processes of a simulation (the launcher's preflight, the ServerApp, every Ray actor)
+compute the plan once and load it after, so only the first imports cleanlab (0.9 s and
+90 MB per process; docs/BENCHMARKS.md, "Memory"). An entry's key hashes the data keys,
+the true labels it was built on and the code that builds it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 from dataclasses import dataclass
+from logging import WARNING
+from pathlib import Path
 
 import numpy as np
+from flwr.common.logger import log
 
+from . import noise, partition
 from .config import RunConfig
 from .datasets import ImageData, load_dataset
+from .disk_cache import Arrays, DataCache
 from .noise import apply_noise, empirical_transition, noise_matrix, reference_noise
 from .partition import bernoulli_dirichlet, iid
 from .seeds import derive_seed
@@ -57,14 +69,59 @@ _CACHE: dict[str, FederatedData] = {}
 _LOCK = threading.Lock()
 
 
+def plan_cache_dir() -> Path:
+    """Where simulations keep their data plans: ``$FEDEFC_CACHE_DIR/plans``, by default
+    ``~/.cache/fedefc/plans`` (about 1 MB per plan of 60,000 samples)."""
+    root = os.environ.get("FEDEFC_CACHE_DIR") or Path.home() / ".cache" / "fedefc"
+    return Path(root) / "plans"
+
+
 def federated_data(cfg: RunConfig) -> FederatedData:
-    """The data plan of ``cfg``, computed at most once per process."""
+    """The data plan of ``cfg``: from this process's cache, else from the disk cache,
+    else built (and stored for the run's other processes)."""
     key = cfg.data_key()
     with _LOCK:
         if key not in _CACHE:
             data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
-            _CACHE[key] = build_federated_data(data, cfg)
+            _CACHE[key] = _cached_plan(data, cfg)
         return _CACHE[key]
+
+
+def _plan_key(data: ImageData, cfg: RunConfig) -> str:
+    digest = hashlib.sha256(cfg.data_key().encode())
+    digest.update(np.ascontiguousarray(data.train_y.numpy()).tobytes())
+    for module in (noise, partition):  # the code that builds a plan
+        digest.update(Path(module.__file__).read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return f"plan-{digest.hexdigest()[:24]}"
+
+
+def _cached_plan(data: ImageData, cfg: RunConfig) -> FederatedData:
+    cache, key = DataCache(plan_cache_dir()), _plan_key(data, cfg)
+    arrays = cache.load(key)
+    if arrays is not None:
+        return _plan_from_arrays(data, arrays)
+    fed = build_federated_data(data, cfg)
+    try:
+        cache.store(key, _plan_arrays(fed))
+    except OSError as err:  # an unwritable cache only costs the other processes time
+        log(WARNING, "data plan not cached (%s); each process builds its own", err)
+    return fed
+
+
+def _plan_arrays(fed: FederatedData) -> Arrays:
+    sizes = np.array([len(ix) for ix in fed.client_indices], dtype=np.int64)
+    return {"indices": np.concatenate(fed.client_indices).astype(np.int64), "sizes": sizes,
+            "noisy_labels": fed.noisy_labels, "group_of_client": fed.group_of_client,
+            "noise_matrices": np.stack(fed.noise_matrices)}
+
+
+def _plan_from_arrays(data: ImageData, arrays: Arrays) -> FederatedData:
+    bounds = np.cumsum(arrays["sizes"])[:-1]
+    return FederatedData(data=data, client_indices=np.split(arrays["indices"], bounds),
+                         noisy_labels=arrays["noisy_labels"], true_labels=data.train_y.numpy(),
+                         group_of_client=arrays["group_of_client"],
+                         noise_matrices=list(arrays["noise_matrices"]))
 
 
 def build_federated_data(data: ImageData, cfg: RunConfig) -> FederatedData:

@@ -4,4 +4,5 @@ import sys
 
 from .main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when multiprocessing's spawn imports this module
+    sys.exit(main())

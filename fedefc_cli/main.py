@@ -25,7 +25,7 @@ from .errors import EXIT_CODES
 from .grid import Grid, run_grid
 from .report import write_report
 from .run_configs import preset_names, resolve_run_config, resume_config
-from .simulation import preflight, run_simulation_job
+from .simulation import preflight_in_child, run_simulation_job
 
 
 def _unwind_on_signals() -> None:
@@ -45,12 +45,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_config = resume_config(args.folder, args.overrides)
     else:
         run_config = resolve_run_config(args.preset, args.overrides, args.out_dir)
-    preflight(run_config)
+    preflight_in_child(run_config)
     gpus = args.client_gpus
     if gpus is None:
         gpus = 0.25 if torch.cuda.is_available() and run_config["device"] != "cpu" else 0.0
     print(f"fedefc: results -> {run_config['out-dir']}", flush=True)
-    summary = run_simulation_job(run_config, args.client_cpus, gpus)
+    summary = run_simulation_job(run_config, args.client_cpus, gpus, checked=True)
     print(json.dumps(summary, indent=2))
     print(f"fedefc: results in {summary['out_dir']}")
     return 0

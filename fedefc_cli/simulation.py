@@ -2,9 +2,11 @@
 
 In order:
 
-1. :func:`preflight`: load the data, build the partitions and the noise, check a
-   checkpoint to resume, so that bad data or an unusable checkpoint fails before any
-   Flower process starts;
+1. :func:`preflight`, in a child process: load the data, build the partitions and the
+   noise (stored for the run's processes, ``common/federation.py``), check a checkpoint
+   to resume, so that bad data or an unusable checkpoint fails before any Flower process
+   starts, and the launcher, which waits for the whole run, never holds the data
+   (docs/BENCHMARKS.md, "Memory");
 2. a private ``flower-superlink --simulation`` on free loopback ports
    (:class:`.flower.LocalSimulation`);
 3. ``flwr run <app> --stream`` with the run config and ``num-supernodes = num-clients``;
@@ -16,7 +18,9 @@ In order:
 from __future__ import annotations
 
 import json
+import multiprocessing
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +50,21 @@ def preflight(run_config: dict[str, Any]) -> None:
             check_resume_plan(ckpt.strategy, cfg.settings(FedCorrSettings).plan(cfg))
 
 
+def preflight_in_child(run_config: dict[str, Any]) -> None:
+    """:func:`preflight` in a spawned process; its error, if any, is raised here."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(preflight, run_config).result()
+
+
 def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
-                       client_gpus: float = 0.0, log_path: Path | None = None) -> dict[str, Any]:
+                       client_gpus: float = 0.0, log_path: Path | None = None,
+                       checked: bool = False) -> dict[str, Any]:
     """Run one job through ``flwr run`` and return its summary (LaunchError on failure).
 
-    The run's log streams to stdout, or is appended to ``log_path`` when given."""
-    preflight(run_config)
+    The run's log streams to stdout, or is appended to ``log_path`` when given;
+    ``checked``: the caller already ran :func:`preflight_in_child`."""
+    if not checked:
+        preflight_in_child(run_config)
     out_dir = Path(run_config["out-dir"])
     with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
         with LocalSimulation(Path(tmp)) as sim:

@@ -24,10 +24,11 @@ import torch
 
 from common.config import RunConfig
 from common.datasets import ImageData
+from common.disk_cache import Arrays, DataCache
 from common.federation import federated_data
 from common.runtime import on_device
 
-from .cache import Arrays, DataCache, partition_key, private_key
+from .cache import partition_key, private_key
 from .private_data import ImageSpec, PrivateDataError, load_private_data
 
 DATA_PATH_KEY = "data-path"

@@ -26,6 +26,19 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _private_plan_cache(tmp_path_factory):
+    """The data plans of the tests' runs go to a folder of this session, not ~/.cache
+    (the Flower processes the tests start inherit the variable)."""
+    old = os.environ.get("FEDEFC_CACHE_DIR")
+    os.environ["FEDEFC_CACHE_DIR"] = str(tmp_path_factory.mktemp("fedefc-cache"))
+    yield
+    if old is None:
+        os.environ.pop("FEDEFC_CACHE_DIR")
+    else:
+        os.environ["FEDEFC_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _flower_marker_guard():
     """Refuse to start a Flower executable from a test not marked ``flower``."""
     original = subprocess.Popen.__init__

@@ -1,7 +1,13 @@
 """Datasets: the embedded MNIST subset and torchvision layouts (written by the tests)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+import torch
+from torchvision.datasets import MNIST
 
 from common.datasets import DatasetError, load_dataset
 from common.federation import build_federated_data
@@ -50,3 +56,39 @@ def test_federated_data_groups_have_their_own_noise(tiny_mnist_dir):
     noisy_rate = np.mean([fed.client_noise_rate(c) for c in (2, 3)])
     assert 0.3 < noisy_rate < 0.5
     np.testing.assert_array_equal(fed.noise_matrices[0], np.eye(10))
+
+
+def test_mnist_is_read_from_its_idx_files_as_torchvision_reads_them(tiny_mnist_dir):
+    data = load_dataset("mnist", str(tiny_mnist_dir))
+    for train, x, y in ((True, data.train_x, data.train_y), (False, data.test_x, data.test_y)):
+        ref = MNIST(str(tiny_mnist_dir), train=train)
+        assert torch.equal(x[:, 0], ref.data) and torch.equal(y, ref.targets)
+        assert x.dtype == torch.uint8 and y.dtype == torch.int64
+
+
+PLAN_CHILD = """
+import sys, numpy as np
+from common.federation import federated_data
+from common.methods import load_run_config
+cfg = load_run_config({"rho": 0.4, "zeta": 0.4, "num-clients": 7})
+fed = federated_data(cfg)
+np.save(sys.argv[1], np.concatenate([fed.noisy_labels, *fed.client_indices]))
+print("cleanlab" in sys.modules)
+"""
+
+
+def test_the_plan_is_built_once_and_loaded_by_the_runs_other_processes(tmp_path, embedded):
+    """A process that finds the plan on disk loads it without importing cleanlab and gets
+    exactly the plan that was built."""
+    env = {**os.environ, "FEDEFC_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", PLAN_CHILD, str(tmp_path / f"{i}.npy")],
+                           env=env, capture_output=True, text=True, check=True)
+            for i in range(2)]
+    assert [r.stdout.split()[-1] for r in runs] == ["True", "False"]
+    built, loaded = np.load(tmp_path / "0.npy"), np.load(tmp_path / "1.npy")
+    np.testing.assert_array_equal(built, loaded)
+    cfg = load_run_config({"rho": 0.4, "zeta": 0.4, "num-clients": 7})
+    direct = build_federated_data(embedded, cfg)
+    np.testing.assert_array_equal(loaded, np.concatenate([direct.noisy_labels,
+                                                          *direct.client_indices]))
+    assert len(list((tmp_path / "plans").glob("plan-*.npz"))) == 1

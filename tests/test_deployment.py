@@ -30,6 +30,7 @@ import pytest
 import torch
 import yaml
 
+from common.disk_cache import DataCache
 from common.methods import load_run_config
 from fedefc_cli.deployment import (
     DEPLOY_DIR,
@@ -44,7 +45,7 @@ from fedefc_cli.flower import flower_bin, free_port
 from fedefc_cli.main import main
 from fedefc_cli.run_configs import read_app_defaults, read_preset, resolve_run_config, toml_value
 from fedefc_cli.simulation import run_simulation_job
-from fedefc_client.cache import DataCache, partition_key, private_key
+from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import ImageSpec, PrivateDataError, load_private_data, write_npz
 from tests.helpers import records
