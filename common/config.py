@@ -89,6 +89,7 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     out_dir: str = ""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)

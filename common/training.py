@@ -79,6 +79,7 @@ class SGDSettings:
     lr: float
     momentum: float
     weight_decay: float = 0.0
+    precision: str = "fp32"  # "bf16": forward and loss under bfloat16 autocast
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,12 @@ class TrainStats:
     mean_accuracy: float  # training accuracy averaged over the local epochs
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """A shuffled epoch as index batches; a trailing batch of one sample is dropped
-    (BatchNorm cannot train on it) unless it is the only sample."""
-    perm = torch.randperm(n, generator=generator)
+def batches(n: int, batch_size: int, generator: torch.Generator,
+            device: torch.device | None = None) -> list[torch.Tensor]:
+    """A shuffled epoch as index batches (on ``device``: one copy per epoch, not one per
+    batch); a trailing batch of one sample is dropped (BatchNorm cannot train on it)
+    unless it is the only sample."""
+    perm = torch.randperm(n, generator=generator).to(device)
     out = list(perm.split(batch_size))
     if len(out) > 1 and len(out[-1]) == 1:
         out.pop()
@@ -140,14 +143,15 @@ def train_batches(model: nn.Module, data: TrainingSet, batch_loss: BatchLoss,
     the samples' pseudo-labels."""
     model.train()
     x, y = data.x, data.y
+    bf16 = settings.precision == "bf16"
     # summed on the device: no host sync per step (the GPU runs ahead of the loop)
     total_loss, steps, epoch_accs = torch.zeros((), device=x.device), 0, []
     for _ in range(settings.epochs):
         correct, seen = torch.zeros((), dtype=torch.long, device=x.device), 0
-        for idx in batches(len(y), settings.batch_size, generator):
-            idx = idx.to(x.device)
+        for idx in batches(len(y), settings.batch_size, generator, x.device):
             xb, yb = data.transform(x[idx], data.augment, generator), y[idx]
-            loss, logits = batch_loss(model, xb, yb, idx)
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss, logits = batch_loss(model, xb, yb, idx)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

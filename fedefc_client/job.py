@@ -64,7 +64,8 @@ class LocalJob:
 
     def settings(self) -> SGDSettings:
         c = self.cfg
-        return SGDSettings(c.local_epochs, c.batch_size, c.lr, c.momentum, c.weight_decay)
+        return SGDSettings(c.local_epochs, c.batch_size, c.lr, c.momentum, c.weight_decay,
+                           c.precision)
 
     def global_accuracy(self) -> float:
         """Accuracy of the received global model on the local (observed) labels."""

@@ -17,6 +17,7 @@ from common.training import (
     predict_proba,
     random_crop_flip,
     train,
+    train_batches,
 )
 
 
@@ -83,3 +84,30 @@ def test_forward_loss_with_non_identity_q_trains_a_different_model(embedded):
         out.append(predict_proba(model, x, t))
     np.testing.assert_allclose(out[0], out[1], atol=1e-4)  # Q = I is cross-entropy
     assert np.abs(out[0] - out[2]).max() > 1e-3
+
+
+def test_bf16_runs_the_forward_pass_under_autocast_and_still_learns(embedded):
+    """precision=bf16: the model's logits are bfloat16 inside the step (so the loss sees
+    them), the weights stay float32 and finite, and training still learns; fp32 steps
+    see float32 logits."""
+    x, y, t = _toy(embedded)
+    seen = {}
+    for precision in ("fp32", "bf16"):
+        settings = SGDSettings(epochs=3, batch_size=32, lr=0.05, momentum=0.5,
+                               precision=precision)
+        model = build_model("lenet", 1, 10, 28, seed=0)
+        loss0, _ = evaluate(model, x, y, t)
+
+        def batch_loss(m, xb, yb, _idx, precision=precision):
+            logits = m(xb)
+            seen[precision] = logits.dtype
+            return cross_entropy(logits, yb), logits
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+        train_batches(model, TrainingSet(x, y, t), batch_loss, optimizer, settings,
+                      torch.Generator().manual_seed(1))
+        loss1, acc1 = evaluate(model, x, y, t)
+        assert all(p.dtype == torch.float32 and torch.isfinite(p).all()
+                   for p in model.parameters())
+        assert loss1 < loss0 and acc1 > 0.5
+    assert seen == {"fp32": torch.float32, "bf16": torch.bfloat16}

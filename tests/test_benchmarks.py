@@ -1,0 +1,26 @@
+"""The GPU benchmark runs on CPU with its tiny setting (a real `fedefc run`), and prints
+what a GPU box needs to know: throughput, round times, start-up, projected full-run time
+and the memory of every process of the run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parent / "benchmarks" / "bench_gpu.py"
+
+
+@pytest.mark.flower
+def test_bench_gpu_tiny_run_measures_a_run_with_phase_2(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH), "--tiny", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "results.json").read_text())
+    assert row["t_e"] == 2 and row["phase2_round_s"] > 0  # rounds 3.. ran phase 2
+    assert row["samples_per_s"] > 0 and row["projected_full_run_min"] > 0
+    names = " ".join(row["peak_pss_mb"])
+    assert "flower-superlink" in names and "ClientAppActor" in names
+    assert row["peak_sum_mb"] >= max(row["peak_pss_mb"].values())
+    assert "x today" in out.stdout and "peak sum over the run's processes" in out.stdout
