@@ -44,10 +44,6 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
     env.update(FLWR_HOME=str(flwr_home), FLWR_DISABLE_UPDATE_CHECK="1",
                FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
-    # glibc gives every thread that allocates its own heap arena; the gRPC and Ray threads
-    # of a Flower process leave them fragmented: two arenas per process measured 0.5 GB
-    # less in all on a mnist-lite simulation (docs/BENCHMARKS.md, "Memory")
-    env.setdefault("MALLOC_ARENA_MAX", "2")
     return env
 
 
