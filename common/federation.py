@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import RunConfig
-from .datasets import ImageData, load_dataset
+from .datasets import Dataset, load_dataset
 from .noise import apply_noise, empirical_transition, noise_matrix
 from .partition import bernoulli_dirichlet, iid
 from .seeds import derive_seed
@@ -25,7 +25,7 @@ from .seeds import derive_seed
 class FederatedData:
     """Every client's sample indices into the train set, and the observed labels."""
 
-    data: ImageData
+    data: Dataset
     client_indices: list[np.ndarray]
     noisy_labels: np.ndarray  # observed label of every train sample
     true_labels: np.ndarray
@@ -57,12 +57,12 @@ def federated_data(cfg: RunConfig) -> FederatedData:
     key = cfg.data_key()
     with _LOCK:
         if key not in _CACHE:
-            data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+            data = load_dataset(cfg)
             _CACHE[key] = build_federated_data(data, cfg)
         return _CACHE[key]
 
 
-def build_federated_data(data: ImageData, cfg: RunConfig) -> FederatedData:
+def build_federated_data(data: Dataset, cfg: RunConfig) -> FederatedData:
     """Partition on true labels, then draw each noise group's observed labels."""
     true = data.train_y.numpy()
     k = data.num_classes

@@ -22,7 +22,7 @@ import re
 import subprocess
 import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,9 @@ import pytest
 import torch
 import yaml
 
+from common.data_files import write_npz
 from common.methods import load_run_config
+from common.models import TaskShape
 from fedefc_cli.deployment import (
     DEPLOY_DIR,
     LocalDeployment,
@@ -46,7 +48,7 @@ from fedefc_cli.run_configs import read_app_defaults, read_preset, resolve_run_c
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_client.cache import DataCache, partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
-from fedefc_client.private_data import ImageSpec, PrivateDataError, load_private_data, write_npz
+from fedefc_client.private_data import PrivateDataError, load_private_data
 from tests.helpers import records
 
 NODES = 3
@@ -323,8 +325,8 @@ def test_compose_demo_run_config_is_valid():
 
 # -- private data and the disk cache ---------------------------------------------------------
 NODE = "node 7 (partition-id 1)"
-MNIST = ImageSpec.of("mnist")
-CIFAR = ImageSpec.of("cifar10")
+MNIST = TaskShape((1, 28, 28), 10)
+CIFAR = TaskShape((3, 32, 32), 10)
 
 
 def images(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -341,8 +343,8 @@ def images(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 def test_npz_layouts_decode_to_nchw(tmp_path, spec, shape, to_nchw):
     raw = images(5, shape)
     np.savez(tmp_path / "d.npz", images=raw, labels=np.array([0, 1, 2, 3, 9], dtype=np.uint8))
-    x, y = load_private_data(str(tmp_path / "d.npz"), spec, NODE)
-    assert x.dtype == np.uint8 and x.shape == (5, spec.channels, spec.size, spec.size)
+    x, y = astuple(load_private_data(str(tmp_path / "d.npz"), spec, NODE))
+    assert x.dtype == np.uint8 and x.shape == (5, *spec.input_shape)
     np.testing.assert_array_equal(x, to_nchw(raw))
     assert y.dtype == np.int64 and y.tolist() == [0, 1, 2, 3, 9]
 
@@ -364,9 +366,9 @@ def write_image_folder(root: Path, mode: str, size: int, per_class: dict[str, in
 
 @pytest.mark.parametrize("spec,mode", [(MNIST, "L"), (CIFAR, "RGB")], ids=["gray", "rgb"])
 def test_image_folder_labels_are_class_folder_indices(tmp_path, spec, mode):
-    written = write_image_folder(tmp_path / "data", mode, spec.size, {"3": 2, "7": 1})
-    x, y = load_private_data(str(tmp_path / "data"), spec, NODE)
-    assert y.tolist() == [3, 3, 7] and x.shape == (3, spec.channels, spec.size, spec.size)
+    written = write_image_folder(tmp_path / "data", mode, spec.input_shape[1], {"3": 2, "7": 1})
+    x, y = astuple(load_private_data(str(tmp_path / "data"), spec, NODE))
+    assert y.tolist() == [3, 3, 7] and x.shape == (3, *spec.input_shape)
     first = written["3"][0]
     np.testing.assert_array_equal(x[0], first[None] if mode == "L" else first.transpose(2, 0, 1))
 
@@ -380,7 +382,7 @@ def bad_npz(tmp_path: Path, **arrays) -> Path:
 @pytest.mark.parametrize("make,problem", [
     (lambda t: t / "missing.npz", "does not exist"),
     (lambda t: (t / "x.npz").write_bytes(b"not a zip") and t / "x.npz", "not a readable .npz"),
-    (lambda t: bad_npz(t, images=images(2, (28, 28))), "has no labels array"),
+    (lambda t: bad_npz(t, images=images(2, (28, 28))), "it needs 'labels'"),
     (lambda t: bad_npz(t, images=images(2, (28, 28)).astype(np.float32),
                        labels=np.zeros(2, int)), "dtype float32"),
     (lambda t: bad_npz(t, images=images(2, (32, 32, 3)), labels=np.zeros(2, int)),
@@ -406,7 +408,7 @@ def test_malformed_image_folder_names_node_and_path(tmp_path):
     assert NODE in str(e.value) and str(root) in str(e.value)
     (root / "cat").rmdir()
     write_image_folder(root, "L", 14, {"3": 1})
-    with pytest.raises(PrivateDataError, match=r"is 14x14 pixels") as e:
+    with pytest.raises(PrivateDataError, match=r"is 14x14 pixels, but the run expects 28x28") as e:
         load_private_data(str(root), MNIST, NODE)
     assert str(root / "3" / "img0.png") in str(e.value)
 
@@ -447,16 +449,16 @@ def test_private_cache_key_follows_the_data_and_export_round_trips(
     path = tmp_path / "node" / "data.npz"
     write_npz(path, ref.x.numpy(), ref.labels)
     assert path.stat().st_mode & 0o777 == 0o644
-    key = private_key(cfg.dataset, str(path))
+    key = private_key(MNIST, str(path))
     cache = DataCache(tmp_path / "cache")
     local = node_data(cfg, 2, {"data-path": str(path), "cache-dir": str(cache.root)}, NODE, CPU)
     assert cache.path(key).is_file()
     assert torch.equal(local.x, ref.x) and np.array_equal(local.labels, ref.labels)
     assert local.true_transition is None and local.test_split() is None
-    assert private_key("cifar10", str(path)) != key
+    assert private_key(CIFAR, str(path)) != key
     write_npz(path, ref.x.numpy()[:5], ref.labels[:5])
     os.utime(path, ns=(1, 1))  # new size and mtime: a new entry
-    assert private_key(cfg.dataset, str(path)) != key
+    assert private_key(MNIST, str(path)) != key
     assert len(node_data(cfg, 2, {"data-path": str(path), "cache-dir": str(cache.root)},
                          NODE, CPU)) == 5
 
