@@ -275,7 +275,7 @@ def _class_folders(root: Path, where: str) -> list[Path]:
             raise _fail(where, f"class folder {folder.name!r} is not a class index; name "
                                "the class folders 0, 1, ..., K-1 (the same index for the "
                                "same class on every node)")
-    return classes
+    return sorted(classes, key=lambda p: int(p.name))
 
 
 def _image_files(folder: Path) -> list[Path]:
