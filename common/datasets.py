@@ -68,9 +68,6 @@ class DataSpec:
     def task(self) -> TaskShape:
         return TaskShape(self.input_shape, self.num_classes)
 
-    def describe(self) -> str:
-        return f"{describe_shape(self.input_shape)}, K={self.num_classes}"
-
 
 @dataclass(frozen=True)
 class Dataset:
@@ -111,11 +108,11 @@ def fit_normalization(x: np.ndarray | torch.Tensor) -> tuple[tuple[float, ...], 
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
-def make_spec(cfg: RunConfig, task: TaskShape, train_x: np.ndarray | torch.Tensor | None,
-              where: str) -> DataSpec:
+def make_spec(cfg: RunConfig, task: TaskShape,
+              train_x: np.ndarray | torch.Tensor | None = None) -> DataSpec:
     """The :class:`DataSpec` of ``cfg`` for data of shape ``task``: the normalization
     from ``normalization``, else the paper's constants, else computed from ``train_x``
-    (the training samples at hand); augmentation from ``augment``."""
+    (the training samples at hand; given for own data); augmentation from ``augment``."""
     images = len(task.input_shape) == 3
     norm = parse_normalization(cfg.normalization)
     width = task.input_shape[0]
@@ -124,9 +121,6 @@ def make_spec(cfg: RunConfig, task: TaskShape, train_x: np.ndarray | torch.Tenso
     elif norm == "auto":
         if cfg.dataset in NORMALIZATION:
             mean, std = NORMALIZATION[cfg.dataset]
-        elif train_x is None:
-            raise DatasetError(f"{where}: no training data here to compute the normalization "
-                               "from; set normalization=\"MEANS;STDS\" in the run config")
         else:
             mean, std = fit_normalization(train_x)
     else:
@@ -204,8 +198,7 @@ def _build(cfg: RunConfig) -> Dataset:
         _RAW[source] = _load(cfg.dataset, cfg.data_dir, cfg.download)
     train_x, train_y, test_x, test_y = _RAW[source]
     task = TaskShape(INPUT_SHAPES[cfg.dataset], _named_classes(cfg))
-    return Dataset(cfg.dataset, make_spec(cfg, task, None, cfg.dataset), train_x, train_y,
-                   test_x, test_y)
+    return Dataset(cfg.dataset, make_spec(cfg, task), train_x, train_y, test_x, test_y)
 
 
 def _load_own(cfg: RunConfig) -> Dataset:
@@ -227,7 +220,7 @@ def _load_own(cfg: RunConfig) -> Dataset:
             raise DatasetError(f"{where}: label {int(part.y.max())} is outside 0..{k - 1} "
                                f"({'num-classes' if cfg.num_classes else 'K'}={k}); {fix}, "
                                "or fix the labels")
-    spec = make_spec(cfg, TaskShape(shape, k), train.x, train_where)
+    spec = make_spec(cfg, TaskShape(shape, k), train.x)
     if test is None:
         test_x, test_y = np.zeros((0, *shape), dtype=train.x.dtype), np.zeros(0, np.int64)
     else:

@@ -220,7 +220,7 @@ def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays, node: 
     else:
         split = held_out_positions(cfg, partition_id, len(labels))
         train_x = arrays["x"] if split is None else arrays["x"][split[0]]
-        spec = make_spec(cfg, task_shape(cfg, node), train_x, node)
+        spec = make_spec(cfg, task_shape(cfg, node), train_x)
         test_x = torch.zeros((0, *spec.input_shape), dtype=x.dtype)
         test_y = torch.zeros(0, dtype=torch.int64)
         true_labels = None
