@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
@@ -28,8 +29,13 @@ from pydantic import (
 
 from .faults import parse_faults
 
-DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100")
-MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34")
+DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100", "npz", "imagefolder")
+# datasets whose files the user brings (docs/OWN-DATA.md); the others are the paper's
+OWN_DATASETS = ("npz", "imagefolder")
+MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34", "mlp", "cnn")
+# a model given by import path: "package.module:callable" (docs/OWN-DATA.md, "Your model")
+MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+EVALUATIONS = ("auto", "server", "federated", "both")
 METHODS = ("fedefc", "fedavg", "fedprox", "fedditto", "forward-correction",
            "confident-learning", "fedcorr", "fednoro", "rofl")
 
@@ -63,7 +69,16 @@ class RunConfig(BaseModel):
     dataset: Literal[DATASETS] = "mnist-embedded"  # type: ignore[valid-type]
     data_dir: str = ""
     download: bool = False
-    model: Literal[MODELS] = "auto"  # type: ignore[valid-type]
+    model: str = "auto"
+    # own data (docs/OWN-DATA.md)
+    data_path: str = ""
+    test_path: str = ""
+    num_classes: int = Field(0, ge=0, le=1_000_000)
+    input_shape: str = ""
+    normalization: str = "auto"
+    augment: Literal["auto", "none", "crop-flip"] = "auto"
+    evaluation: Literal[EVALUATIONS] = "auto"  # type: ignore[valid-type]
+    local_test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     num_clients: int = Field(20, ge=1, le=100_000)
     fraction: float = Field(0.5, gt=0.0, le=1.0)
     rounds: int = Field(40, ge=1, le=100_000)
@@ -107,12 +122,13 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        if self.dataset != "mnist-embedded" and not os.path.isabs(self.data_dir):
+        if self.dataset in ("mnist", "cifar10", "cifar100") and not os.path.isabs(self.data_dir):
             raise ValueError(
                 f"data-dir={self.data_dir!r}: dataset {self.dataset!r} needs an absolute "
                 "folder in torchvision's layout (the app runs from Flower's app "
                 "directory, so relative paths break); e.g. data-dir=\"/data\""
             )
+        self._check_own_data()
         if self.resume_from and not os.path.isabs(self.resume_from):
             raise ValueError(
                 f"resume-from={self.resume_from!r} is not absolute; give the absolute out-dir "
@@ -150,6 +166,71 @@ class RunConfig(BaseModel):
             )
         return self
 
+    def _check_own_data(self) -> None:
+        """The keys of docs/OWN-DATA.md: paths, shapes, model, evaluation."""
+        if self.model not in MODELS and not MODEL_PATH.match(self.model):
+            raise ValueError(
+                f"model={self.model!r} is neither a built-in model ({', '.join(MODELS)}) nor "
+                "an import path; write model=\"package.module:callable\"")
+        for key, value in (("data-path", self.data_path), ("test-path", self.test_path)):
+            if value and not os.path.isabs(value):
+                raise ValueError(f"{key}={value!r} is not absolute; give the absolute path of "
+                                 "an .npz file or an ImageFolder directory (the app runs from "
+                                 "Flower's app directory)")
+        parse_input_shape(self.input_shape)
+        parse_normalization(self.normalization)
+        own = self.dataset in OWN_DATASETS
+        if not own:
+            for key, value in (("data-path", self.data_path), ("test-path", self.test_path),
+                               ("input-shape", self.input_shape)):
+                if value:
+                    raise ValueError(
+                        f"{key}={value!r} is for dataset=\"npz\" or \"imagefolder\"; "
+                        f"dataset {self.dataset!r} has its own files and split: leave {key} "
+                        "empty, or set dataset=\"npz\" / \"imagefolder\"")
+        elif self.data_dir:
+            raise ValueError(f"data-dir={self.data_dir!r} is the torchvision folder of mnist "
+                             f"and cifar; dataset {self.dataset!r} reads data-path (and "
+                             "test-path): set those and leave data-dir empty")
+        if own and not self.data_path and not (self.evaluation == "federated"
+                                               and self.num_classes and self.input_shape):
+            raise ValueError(
+                f"dataset={self.dataset!r} needs data-path: the absolute path of the training "
+                "data (an .npz or an ImageFolder directory). Only a deployment whose nodes "
+                "each bring their own data-path may leave it empty, and then the server, "
+                "holding no data, needs evaluation=\"federated\", num-classes and "
+                "input-shape")
+        if self.evaluation in ("server", "both") and not self.has_test_set:
+            raise ValueError(
+                f"evaluation={self.evaluation!r} needs a server test set, and dataset "
+                f"{self.dataset!r} without test-path has none: set test-path, or "
+                "evaluation=\"federated\" (the clients evaluate on their held-out data)")
+        if self.federated_evaluation and self.local_test_fraction <= 0.0:
+            raise ValueError(
+                f"local-test-fraction={self.local_test_fraction}: federated evaluation needs "
+                "held-out data on every client; set it in (0, 1), e.g. 0.2")
+
+    @property
+    def has_test_set(self) -> bool:
+        """Whether the server has a test set: the paper's datasets, or a test-path."""
+        return self.dataset not in OWN_DATASETS or bool(self.test_path)
+
+    @property
+    def evaluation_mode(self) -> str:
+        """``server``, ``federated`` or ``both``; ``auto`` is ``server`` when a test set
+        exists, else ``federated``."""
+        if self.evaluation != "auto":
+            return self.evaluation
+        return "server" if self.has_test_set else "federated"
+
+    @property
+    def server_evaluation(self) -> bool:
+        return self.evaluation_mode in ("server", "both")
+
+    @property
+    def federated_evaluation(self) -> bool:
+        return self.evaluation_mode in ("federated", "both")
+
     @property
     def clients_per_round(self) -> int:
         """max(1, int(fraction * N)): the clients a round samples."""
@@ -177,8 +258,9 @@ class RunConfig(BaseModel):
             )
         return groups
 
-    def resolved_model(self) -> str:
-        """The model name, with ``auto`` resolved by dataset (docs/FEDEFC.md §2)."""
+    def resolved_model(self, input_shape: tuple[int, ...]) -> str:
+        """The model name, with ``auto`` resolved by dataset (docs/FEDEFC.md §2.2): for
+        own data ``cnn`` on images and ``mlp`` on feature vectors."""
         if self.model != "auto":
             return self.model
         return {
@@ -186,7 +268,7 @@ class RunConfig(BaseModel):
             "mnist": "cnn9",
             "cifar10": "resnet18",
             "cifar100": "resnet34",
-        }[self.dataset]
+        }.get(self.dataset, "cnn" if len(input_shape) == 3 else "mlp")
 
     def settings(self, model: type[S]) -> S:
         """This run's values of a method's own keys (validated by ``model``)."""
@@ -202,7 +284,8 @@ class RunConfig(BaseModel):
 
     def data_key(self) -> str:
         """A digest of every key that decides the clients' data (partition and noise)."""
-        keys = ("dataset", "data-dir", "num-clients", "iid", "alpha-dir", "p", "rho",
+        keys = ("dataset", "data-dir", "data-path", "num-classes", "input-shape",
+                "normalization", "augment", "num-clients", "iid", "alpha-dir", "p", "rho",
                 "zeta", "noise-groups", "noise-seed", "noise-draw", "seed")
         flat = self.model_dump(by_alias=True)
         blob = json.dumps({k: flat[k] for k in keys}, sort_keys=True)
@@ -228,6 +311,37 @@ class MethodSettings(BaseModel):
 
 
 S = TypeVar("S", bound=MethodSettings)
+
+
+def parse_input_shape(text: str) -> tuple[int, ...] | None:
+    """``input-shape``: "CxHxW" for images, "D" for feature vectors; "" is None (taken
+    from the data)."""
+    if not text.strip():
+        return None
+    try:
+        shape = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) not in (1, 3) or min(shape) < 1:
+        raise ValueError(f"input-shape={text!r} is not 'CxHxW' (images, e.g. \"3x32x32\") "
+                         "or 'D' (feature vectors, e.g. \"13\")")
+    return shape
+
+
+def parse_normalization(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | str:
+    """``normalization``: "auto", "none", or "MEANS;STDS" with one comma-separated value
+    per channel (images, in units of pixel/255) or per feature."""
+    if text in ("auto", "none"):
+        return text
+    try:
+        means, stds = (tuple(float(v) for v in part.split(",")) for part in text.split(";"))
+    except ValueError:
+        means, stds = (), ()
+    if not means or len(means) != len(stds) or min(stds) <= 0:
+        raise ValueError(f"normalization={text!r} is not \"auto\", \"none\" or "
+                         "\"MEANS;STDS\" with as many positive stds as means, e.g. "
+                         "\"0.49,0.48,0.45;0.25,0.24,0.26\"")
+    return means, stds
 
 
 def _check_noise(rho: float, zeta: float, key: str) -> None:

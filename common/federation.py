@@ -29,7 +29,7 @@ from flwr.common.logger import log
 
 from . import noise, partition
 from .config import RunConfig
-from .datasets import ImageData, load_dataset
+from .datasets import Dataset, load_dataset
 from .disk_cache import Arrays, DataCache
 from .noise import apply_noise, empirical_transition, noise_matrix, reference_noise
 from .partition import bernoulli_dirichlet, iid
@@ -42,7 +42,7 @@ REFERENCE_SEED = 42  # the reference code's noise seed, the same for every trial
 class FederatedData:
     """Every client's sample indices into the train set, and the observed labels."""
 
-    data: ImageData
+    data: Dataset
     client_indices: list[np.ndarray]
     noisy_labels: np.ndarray  # observed label of every train sample
     true_labels: np.ndarray
@@ -82,12 +82,12 @@ def federated_data(cfg: RunConfig) -> FederatedData:
     key = cfg.data_key()
     with _LOCK:
         if key not in _CACHE:
-            data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
+            data = load_dataset(cfg)
             _CACHE[key] = _cached_plan(data, cfg)
         return _CACHE[key]
 
 
-def _plan_key(data: ImageData, cfg: RunConfig) -> str:
+def _plan_key(data: Dataset, cfg: RunConfig) -> str:
     digest = hashlib.sha256(cfg.data_key().encode())
     digest.update(np.ascontiguousarray(data.train_y.numpy()).tobytes())
     for module in (noise, partition):  # the code that builds a plan
@@ -96,7 +96,7 @@ def _plan_key(data: ImageData, cfg: RunConfig) -> str:
     return f"plan-{digest.hexdigest()[:24]}"
 
 
-def _cached_plan(data: ImageData, cfg: RunConfig) -> FederatedData:
+def _cached_plan(data: Dataset, cfg: RunConfig) -> FederatedData:
     cache, key = DataCache(plan_cache_dir()), _plan_key(data, cfg)
     arrays = cache.load(key)
     if arrays is not None:
@@ -116,7 +116,7 @@ def _plan_arrays(fed: FederatedData) -> Arrays:
             "noise_matrices": np.stack(fed.noise_matrices)}
 
 
-def _plan_from_arrays(data: ImageData, arrays: Arrays) -> FederatedData:
+def _plan_from_arrays(data: Dataset, arrays: Arrays) -> FederatedData:
     bounds = np.cumsum(arrays["sizes"])[:-1]
     return FederatedData(data=data, client_indices=np.split(arrays["indices"], bounds),
                          noisy_labels=arrays["noisy_labels"], true_labels=data.train_y.numpy(),
@@ -124,7 +124,7 @@ def _plan_from_arrays(data: ImageData, arrays: Arrays) -> FederatedData:
                          noise_matrices=list(arrays["noise_matrices"]))
 
 
-def build_federated_data(data: ImageData, cfg: RunConfig) -> FederatedData:
+def build_federated_data(data: Dataset, cfg: RunConfig) -> FederatedData:
     """Partition on true labels, then draw each noise group's observed labels."""
     true = data.train_y.numpy()
     k = data.num_classes

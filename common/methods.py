@@ -32,6 +32,10 @@ SETTINGS: dict[str, type[MethodSettings] | None] = {
 }
 
 
+# methods that need the model's penultimate features (common/models.py: provides_features)
+NEEDS_FEATURES = frozenset({"rofl"})
+
+
 def load_run_config(flat: dict[str, Any]) -> RunConfig:
     """Validate Flower's flat run config; raise ConfigError naming each bad key."""
     return parse_run_config(flat, SETTINGS)

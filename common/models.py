@@ -1,20 +1,52 @@
-"""The models of docs/FEDEFC.md §2.2, each returning logits and (on request) features.
+"""The models of docs/FEDEFC.md §2.2, each returning logits and (on request) features,
+and models given by import path (docs/OWN-DATA.md, "Your model").
 
 - ``lenet``: LeNet-5 for CPU runs (the mnist-lite preset).
 - ``cnn9``: Co-teaching's 9-conv CNN (the paper's MNIST model); dropout is off in
   eval mode (the reference code's dropout-in-eval bug is not reproduced).
 - ``resnet18`` / ``resnet34``: CIFAR-style ResNets (3x3 stride-1 stem, no max-pool).
+- ``cnn``: a small CNN for images of any size and channel count.
+- ``mlp``: a two-hidden-layer perceptron for feature vectors (or flattened images).
+- ``"package.module:callable"``: ``callable(num_classes=K, input_shape=...)`` returning
+  a ``torch.nn.Module`` whose forward gives (N, K) logits.
 
-Every conv and linear layer is Xavier-uniform initialized with zero bias, as the
-reference code. ``forward(x, return_features=True)`` also returns the penultimate
-feature vector (RoFL's class centroids need it).
+Every conv and linear layer of the built-in models is Xavier-uniform initialized with
+zero bias, as the reference code; a model given by import path keeps its own
+initialization, drawn under the same derived seed. ``forward(x, return_features=True)``
+also returns the penultimate feature vector (RoFL's class centroids need it): the
+built-in models do, and a model given by import path may (:func:`provides_features`).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class ModelError(ValueError):
+    """A model cannot be built or does not fit the data; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What a model is built for: the input shape ((C, H, W) or (D,)) and K classes."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class ClassifierShape:
+    """K classes and the penultimate feature width D (None: the model gives no features)."""
+
+    num_classes: int
+    feature_dim: int | None
 
 
 class FeatureClassifier(nn.Module):
@@ -32,12 +64,12 @@ class FeatureClassifier(nn.Module):
 class LeNet5(FeatureClassifier):
     """conv5 (C->6), ReLU, pool, conv5 (6->16), ReLU, pool, FC 120, FC 84, FC K."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int = 28):
+    def __init__(self, in_channels: int, num_classes: int, image_size: tuple[int, int] = (28, 28)):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 6, 5)
         self.conv2 = nn.Conv2d(6, 16, 5)
-        side = ((image_size - 4) // 2 - 4) // 2
-        self.fc1 = nn.Linear(16 * side * side, 120)
+        rows, cols = (((side - 4) // 2 - 4) // 2 for side in image_size)
+        self.fc1 = nn.Linear(16 * rows * cols, 120)
         self.fc2 = nn.Linear(120, 84)
         self.classifier = nn.Linear(84, num_classes)
 
@@ -111,14 +143,6 @@ class CifarResNet(FeatureClassifier):
         return F.adaptive_avg_pool2d(out, 1).flatten(1)
 
 
-def classifier_shape(weight_shapes: list[tuple[int, ...]]) -> tuple[int, int]:
-    """(K classes, D features) of a model from the shapes of its arrays (state-dict
-    order): every model here registers its classifier last, so the classifier's K x D
-    weight is the second-to-last array (its bias the last)."""
-    classes, features = weight_shapes[-2]
-    return int(classes), int(features)
-
-
 def xavier_init(model: nn.Module) -> nn.Module:
     """Xavier-uniform weights and zero bias on every conv and linear layer."""
     for module in model.modules():
@@ -129,19 +153,147 @@ def xavier_init(model: nn.Module) -> nn.Module:
     return model
 
 
-def build_model(name: str, in_channels: int, num_classes: int, image_size: int,
-                seed: int) -> FeatureClassifier:
+class SmallCNN(FeatureClassifier):
+    """For images of any size: conv3 (C->32), ReLU, conv3 (32->32), ReLU, 2x2 max-pool
+    (when both sides are at least 2), conv3 (32->64), ReLU, adaptive average pool to
+    4x4, FC 128, ReLU, FC K."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: tuple[int, int]):
+        super().__init__()
+        pool: nn.Module = nn.MaxPool2d(2) if min(image_size) >= 2 else nn.Identity()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), pool,
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+            nn.Linear(64 * 16, 128), nn.ReLU())
+        self.classifier = nn.Linear(128, num_classes)
+
+    def features(self, x):
+        return self.body(x)
+
+
+class MLP(FeatureClassifier):
+    """Flatten, FC 128, ReLU, FC 64, ReLU, FC K: for feature vectors (D,) (or images)."""
+
+    def __init__(self, input_size: int, num_classes: int):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(input_size, 128), nn.ReLU(),
+                                  nn.Linear(128, 64), nn.ReLU())
+        self.classifier = nn.Linear(64, num_classes)
+
+    def features(self, x):
+        return self.body(x)
+
+
+# the smallest image side each convolutional model can take
+MIN_IMAGE_SIDE = {"lenet": 16, "cnn9": 28, "resnet18": 1, "resnet34": 1, "cnn": 1}
+
+
+def _builtin(name: str, task: TaskShape) -> FeatureClassifier:
+    shape, k = task.input_shape, task.num_classes
+    if name == "mlp":
+        return MLP(math.prod(shape), k)
+    if len(shape) != 3:
+        raise ModelError(f"model={name!r} takes images, but the data holds feature vectors "
+                         f"of shape {shape}; use model=\"mlp\" (or \"auto\")")
+    channels, rows, cols = shape
+    if min(rows, cols) < MIN_IMAGE_SIDE[name]:
+        raise ModelError(f"model={name!r} needs images of at least {MIN_IMAGE_SIDE[name]}x"
+                         f"{MIN_IMAGE_SIDE[name]} pixels, but they are {rows}x{cols}; use "
+                         "model=\"cnn\" (any size) or \"mlp\"")
+    if name == "lenet":
+        return LeNet5(channels, k, (rows, cols))
+    if name == "cnn9":
+        return CNN9(channels, k)
+    if name == "resnet18":
+        return CifarResNet((2, 2, 2, 2), channels, k)
+    if name == "resnet34":
+        return CifarResNet((3, 4, 6, 3), channels, k)
+    if name == "cnn":
+        return SmallCNN(channels, k, (rows, cols))
+    raise ModelError(f"model={name!r} is unknown; use {', '.join(MIN_IMAGE_SIDE)}, mlp or "
+                     "an import path \"package.module:callable\"")
+
+
+def import_model(path: str, task: TaskShape) -> nn.Module:
+    """``callable(num_classes=K, input_shape=...)`` of ``"package.module:callable"``,
+    checked: a ``torch.nn.Module`` whose forward maps a batch of the input shape to
+    (N, K) logits."""
+    module_name, _, attr = path.partition(":")
+    importable = ("it must be importable in every process that runs the app (SuperLink, "
+                  "SuperNodes, their SuperExecs, the simulation): install its package in "
+                  "their environment (pip install -e yourpkg) or put its folder on their "
+                  "PYTHONPATH")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # ImportError, or an error raised by the module itself
+        raise ModelError(f"model={path!r}: cannot import {module_name!r} "
+                         f"({type(err).__name__}: {err}); {importable}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelError(f"model={path!r}: module {module_name!r} has no callable {attr!r}; "
+                         "name a function or class that takes num_classes and input_shape")
+    try:
+        model = factory(num_classes=task.num_classes, input_shape=task.input_shape)
+    except Exception as err:
+        raise ModelError(f"model={path!r}: calling {attr}(num_classes={task.num_classes}, "
+                         f"input_shape={task.input_shape}) raised {type(err).__name__}: "
+                         f"{err}") from None
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"model={path!r}: {attr}(...) returned {type(model).__name__}, not "
+                         "a torch.nn.Module")
+    check_output(model, path, task)
+    return model
+
+
+def check_output(model: nn.Module, name: str, task: TaskShape) -> None:
+    """The model maps a batch of 2 zero inputs of the task's shape to (2, K) logits."""
+    batch = torch.zeros(2, *task.input_shape)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(batch)
+    except Exception as err:
+        raise ModelError(f"model={name!r} fails on a batch of shape {tuple(batch.shape)} "
+                         f"({type(err).__name__}: {err}); its forward must take float "
+                         "batches shaped (N, *input_shape)") from None
+    finally:
+        model.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (2, task.num_classes):
+        raise ModelError(f"model={name!r} gives {shape} for a batch of 2 inputs of shape "
+                         f"{task.input_shape}; its forward must return logits shaped (N, K) = "
+                         f"(2, {task.num_classes}): end it with a Linear(..., num_classes)")
+
+
+def provides_features(model: nn.Module) -> bool:
+    """Whether ``model(x, return_features=True)`` gives (logits, penultimate features)."""
+    if isinstance(model, FeatureClassifier):
+        return True
+    try:
+        return "return_features" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def classifier_shape(model: nn.Module, task: TaskShape) -> ClassifierShape:
+    """K and the penultimate feature width D of ``model`` (one forward pass on zeros)."""
+    if not provides_features(model):
+        return ClassifierShape(task.num_classes, None)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        _, feats = model(torch.zeros(2, *task.input_shape), return_features=True)
+    model.train(was_training)
+    return ClassifierShape(task.num_classes, int(feats.flatten(1).shape[1]))
+
+
+def build_model(name: str, task: TaskShape, seed: int) -> nn.Module:
     """A freshly initialized model; the same seed gives the same weights."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if name == "lenet":
-            model: FeatureClassifier = LeNet5(in_channels, num_classes, image_size)
-        elif name == "cnn9":
-            model = CNN9(in_channels, num_classes)
-        elif name == "resnet18":
-            model = CifarResNet((2, 2, 2, 2), in_channels, num_classes)
-        elif name == "resnet34":
-            model = CifarResNet((3, 4, 6, 3), in_channels, num_classes)
-        else:
-            raise ValueError(f"model={name!r} is unknown; use lenet, cnn9, resnet18 or resnet34")
-        return xavier_init(model)
+        if name in MIN_IMAGE_SIDE or name == "mlp":
+            return xavier_init(_builtin(name, task))
+        return import_model(name, task)

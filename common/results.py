@@ -4,7 +4,8 @@ Layout (all under an absolute ``out-dir``)::
 
     config.json     the resolved run config (every key, defaults filled in)
     metrics.jsonl   one JSON object per round (round 0 = the initial model)
-    summary.json    final / best / mean-of-last-10 test accuracy, T_e, wall time
+    summary.json    final / best / mean-of-last-10 accuracy (server test set or federated
+                    evaluation, ``accuracy_source``), T_e, wall time
     model.pt        the final global model's state dict (torch.save)
 
 Files are written atomically (temp file + rename), so a crash never leaves a
@@ -90,6 +91,18 @@ def check_output_dir(out_dir: str | Path) -> Path:
     return path
 
 
+def accuracy_stats(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """final_acc, best_acc, best_round and mean_last10_acc of the rounds' ``key``
+    (rounds > 0 that have it); {} when none has."""
+    done = [r for r in rounds if r.get("round", 0) > 0 and r.get(key) is not None]
+    if not done:
+        return {}
+    accs = [r[key] for r in done]
+    best = int(np.argmax(accs))
+    return {"final_acc": accs[-1], "best_acc": accs[best], "best_round": done[best]["round"],
+            "mean_last10_acc": float(np.mean(accs[-10:]))}
+
+
 class RunRecorder:
     """Writes one run's output folder."""
 
@@ -131,14 +144,23 @@ class RunRecorder:
             os.fsync(fh.fileno())
 
     def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
-        accs = [r["test_acc"] for r in self.rounds if r.get("round", 0) > 0
-                and r.get("test_acc") is not None]
+        """summary.json: ``extra``, then final / best / mean-of-last-10 accuracy from the
+        server's test set when the rounds have it, else from the federated evaluation
+        (``accuracy_source`` says which); with federated evaluation also its own
+        ``federated_*`` figures (and the true-label diagnostic's final value)."""
         summary = dict(extra)
-        if accs:
-            best = int(np.argmax(accs))
-            summary.update(final_acc=accs[-1], best_acc=accs[best],
-                           best_round=self.rounds[-len(accs):][best]["round"],
-                           mean_last10_acc=float(np.mean(accs[-10:])))
+        federated = accuracy_stats(self.rounds, "federated_acc")
+        primary = accuracy_stats(self.rounds, "test_acc")
+        if primary:
+            summary.update(primary, accuracy_source="server test set")
+        elif federated:
+            summary.update(federated, accuracy_source="federated held-out data")
+        if federated:
+            summary.update({f"federated_{k}": v for k, v in federated.items()})
+            true = [r["federated_true_acc"] for r in self.rounds if r.get("round", 0) > 0
+                    and r.get("federated_true_acc") is not None]
+            if true:
+                summary["federated_true_final_acc"] = true[-1]
         summary["out_dir"] = str(self.out_dir)
         atomic_write_json(self.out_dir / "summary.json", summary)
         return _clean(summary)

@@ -10,37 +10,46 @@ from __future__ import annotations
 import threading
 
 import torch
+from torch import nn
 
 from .config import RunConfig
-from .datasets import ImageData
-from .models import FeatureClassifier, build_model
+from .datasets import Dataset
+from .methods import NEEDS_FEATURES
+from .models import ModelError, TaskShape, build_model, provides_features
 from .seeds import derive_seed
 
-_MODELS: dict[tuple, FeatureClassifier] = {}
+_MODELS: dict[tuple, nn.Module] = {}
 _TENSORS: dict[tuple, torch.Tensor] = {}
 _LOCK = threading.Lock()
 
 
-def model_for(cfg: RunConfig, data: ImageData, device: torch.device,
-              slot: str = "main") -> FeatureClassifier:
+def model_for(cfg: RunConfig, task: TaskShape, device: torch.device,
+              slot: str = "main") -> nn.Module:
     """The process's model instance for this architecture and device (weights are
     overwritten by every message; ``slot`` keeps a second instance, e.g. Ditto's)."""
-    key = (cfg.resolved_model(), data.in_channels, data.num_classes,
-           int(data.train_x.shape[-1]), str(device), slot)
+    key = (cfg.resolved_model(task.input_shape), task, cfg.method, str(device), slot)
     with _LOCK:
         if key not in _MODELS:
-            _MODELS[key] = initial_model(cfg, data).to(device)
+            _MODELS[key] = initial_model(cfg, task).to(device)
         return _MODELS[key]
 
 
-def initial_model(cfg: RunConfig, data: ImageData) -> FeatureClassifier:
-    """The global model of round 0: a pure function of (model, dataset shape, seed)."""
-    return build_model(cfg.resolved_model(), data.in_channels, data.num_classes,
-                       int(data.train_x.shape[-1]), derive_seed(cfg.seed, "model"))
+def initial_model(cfg: RunConfig, task: TaskShape) -> nn.Module:
+    """The global model of round 0: a pure function of (model, input shape, K, seed).
+    A method that needs the penultimate features (RoFL) refuses a model without them."""
+    name = cfg.resolved_model(task.input_shape)
+    model = build_model(name, task, derive_seed(cfg.seed, "model"))
+    if cfg.method in NEEDS_FEATURES and not provides_features(model):
+        raise ModelError(
+            f"method={cfg.method!r} needs the model's penultimate features, but model="
+            f"{name!r} does not give them: its forward must accept return_features=True and "
+            "then return (logits, features) (subclass common.models.FeatureClassifier: "
+            "features(x) and a final Linear named classifier), or choose another method")
+    return model
 
 
-def on_device(data: ImageData, split: str, device: torch.device) -> torch.Tensor:
-    """``data.train_x`` / ``data.test_x`` (uint8) moved to ``device`` once per process."""
+def on_device(data: Dataset, split: str, device: torch.device) -> torch.Tensor:
+    """``data.train_x`` / ``data.test_x`` moved to ``device`` once per process."""
     key = (id(data), split, str(device))
     with _LOCK:
         if key not in _TENSORS:

@@ -1,8 +1,9 @@
-"""Local training and evaluation loops over uint8 image tensors.
+"""Local training and evaluation loops over uint8 image or float32 feature tensors.
 
 Batches are built by indexing a tensor that already sits on the training device;
-normalization (and CIFAR's random crop + flip) is done on the batch tensor, with no
-per-sample PIL work (docs/FEDEFC.md §2.3-2.4). A fresh SGD optimizer every round.
+normalization (and, where the dataset asks, random crop + flip) is done on the batch
+tensor, with no per-sample PIL work (docs/FEDEFC.md §2.3-2.4). A fresh SGD optimizer
+every round.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+
+from .datasets import DataSpec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Regularizer = Callable[[nn.Module], torch.Tensor]
@@ -41,11 +44,23 @@ def configure_threads(requested: int = 0) -> int:
 
 
 class BatchTransform:
-    """uint8 N x C x H x W batch -> normalized float batch (optionally augmented)."""
+    """A batch of uint8 N x C x H x W images or float32 N x D features -> the normalized
+    float batch, (x - mean) / std per channel (mean and std in pixel/255 units) or per
+    feature; images optionally augmented."""
 
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device):
-        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255.0
-        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255.0
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+                 images: bool = True):
+        if images:
+            self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255.0
+            self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255.0
+        else:
+            self.mean = torch.tensor(mean, device=device).view(1, -1)
+            self.std = torch.tensor(std, device=device).view(1, -1)
+
+    @classmethod
+    def of(cls, spec: DataSpec, device: torch.device) -> BatchTransform:
+        """The transform of a dataset's :class:`DataSpec`."""
+        return cls(spec.mean, spec.std, device, images=spec.images)
 
     def __call__(self, xb: torch.Tensor, augment: bool = False,
                  generator: torch.Generator | None = None) -> torch.Tensor:
@@ -54,10 +69,11 @@ class BatchTransform:
         return (xb.float() - self.mean) / self.std
 
 
-def random_crop_flip(xb: torch.Tensor, generator: torch.Generator | None,
-                     pad: int = 4) -> torch.Tensor:
-    """RandomCrop(size, padding=pad) + RandomHorizontalFlip, vectorized over the batch."""
+def random_crop_flip(xb: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """RandomCrop(size, padding=pad) + RandomHorizontalFlip, vectorized over the batch;
+    pad = max(1, min(H, W) // 8): 4 for CIFAR's 32 x 32."""
     n, _, h, w = xb.shape
+    pad = max(1, min(h, w) // 8)
     padded = nn.functional.pad(xb, (pad, pad, pad, pad))
     dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(xb.device)
     dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(xb.device)
@@ -193,6 +209,15 @@ def predict_proba(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
 
 
 @torch.no_grad()
+def predict_logits(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
+                   batch_size: int = 1024) -> torch.Tensor:
+    """Logits of ``model`` on x, eval mode, no augmentation (any classifier)."""
+    model.eval()
+    return torch.cat([model(transform(x[i:i + batch_size])) for i in range(0, len(x),
+                                                                            batch_size)])
+
+
+@torch.no_grad()
 def predict_logits_features(model: nn.Module, x: torch.Tensor, transform: BatchTransform,
                             batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, penultimate features) of ``model`` on x, eval mode, no augmentation."""
@@ -222,13 +247,13 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, transform: Batc
 
 @torch.no_grad()
 def evaluate_per_class(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                       transform: BatchTransform, batch_size: int = 1024) -> np.ndarray:
-    """Accuracy of ``model`` on each class of (x, y); 0 for a class with no sample."""
-    model.eval()
-    preds = torch.cat([model(transform(x[i:i + batch_size])).argmax(1)
-                       for i in range(0, len(x), batch_size)]).cpu().numpy()
+                       transform: BatchTransform, num_classes: int,
+                       batch_size: int = 1024) -> np.ndarray:
+    """Accuracy of ``model`` on each of the K classes of (x, y); 0 for a class with no
+    sample."""
+    preds = predict_logits(model, x, transform, batch_size).argmax(1).cpu().numpy()
     labels = y.cpu().numpy()
-    k = int(model.classifier.out_features)
+    k = num_classes
     total = np.bincount(labels, minlength=k)
     correct = np.bincount(labels[preds == labels], minlength=k)
     return np.where(total > 0, correct / np.maximum(total, 1), 0.0)

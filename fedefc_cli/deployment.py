@@ -38,9 +38,9 @@ import tomli_w
 import torch
 
 from common.config import ConfigError
+from common.data_files import write_npz
+from common.federation import federated_data
 from common.methods import load_run_config
-from fedefc_client.local_data import partition_data
-from fedefc_client.private_data import write_npz
 
 from .errors import LaunchError, UsageError
 from .flower import flower_bin, flwr_env, flwr_json, free_port, submit_run
@@ -373,9 +373,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     cfg = load_run_config(merged_config(args.preset, args.overrides))
     out = Path(args.out_dir).resolve()
-    for pid in range(cfg.num_clients):
-        local = partition_data(cfg, pid, torch.device("cpu"))
+    fed = federated_data(cfg)
+    for pid, idx in enumerate(fed.client_indices):
         path = out / f"node-{pid}" / "data.npz"
-        write_npz(path, local.x.numpy(), local.labels)
-        print(f"partition {pid}: {len(local)} samples -> {path}")
+        write_npz(path, fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx])
+        print(f"partition {pid}: {len(idx)} samples -> {path}")
     return 0

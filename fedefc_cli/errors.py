@@ -8,7 +8,8 @@ after starting exits 1 (:data:`EXIT_CODES`).
 from __future__ import annotations
 
 from common.config import ConfigError
-from common.datasets import DatasetError
+from common.data_files import DatasetError
+from common.models import ModelError
 from common.noise import NoiseError
 from common.partition import PartitionError
 from common.results import OutputDirError
@@ -25,6 +26,6 @@ class LaunchError(RuntimeError):
 
 
 BAD_INPUT = (UsageError, ConfigError, OutputDirError, DatasetError, NoiseError, PartitionError,
-             CheckpointError, PrivateDataError)
+             CheckpointError, PrivateDataError, ModelError)
 EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], int], ...] = ((BAD_INPUT, 2),
                                                                    ((LaunchError,), 1))

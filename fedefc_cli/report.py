@@ -2,13 +2,17 @@
 
 Written into ``<results-dir>/<grid name>/``:
 
-- ``table.md`` / ``table.csv``: final-round test accuracy (%) per row and column,
+Accuracies are the server's test-set accuracies, or, for runs without a server test
+set, the federated evaluation's (the clients' held-out data); the table's caption and
+the plots' axes say which (``accuracy_source`` of each summary).
+
+- ``table.md`` / ``table.csv``: final-round accuracy (%) per row and column,
   mean +- std over the finished seeds, the best two per column in bold (rows without
   noise excluded, as in the paper), and the paper's number beside ours where the
   paper has that cell (``configs/reference/paper-results.toml``).
-- ``plots/acc-<column>.png``: test accuracy vs round, one line per row (first seed).
+- ``plots/acc-<column>.png``: accuracy vs round, one line per row (first seed).
 - ``plots/fig1-<column>.png``: FedEFC's averaged client accuracy A(t) with A_max and
-  T_e marked beside the test accuracy (Fig. 1 left), and the clients' mean cosine
+  T_e marked beside the accuracy (Fig. 1 left), and the clients' mean cosine
   similarity between estimated Q and their true noise matrices (Fig. 1 right).
 - ``plots/q-heatmap-<column>.png``: the largest client's Q, recomputed offline from the final
   global model on that client's data, next to its true noise matrix (needs the dataset).
@@ -83,9 +87,17 @@ def read_records(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def accuracy_key(records: list[dict[str, Any]]) -> tuple[str, str]:
+    """The record field a run's accuracy curve uses, and its label: the server's test
+    set when the run has one, else the federated evaluation."""
+    if any(r.get("test_acc") is not None for r in records):
+        return "test_acc", "test accuracy"
+    return "federated_acc", "federated accuracy (held-out)"
+
+
 def cell_stats(cells: list[Cell]) -> dict[str, Any]:
     """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds."""
-    finals, last10, t_es, seeds = [], [], [], []
+    finals, last10, t_es, seeds, sources = [], [], [], [], set()
     for cell in cells:
         if cell.done:
             summary = json.loads((cell.out_dir / "summary.json").read_text())
@@ -93,10 +105,12 @@ def cell_stats(cells: list[Cell]) -> dict[str, Any]:
             last10.append(100 * summary["mean_last10_acc"])
             t_es.append(summary.get("t_e"))
             seeds.append(cell.seed)
+            sources.add(summary.get("accuracy_source", "server test set"))
     if not finals:
         return {"n": 0}
     return {"n": len(finals), "mean": float(np.mean(finals)), "std": float(np.std(finals)),
-            "last10": float(np.mean(last10)), "t_e": t_es, "seeds": seeds}
+            "last10": float(np.mean(last10)), "t_e": t_es, "seeds": seeds,
+            "sources": sources}
 
 
 def _fmt(stats: dict[str, Any]) -> str:
@@ -137,8 +151,11 @@ def _write_markdown(grid: Grid, table, out: Path) -> Path:
     head = ["method"]
     for col in grid.columns:
         head += [f"{col} ours"] + ([f"{col} paper"] if has_paper else [])
+    sources = sorted(set().union(*(s.get("sources", set()) for s in table.values())))
+    what = " and ".join(sources) if sources else "server test set"
     lines = [f"### {grid.title}", "",
-             "Final-round test accuracy (%), mean ± std over seeds; best two per column in "
+             f"Final-round accuracy (%) on the {what}, mean ± std over seeds; best two per "
+             "column in "
              "bold (noiseless rows excluded)." + (" Paper: the published mean ± std of 3 "
                                                   "trials." if has_paper else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -180,6 +197,12 @@ def _round(value):
     return None if value is None else round(value, 3)
 
 
+def _curve(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(rounds, accuracy in %) of the rounds whose record has ``key``."""
+    points = [(r["round"], 100 * r[key]) for r in recs if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
 def write_plots(grid: Grid, cells: list[Cell], out: Path) -> list[Path]:
     # lazily: pyplot adds 0.3 s to every `fedefc` command; only grid reports draw
     import matplotlib  # 0.3 s with pyplot
@@ -196,12 +219,15 @@ def write_plots(grid: Grid, cells: list[Cell], out: Path) -> list[Path]:
         if not done:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.2))
+        labels = set()
         for cell in done:
             recs = [r for r in read_records(cell.out_dir) if r["round"] > 0]
-            ax.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs],
-                    label=cell.row, lw=1.2)
+            key, label = accuracy_key(recs)
+            labels.add(label)
+            ax.plot(*_curve(recs, key), label=cell.row, lw=1.2)
         title = textwrap.fill(grid.title, 70)  # a grid title is longer than the plot
-        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{title}\n{col}")
+        ax.set(xlabel="round", ylabel=" / ".join(sorted(labels)) + " (%)",
+               title=f"{title}\n{col}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
         path = plots / f"acc-{slug(col)}.png"
@@ -225,8 +251,8 @@ def _fig1(plt, cell: Cell, path: Path, col: str) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     a = [(r["round"], 100 * r["A"]) for r in recs if r.get("A") is not None]
     left.plot(*zip(*a), "o-", ms=3, label="A(t): mean client accuracy of the global model")
-    left.plot([r["round"] for r in recs], [100 * r["test_acc"] for r in recs],
-              label="test accuracy")
+    key, label = accuracy_key(recs)
+    left.plot(*_curve(recs, key), label=label)
     if summary.get("A_max"):
         left.axhline(100 * summary["A_max"], ls=":", c="gray", label="A_max")
     if t_e is not None:
@@ -259,10 +285,10 @@ def _q_heatmap(plt, cell: Cell, path: Path, col: str) -> Path | None:
         return None
     client = int(np.argmax([len(ix) for ix in fed.client_indices]))
     idx = fed.client_indices[client]
-    model = initial_model(cfg, fed.data)
+    model = initial_model(cfg, fed.data.task)
     model.load_state_dict(torch.load(model_path, map_location="cpu"))
     probs = predict_proba(model, fed.data.train_x[torch.as_tensor(idx)],
-                          BatchTransform(fed.data.mean, fed.data.std, torch.device("cpu")))
+                          BatchTransform.of(fed.data.spec, torch.device("cpu")))
     q = estimate_transition(probs, fed.noisy_labels[idx], cfg.count_rule, cfg.weighting)
     truth = fed.client_true_transition(client)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))

@@ -3,8 +3,9 @@
 In order:
 
 1. :func:`preflight`, in a child process: load the data, build the partitions and the
-   noise (stored for the run's processes, ``common/federation.py``), check a checkpoint
-   to resume, so that bad data or an unusable checkpoint fails before any Flower process
+   noise (stored for the run's processes, ``common/federation.py``), build the model (an
+   import path must import and give (N, K) logits), check a checkpoint to resume, so
+   that bad data, a bad model or an unusable checkpoint fails before any Flower process
    starts, and the launcher, which waits for the whole run, never holds the data
    (docs/BENCHMARKS.md, "Memory");
 2. a private ``flower-superlink --simulation`` on free loopback ports
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from common.baselines.fedcorr import FedCorrSettings
-from common.datasets import load_dataset
 from common.federation import federated_data
 from common.methods import load_run_config
 from common.params import get_weights
@@ -40,10 +40,9 @@ from .flower import LocalSimulation
 def preflight(run_config: dict[str, Any]) -> None:
     """Fail now, naming the problem, on anything that would fail the run before round 1."""
     cfg = load_run_config(run_config)
-    federated_data(cfg)
+    model = initial_model(cfg, federated_data(cfg).data.task)
     if cfg.resume_from:
         ckpt = checkpoint.load(cfg.resume_from)
-        model = initial_model(cfg, load_dataset(cfg.dataset, cfg.data_dir, cfg.download))
         checkpoint.check_compatible(ckpt, cfg.to_flat(), cfg.resume_from,
                                     [w.shape for w in get_weights(model)])
         if cfg.method == "fedcorr":

@@ -5,10 +5,13 @@ the node's data, decoded, partitioned and noised, is prepared once and kept as a
 uncompressed ``.npz`` under the node config's ``cache-dir``. The key holds everything
 that decides the data:
 
-- a partition of the run's dataset: :meth:`RunConfig.data_key` (dataset, data-dir,
-  partition and noise keys, seed) and the partition id;
-- private data: the run's dataset (it fixes the shape checks), the data path, and the
-  size and modification time of every file under it, so edited data is re-read.
+- a partition of the run's dataset: :meth:`RunConfig.data_key` (dataset, its paths,
+  shape and normalization keys, partition and noise keys, seed) and the partition id;
+  the entry holds the whole partition (the held-out split is made on loading) and the
+  dataset's K and normalization;
+- private data: the run's input shape and K (they fix the checks and the decoding),
+  the data path, and the size and modification time of every file under it, so edited
+  data is re-read.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import json
 from pathlib import Path
 
 from common.config import RunConfig
+from common.models import TaskShape
 
-FORMAT = 1  # bump when the stored arrays change meaning
+FORMAT = 2  # bump when the stored arrays change meaning
 
 
 def partition_key(cfg: RunConfig, partition_id: int) -> str:
@@ -27,10 +31,12 @@ def partition_key(cfg: RunConfig, partition_id: int) -> str:
     return f"partition-{cfg.data_key()}-p{partition_id}-v{FORMAT}"
 
 
-def private_key(dataset: str, data_path: str) -> str:
-    """The entry of the private data at ``data_path`` (a file or a folder tree)."""
+def private_key(task: TaskShape, data_path: str) -> str:
+    """The entry of the private data at ``data_path`` (a file or a folder tree), read
+    for a run of input shape and K ``task``."""
     root = Path(data_path)
-    digest = hashlib.sha256(json.dumps([FORMAT, dataset, str(root)]).encode())
+    digest = hashlib.sha256(json.dumps([FORMAT, list(task.input_shape), task.num_classes,
+                                        str(root)]).encode())
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     for file in files:
         st = file.stat()

@@ -1,6 +1,7 @@
-"""The NumPyClient: receives the global model, runs the method's local update, replies.
+"""The NumPyClient: receives the global model, runs the method's local update, replies;
+and, with federated evaluation, measures the global model on its held-out data.
 
-A reply holds the trained weights, the sample count, the partition id, and metrics
+A training reply holds the trained weights, the sample count, the partition id, and metrics
 that are scalars: the loss the client trained with, its mean training loss and local
 compute time, a method's own metrics, and, where the server asks for it (FedEFC's
 phase 1, docs/FEDEFC.md §3.1), A_k: the accuracy of the RECEIVED global model on the
@@ -8,6 +9,12 @@ client's own noisy-labelled data (``accuracy-signal=global``) or its training ac
 averaged over the local epochs (``local-train``). Labels and FedEFC's Q never leave the
 client; in simulation with ``diagnostics=true`` the reply also carries scalars that
 only the simulator can compute (its true noise rate; Q's similarity to the truth).
+
+An evaluation reply (docs/OWN-DATA.md, "Federated evaluation") holds the global model's
+mean cross-entropy on the client's held-out samples, their number, the partition id and
+the accuracy against their observed labels; in simulation with synthetic noise and
+``diagnostics=true`` also the accuracy against their true labels (``true-accuracy``).
+Nothing else about the held-out data leaves the client.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from common.config import RunConfig
 from common.faults import before_training, corrupt_reply, parse_faults
 from common.params import get_weights, set_weights
 from common.runtime import model_for
-from common.training import configure_threads
+from common.training import BatchTransform, configure_threads, evaluate
 
 from .baselines.confident_learning import confident_learning
 from .baselines.fedcorr import fedcorr
@@ -76,13 +83,13 @@ class FedEFCClient(NumPyClient):
 
     def get_parameters(self, config):
         local = self.local
-        return get_weights(model_for(self.cfg, local.data, local.x.device))
+        return get_weights(model_for(self.cfg, local.data.task, local.x.device))
 
     def fit(self, parameters, config):
         before_training(self.faults, self.partition_id, int(config["round"]))
         local = self.local  # loaded (or read from the cache) before the clock starts
         start = time.perf_counter()
-        model = model_for(self.cfg, local.data, local.x.device)
+        model = model_for(self.cfg, local.data.task, local.x.device)
         set_weights(model, parameters)
         metrics: dict = {"partition-id": self.partition_id}
         if len(local) == 0:
@@ -104,3 +111,20 @@ class FedEFCClient(NumPyClient):
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),
                              num_examples, metrics)
+
+    def evaluate(self, parameters, config):
+        """The received global model's (loss, accuracy) on the held-out samples, weighted
+        by their number on the server; (0.0, 0, ...) without held-out data."""
+        local = self.local
+        metrics: dict = {"partition-id": self.partition_id}
+        held = local.held_out
+        if held is None or len(held) == 0:
+            return 0.0, 0, metrics
+        model = model_for(self.cfg, local.data.task, local.x.device)
+        set_weights(model, parameters)
+        transform = BatchTransform.of(local.spec, local.x.device)
+        batch = self.cfg.eval_batch_size
+        loss, metrics["accuracy"] = evaluate(model, held.x, held.y, transform, batch)
+        if self.cfg.diagnostics and held.true_y is not None:
+            metrics["true-accuracy"] = evaluate(model, held.x, held.true_y, transform, batch)[1]
+        return float(loss), len(held), metrics

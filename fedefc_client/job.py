@@ -10,7 +10,6 @@ from torch import nn
 
 from common.config import RunConfig
 from common.losses import cross_entropy
-from common.models import FeatureClassifier
 from common.training import (
     BatchLoss,
     BatchTransform,
@@ -35,7 +34,7 @@ class LocalJob:
 
     cfg: RunConfig
     local: LocalData
-    model: FeatureClassifier
+    model: nn.Module
     phase: int | None
     server_round: int
     seed: int
@@ -50,7 +49,7 @@ class LocalJob:
         device = self.local.x.device
         torch.manual_seed(self.seed)
         self.generator = torch.Generator().manual_seed(self.seed)
-        self.transform = BatchTransform(self.local.data.mean, self.local.data.std, device)
+        self.transform = BatchTransform.of(self.local.spec, device)
         self.probs = predict_proba(self.model, self.local.x, self.transform,
                                    self.cfg.eval_batch_size)
 
@@ -84,7 +83,7 @@ class LocalJob:
         if keep is not None:
             idx = torch.as_tensor(np.flatnonzero(keep), device=self.device)
             x, y = x[idx], y[idx]
-        return TrainingSet(x, y, self.transform, self.local.data.augment)
+        return TrainingSet(x, y, self.transform, self.local.spec.augment)
 
     def train(self, loss_fn: LossFn = cross_entropy, keep: np.ndarray | None = None,
               regularizer: Regularizer | None = None, model: nn.Module | None = None,

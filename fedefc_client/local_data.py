@@ -1,4 +1,5 @@
-"""A client's local training data: a partition of the run's dataset, or a node's own data.
+"""A client's local data: a partition of the run's dataset, or a node's own data, split
+into the part it trains on and the part it holds out for federated evaluation.
 
 Three sources, chosen by the node config (docs/DEPLOYMENT.md, "Node data"):
 
@@ -9,6 +10,12 @@ Three sources, chosen by the node config (docs/DEPLOYMENT.md, "Node data"):
   :mod:`.cache` so that the ClientApp process of every later message loads it;
 - a SuperNode with ``data-path``: the node's private data (:mod:`.private_data`),
   decoded once and cached the same way when ``cache-dir`` is set.
+
+With federated evaluation (``evaluation = federated | both``) every client holds out
+a seeded ``local-test-fraction`` of its samples (:func:`held_out_positions`, a pure
+function of the seed and the partition id) and trains on the rest; the held-out part
+only ever yields the global model's loss and accuracy on it (docs/OWN-DATA.md,
+"Federated evaluation").
 """
 
 from __future__ import annotations
@@ -23,21 +30,39 @@ import numpy as np
 import torch
 
 from common.config import RunConfig
-from common.datasets import ImageData
+from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
 from common.federation import federated_data
+from common.models import TaskShape
+from common.noise import empirical_transition
 from common.runtime import on_device
+from common.seeds import derive_seed
 
 from .cache import partition_key, private_key
-from .private_data import ImageSpec, PrivateDataError, load_private_data
+from .private_data import PrivateDataError, load_private_data
 
 DATA_PATH_KEY = "data-path"
 CACHE_DIR_KEY = "cache-dir"
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """A client's held-out samples (on its device) and their observed labels; in
+    simulation with synthetic noise also their true labels (a diagnostic)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    true_y: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
 class LocalData:
-    """Images (uint8, on the training device) and observed labels of one client.
+    """The samples a client trains on (on the training device) with their observed
+    labels, the dataset they belong to (its spec; in simulation also its test split),
+    and the held-out part (None without federated evaluation).
 
     ``true_transition`` and ``noise_rate`` exist only where the client's labels were
     noised by the federation itself (a partition of the run's dataset, where the true
@@ -47,19 +72,64 @@ class LocalData:
     x: torch.Tensor
     y: torch.Tensor
     labels: np.ndarray
-    data: ImageData
+    data: Dataset
     true_transition: np.ndarray | None = None
     noise_rate: float | None = None
+    held_out: HeldOut | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def spec(self) -> DataSpec:
+        return self.data.spec
+
     def test_split(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The dataset's clean test split on this device (None for private node data)."""
-        if self.true_transition is None:
+        """The dataset's clean test split on this device (None for private node data or
+        a dataset without test set)."""
+        if self.true_transition is None or not self.data.has_test_set:
             return None
         device = self.x.device
         return on_device(self.data, "test", device), self.data.test_y.to(device)
+
+
+def held_out_positions(cfg: RunConfig, partition_id: int, n: int
+                       ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(training positions, held-out positions) among a client's ``n`` samples, both
+    sorted: round(local-test-fraction * n) held out (at most n - 1), drawn with a
+    generator seeded by (seed, partition id); None without federated evaluation."""
+    if not cfg.federated_evaluation:
+        return None
+    count = min(int(round(cfg.local_test_fraction * n)), max(n - 1, 0))
+    perm = np.random.default_rng(derive_seed(cfg.seed, "local-test", partition_id)
+                                 ).permutation(n)
+    return np.sort(perm[count:]), np.sort(perm[:count])
+
+
+def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.ndarray,
+               true_labels: np.ndarray | None, data: Dataset) -> LocalData:
+    """LocalData from a client's samples (``x`` on the training device), split for
+    federated evaluation; with true labels, the diagnostics of the training part."""
+    device = x.device
+    held = None
+    split = held_out_positions(cfg, partition_id, len(labels))
+    true_held = None
+    if split is not None:
+        train, out = split
+        held_x = x[torch.as_tensor(out, device=device)]
+        if true_labels is not None:
+            true_held = torch.as_tensor(true_labels[out], dtype=torch.int64).to(device)
+            true_labels = true_labels[train]
+        held = HeldOut(held_x, torch.as_tensor(labels[out], dtype=torch.int64).to(device),
+                       true_held)
+        x, labels = x[torch.as_tensor(train, device=device)], labels[train]
+    truth, rate = None, None
+    if true_labels is not None:
+        truth = empirical_transition(labels, true_labels, data.num_classes)
+        rate = float(np.mean(labels != true_labels)) if len(labels) else 0.0
+    return LocalData(x=x, y=torch.as_tensor(labels, dtype=torch.int64).to(device),
+                     labels=labels, data=data, true_transition=truth, noise_rate=rate,
+                     held_out=held)
 
 
 _CACHE: dict[tuple, LocalData] = {}
@@ -68,22 +138,16 @@ _LOCK = threading.Lock()
 
 def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> LocalData:
     """Client ``partition_id`` of the run's federated data plan, cached per process."""
-    key = (cfg.data_key(), partition_id, str(device))
+    key = (cfg.data_key(), cfg.evaluation_mode, cfg.local_test_fraction, partition_id,
+           str(device))
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
     fed = federated_data(cfg)
     idx = fed.client_indices[partition_id]
-    labels = fed.noisy_labels[idx]
     idx_t = torch.as_tensor(idx, dtype=torch.int64)
-    local = LocalData(
-        x=on_device(fed.data, "train", device)[idx_t.to(device)],
-        y=torch.as_tensor(labels, dtype=torch.int64).to(device),
-        labels=labels,
-        data=fed.data,
-        true_transition=fed.client_true_transition(partition_id),
-        noise_rate=fed.client_noise_rate(partition_id),
-    )
+    local = make_local(cfg, partition_id, on_device(fed.data, "train", device)[idx_t.to(device)],
+                       fed.noisy_labels[idx], fed.true_labels[idx], fed.data)
     with _LOCK:
         _CACHE[key] = local
     return local
@@ -100,7 +164,8 @@ def check_node_config(node_config: dict[str, Any], node: str) -> None:
     path = node_config.get(DATA_PATH_KEY)
     if path is not None and not os.path.exists(path):
         raise PrivateDataError(f"{node}: data-path={path!r} does not exist; point it at an "
-                               ".npz file (images, labels) or an ImageFolder directory")
+                               ".npz file (images or features, and labels) or an "
+                               "ImageFolder directory")
 
 
 def node_data(cfg: RunConfig, partition_id: int, node_config: dict[str, Any], node: str,
@@ -112,39 +177,53 @@ def node_data(cfg: RunConfig, partition_id: int, node_config: dict[str, Any], no
     if path is None and cache_dir is None:
         return partition_data(cfg, partition_id, device)
     if path is not None:
-        key = private_key(cfg.dataset, path)
-        build = partial(_private_arrays, cfg, path, node)
+        task = task_shape(cfg, node)
+        key = private_key(task, path)
+        build = partial(_private_arrays, path, task, node)
     else:
         key = partition_key(cfg, partition_id)
         build = partial(_partition_arrays, cfg, partition_id)
     arrays = DataCache(cache_dir).get_or_build(key, build) if cache_dir else build()
-    return _local_from_arrays(cfg, arrays, device)
+    return _local_from_arrays(cfg, partition_id, arrays, node, device)
 
 
 def _partition_arrays(cfg: RunConfig, partition_id: int) -> Arrays:
-    local = partition_data(cfg, partition_id, torch.device("cpu"))
-    return {"x": local.x.numpy(), "labels": local.labels,
-            "true_transition": local.true_transition,
-            "noise_rate": np.float64(local.noise_rate),
-            "test_x": local.data.test_x.numpy(), "test_y": local.data.test_y.numpy()}
+    """A partition before its held-out split, with the run dataset's spec."""
+    fed = federated_data(cfg)
+    idx = fed.client_indices[partition_id]
+    spec = fed.data.spec
+    return {"x": fed.data.train_x[torch.as_tensor(idx)].numpy(),
+            "labels": fed.noisy_labels[idx], "true_labels": fed.true_labels[idx],
+            "test_x": fed.data.test_x.numpy(), "test_y": fed.data.test_y.numpy(),
+            "mean": np.asarray(spec.mean), "std": np.asarray(spec.std),
+            "num_classes": np.int64(spec.num_classes)}
 
 
-def _private_arrays(cfg: RunConfig, path: str, node: str) -> Arrays:
-    spec = ImageSpec.of(cfg.dataset)
-    images, labels = load_private_data(path, spec, node)
-    empty = np.zeros((0, spec.channels, spec.size, spec.size), dtype=np.uint8)
-    return {"x": images, "labels": labels, "test_x": empty,
-            "test_y": np.zeros(0, dtype=np.int64)}
+def _private_arrays(path: str, task: TaskShape, node: str) -> Arrays:
+    samples = load_private_data(path, task, node)
+    return {"x": samples.x, "labels": samples.y}
 
 
-def _local_from_arrays(cfg: RunConfig, arrays: Arrays, device: torch.device) -> LocalData:
-    """LocalData from prepared arrays; ``data`` carries the run dataset's name (for the
-    normalization and augmentation) and the node's own images as its train split."""
+def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays, node: str,
+                       device: torch.device) -> LocalData:
+    """LocalData from prepared arrays. A partition keeps the run dataset's spec (stored
+    with it); private data gets the run's normalization or, unless the run config
+    gives it, its own training part's (docs/OWN-DATA.md, "Normalization")."""
     x = torch.from_numpy(arrays["x"])
     labels = arrays["labels"]
-    y = torch.from_numpy(labels)
-    data = ImageData(cfg.dataset, x, y, torch.from_numpy(arrays["test_x"]),
-                     torch.from_numpy(arrays["test_y"]), ImageSpec.of(cfg.dataset).num_classes)
-    noise_rate = float(arrays["noise_rate"]) if "noise_rate" in arrays else None
-    return LocalData(x=x.to(device), y=y.to(device), labels=labels, data=data,
-                     true_transition=arrays.get("true_transition"), noise_rate=noise_rate)
+    if "num_classes" in arrays:
+        shape = tuple(x.shape[1:])
+        spec = DataSpec(shape, int(arrays["num_classes"]),
+                        tuple(float(v) for v in arrays["mean"]),
+                        tuple(float(v) for v in arrays["std"]), resolve_augment(cfg, shape))
+        test_x, test_y = torch.from_numpy(arrays["test_x"]), torch.from_numpy(arrays["test_y"])
+        true_labels = arrays["true_labels"]
+    else:
+        split = held_out_positions(cfg, partition_id, len(labels))
+        train_x = arrays["x"] if split is None else arrays["x"][split[0]]
+        spec = make_spec(cfg, task_shape(cfg, node), train_x)
+        test_x = torch.zeros((0, *spec.input_shape), dtype=x.dtype)
+        test_y = torch.zeros(0, dtype=torch.int64)
+        true_labels = None
+    data = Dataset(cfg.dataset, spec, x, torch.from_numpy(labels), test_x, test_y)
+    return make_local(cfg, partition_id, x.to(device), labels, true_labels, data)

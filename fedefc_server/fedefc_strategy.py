@@ -24,7 +24,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from .accuracy import aggregate_accuracy
 from .prestopping import Prestopper
-from .strategy import FedAvgStrategy
+from .strategy import FedAvgStrategy, evaluation_text
 
 
 class FedEFCStrategy(FedAvgStrategy):
@@ -86,10 +86,9 @@ class FedEFCStrategy(FedAvgStrategy):
             a = record.get("A")
             return (f"{head} | A(t) {'n/a' if a is None else f'{a:.4f}'}  A_max "
                     f"{record['A_max']:.4f}  patience {record['patience']}/"
-                    f"{self.cfg.gamma_thr} | test acc {record['test_acc']:.4f}  loss "
-                    f"{record['test_loss']:.4f}")
+                    f"{self.cfg.gamma_thr} | {evaluation_text(record)}")
         kinds = ", ".join(sorted(set(record.get("client_loss", [])))) or "no clients"
         cos = record.get("q_cos")
         q = "" if cos is None else f" (Q vs true: cos {cos:.3f}, L1 {record['q_l1']:.3f})"
-        return (f"{head} | {record.get('n_clients', 0)} clients, loss: {kinds}{q} | test acc "
-                f"{record['test_acc']:.4f}  loss {record['test_loss']:.4f}")
+        return (f"{head} | {record.get('n_clients', 0)} clients, loss: {kinds}{q} | "
+                f"{evaluation_text(record)}")

@@ -2,10 +2,15 @@
 owner of everything a run writes.
 
 Per round: ``fit_round`` (the strategy's configure / aggregate), then the central
-evaluation (the strategy's ``evaluate`` hook), then the round's record in
-``metrics.jsonl``, its log line and ``checkpoint.pt``. After the last round:
-``model.pt`` and ``summary.json``. The strategy contributes fields through its hooks
-(:class:`.strategy.FedAvgStrategy`); nothing here depends on the method.
+evaluation (the strategy's ``evaluate`` hook: the server's test set, if any), then, with
+federated evaluation, Flower's ``evaluate_round`` (the clients' held-out data,
+:meth:`.strategy.FedAvgStrategy.configure_evaluate`), then the round's record in
+``metrics.jsonl``, its log line and ``checkpoint.pt``. Round 0 evaluates the initial
+model both ways. After the last round: ``model.pt`` and ``summary.json``, whose
+accuracies come from the server's test set when the run has one, else from the
+federated evaluation (``accuracy_source`` says which). The strategy contributes fields
+through its hooks (:class:`.strategy.FedAvgStrategy`); nothing here depends on the
+method.
 
 The strategy sees absolute round numbers, so sampling and client seeds, which are pure
 functions of (seed, round), continue exactly where an interrupted run stopped.
@@ -60,7 +65,7 @@ class RoundLoop(Server):
         history = History()
         self.parameters = self._get_initial_parameters(self.first_round - 1, timeout)
         if self.first_round == 1:
-            self._end_round(0, history, time.monotonic())
+            self._end_round(0, history, time.monotonic(), timeout)
         else:
             log(INFO, "resuming at round %d of %d", self.first_round, num_rounds)
         start = time.monotonic()
@@ -69,11 +74,12 @@ class RoundLoop(Server):
             result = self.fit_round(server_round=server_round, timeout=timeout)
             if result is not None and result[0] is not None:
                 self.parameters = result[0]
-            self._end_round(server_round, history, round_start)
+            self._end_round(server_round, history, round_start, timeout)
         self._finish(parameters_to_ndarrays(self.parameters))
         return history, time.monotonic() - start
 
-    def _end_round(self, server_round: int, history: History, round_start: float) -> None:
+    def _end_round(self, server_round: int, history: History, round_start: float,
+                   timeout: float | None) -> None:
         """Evaluate, record, log and checkpoint round ``server_round`` (0: the initial model)."""
         evaluated = self.strategy.evaluate(server_round, parameters=self.parameters)
         record: dict[str, Any] = {"round": server_round}
@@ -82,6 +88,13 @@ class RoundLoop(Server):
             history.add_loss_centralized(server_round=server_round, loss=loss)
             history.add_metrics_centralized(server_round=server_round, metrics=metrics)
             record.update(test_acc=metrics["accuracy"], test_loss=loss)
+        if self.cfg.federated_evaluation:
+            federated = self.evaluate_round(server_round=server_round, timeout=timeout)
+            if federated is not None and federated[0] is not None:
+                history.add_loss_distributed(server_round=server_round, loss=federated[0])
+                history.add_metrics_distributed(server_round=server_round,
+                                                metrics=federated[1])
+            record.update(self.strategy.take_federated_fields())
         record.update(self.strategy.state_fields(server_round), elapsed_s=self.elapsed())
         if server_round == 0:
             record["n_clients"] = 0
@@ -105,9 +118,18 @@ class RoundLoop(Server):
             "wall_time_s": self.elapsed(),
         })
         t_e = f" | T_e {summary['t_e']}" if "t_e" in summary else ""
-        log(INFO, "SUMMARY | final acc %.4f | best %.4f (round %s) | mean of last 10 %.4f%s | "
-            "wall time %.1f s", summary.get("final_acc", float("nan")),
-            summary.get("best_acc", float("nan")), summary.get("best_round"),
+        source = summary.get("accuracy_source", "no evaluation")
+        true = summary.get("federated_true_final_acc")
+        true = "" if true is None else f"; true labels {true:.4f}"
+        federated = ""
+        if source == "server test set" and summary.get("federated_final_acc") is not None:
+            federated = f" | federated final acc {summary['federated_final_acc']:.4f}"
+            federated += f" (held-out data{true})" if true else ""
+        else:
+            source += true
+        log(INFO, "SUMMARY | final acc %.4f (%s)%s | best %.4f (round %s) | mean of last 10 "
+            "%.4f%s | wall time %.1f s", summary.get("final_acc", float("nan")), source,
+            federated, summary.get("best_acc", float("nan")), summary.get("best_round"),
             summary.get("mean_last10_acc", float("nan")), t_e, summary["wall_time_s"])
         log(INFO, "results: %s", summary["out_dir"])
         return summary

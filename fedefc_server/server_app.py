@@ -1,8 +1,15 @@
 """The ServerApp: the method's strategy and the round loop, built from the run config.
 
-Everything is validated before round 1 (config, data, output folder, checkpoint), so a
-bad run fails at once. A run with ``resume-from`` continues after its checkpoint's
-round, in its own folder (docs/RELIABILITY.md).
+Everything is validated before round 1 (config, data, model, output folder,
+checkpoint), so a bad run fails at once. A run with ``resume-from`` continues after its
+checkpoint's round, in its own folder (docs/RELIABILITY.md).
+
+With a server test set (``evaluation = server | both``) the server loads the run's
+dataset: the test set, and the training data for its facts (realized noise rate,
+client sizes). With ``evaluation = federated`` it loads no data at all: the round-0
+model is built from the input shape and K of :func:`common.datasets.task_shape`
+(``input-shape`` and ``num-classes``, or the header of ``data-path`` when this machine
+has that file; docs/OWN-DATA.md, "The server holds no data").
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 
 from common.config import ConfigError, RunConfig
-from common.datasets import load_dataset
+from common.data_files import shape_text
+from common.datasets import load_dataset, task_shape
 from common.federation import federated_data
 from common.methods import load_run_config
+from common.models import classifier_shape
 from common.params import get_weights
 from common.results import RunRecorder, atomic_write_json
 from common.runtime import initial_model
@@ -71,9 +80,19 @@ def server_fn(context: Context) -> ServerAppComponents:
     loop that starts at round 1 or after the checkpoint's round."""
     cfg = load_run_config(context.run_config)
     configure_threads(cfg.client_threads)
-    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download)
-    info = data_summary(cfg)
-    model = initial_model(cfg, data)
+    if cfg.server_evaluation:
+        data = load_dataset(cfg)
+        task, info = data.task, data_summary(cfg)
+        evaluator, max_samples = TestSetEvaluator(cfg, data), len(data.train_y)
+        source = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
+                  f"realized noise rate {info['realized_noise_rate']:.4f}")
+    else:  # the clients hold the data: nothing is read here but the shape and K
+        task, info, evaluator, max_samples = task_shape(cfg, "the server"), {}, None, 10**8
+        source = (f"{cfg.dataset} (held by the clients: {shape_text(task.input_shape)} "
+                  f"inputs, K={task.num_classes})")
+    info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
+                num_classes=task.num_classes)
+    model = initial_model(cfg, task)
     init = get_weights(model)
     ckpt = None
     if cfg.resume_from:
@@ -88,13 +107,12 @@ def server_fn(context: Context) -> ServerAppComponents:
         log(INFO, "resuming %s after round %d", out_dir, ckpt.round)
     recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
                            resume_round=ckpt.round if ckpt else None)
-    log(INFO, "FedEFC run | method %s | %s (%d train / %d test) | %d clients, %d per round | "
-        "%d rounds | realized noise rate %.4f | results -> %s", cfg.method, cfg.dataset,
-        len(data.train_y), len(data.test_y), cfg.num_clients, cfg.clients_per_round,
-        cfg.rounds, info["realized_noise_rate"], out_dir)
+    log(INFO, "FedEFC run | method %s | %s | %d clients, %d per round | %d rounds | "
+        "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
+        cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
     strategy = STRATEGIES[cfg.method](
-        cfg, ndarrays_to_parameters(ckpt.weights if ckpt else init),
-        evaluator=TestSetEvaluator(cfg), max_samples=len(data.train_y))
+        cfg, ndarrays_to_parameters(ckpt.weights if ckpt else init), evaluator=evaluator,
+        max_samples=max_samples, model_shape=classifier_shape(model, task))
     if ckpt:
         strategy.load_server_state(ckpt.strategy)
     atomic_write_json(Path(out_dir) / "data.json", info)

@@ -11,7 +11,14 @@ Per round (docs/ARCHITECTURE.md, "One round"):
   fixed float summation order) and averages their weights with Flower's own FedAvg
   (by sample count); a round with fewer than ``min-fit-clients`` valid replies keeps
   the global model;
-- ``evaluate`` is Flower's hook for central evaluation and does only that.
+- ``evaluate`` is Flower's hook for central evaluation (the server's test set) and
+  does only that;
+- with federated evaluation (``evaluation = federated | both``, docs/OWN-DATA.md),
+  ``configure_evaluate`` asks every node that serves a partition to evaluate the
+  global model on its held-out data, and ``aggregate_evaluate`` screens the replies
+  (:func:`.validation.check_evaluate_reply`) and averages their loss and accuracy
+  weighted by the held-out sample counts (Flower's ``weighted_loss_avg``), in
+  partition-id order; the round loop records it (:meth:`take_federated_fields`).
 
 What a method adds it adds through hooks, so that the round loop
 (:class:`.round_loop.RoundLoop`), which writes the records, checkpoints and the
@@ -29,17 +36,34 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
+from flwr.server.strategy.aggregate import weighted_loss_avg
 
 from common.config import RunConfig
+from common.models import ClassifierShape
 from common.seeds import derive_seed
 
 from .registry import PartitionRegistry
-from .validation import MEAN_METRICS, PER_CLIENT_METRICS, SUM_METRICS, Expected, check_reply
+from .validation import (
+    MEAN_METRICS,
+    PER_CLIENT_METRICS,
+    SUM_METRICS,
+    Expected,
+    check_evaluate_reply,
+    check_reply,
+)
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
 
@@ -53,6 +77,23 @@ def _describe_failure(failure) -> str:
 
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
+
+
+def evaluation_text(record: dict[str, Any]) -> str:
+    """The evaluations a round's record holds, for its log line: the server's test set
+    and/or the clients' held-out data (with the true-label diagnostic, if any)."""
+    parts = []
+    if "test_acc" in record:
+        parts.append(f"test acc {record['test_acc']:.4f}  loss {record['test_loss']:.4f}")
+    if "federated_acc" in record:
+        acc = record["federated_acc"]
+        if acc is None:
+            parts.append("federated acc n/a (no held-out replies)")
+        else:
+            true = record.get("federated_true_acc")
+            parts.append(f"federated acc {acc:.4f}  loss {record['federated_loss']:.4f}"
+                         + ("" if true is None else f" (true labels {true:.4f})"))
+    return " | ".join(parts) or "no evaluation"
 
 
 def sample_round(cfg: RunConfig, available: list[int], server_round: int) -> list[int]:
@@ -69,7 +110,9 @@ class FedAvgStrategy(FedAvg):
 
     def __init__(self, cfg: RunConfig, initial_parameters: Parameters,
                  evaluator: Evaluator | None = None, registry: PartitionRegistry | None = None,
-                 max_samples: int = 10**8):
+                 max_samples: int = 10**8, model_shape: ClassifierShape | None = None):
+        """``model_shape``: K and the feature width of the run's model (the methods
+        that exchange per-class data need them)."""
         super().__init__(fraction_fit=cfg.fraction, fraction_evaluate=0.0, min_fit_clients=1,
                          min_evaluate_clients=0, min_available_clients=1,
                          initial_parameters=initial_parameters, accept_failures=True)
@@ -77,6 +120,9 @@ class FedAvgStrategy(FedAvg):
         self.evaluator = evaluator
         self.registry = registry or PartitionRegistry()
         self.max_samples = cfg.max_client_samples or max_samples
+        self.model_shape = model_shape
+        self._federated: dict[str, Any] = {}  # the last federated evaluation's fields
+        self._evaluating: frozenset[int] = frozenset()  # partitions asked to evaluate
         self.accepted: list[tuple[ClientProxy, FitRes]] = []  # this round's valid replies
         self._round: dict[str, Any] = {}  # this round's record fields
         self._expected: Expected | None = None
@@ -84,6 +130,13 @@ class FedAvgStrategy(FedAvg):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method}, seed={self.cfg.seed})"
+
+    def wait_for_nodes(self, client_manager: ClientManager) -> None:
+        """Before the first message of this process (round 0's federated evaluation,
+        round 1, or a resumed round): wait for the nodes to connect."""
+        if not self._waited:
+            client_manager.wait_for(min(self.cfg.num_clients, 10_000), timeout=600)
+            self._waited = True
 
     # -- sampling and the round config ----------------------------------------------
     def sample_partitions(self, available: list[int], server_round: int) -> list[int]:
@@ -105,9 +158,7 @@ class FedAvgStrategy(FedAvg):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        if not self._waited:  # the first round of this process: round 1, or a resumed one
-            client_manager.wait_for(min(self.cfg.num_clients, 10_000), timeout=600)
-            self._waited = True
+        self.wait_for_nodes(client_manager)
         serving = self.registry.refresh(client_manager, server_round)
         chosen = self.sample_partitions(list(serving), server_round)
         self._round = {"sampled": chosen}
@@ -185,6 +236,70 @@ class FedAvgStrategy(FedAvg):
         loss, acc = self.evaluator(parameters_to_ndarrays(parameters))
         return loss, {"accuracy": acc}
 
+    # -- federated evaluation (Flower's evaluate round) -------------------------------
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Every node serving a partition evaluates the global model on its held-out
+        data (none without federated evaluation)."""
+        if not self.cfg.federated_evaluation:
+            return []
+        self.wait_for_nodes(client_manager)
+        serving = self.registry.refresh(client_manager, server_round)
+        self._evaluating = frozenset(serving)
+        ins = EvaluateIns(parameters, {"round": server_round})
+        return [(serving[pid], ins) for pid in sorted(serving)]
+
+    def aggregate_evaluate(self, server_round: int,
+                           results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+                           ) -> tuple[float | None, dict[str, Scalar]]:
+        """The held-out loss and accuracies, averaged weighted by the held-out sample
+        counts over the valid replies that hold samples (partition-id order)."""
+        seen: set[int] = set()
+        valid, rejected = [], []
+        for proxy, res in results:
+            reason = check_evaluate_reply(res, self._evaluating, seen, self.max_samples)
+            if reason is None:
+                valid.append(res)
+            else:
+                rejected.append({"node": proxy.cid, "partition": self.registry.partition_of(
+                    proxy.cid), "reason": reason})
+                log(WARNING, "round %d: rejected evaluation reply of node %s: %s",
+                    server_round, proxy.cid, reason)
+        failed = [_describe_failure(f) for f in failures]
+        for reason in failed:
+            log(WARNING, "round %d: client evaluation failed: %s", server_round, reason)
+        held = sorted((r for r in valid if r.num_examples > 0),
+                      key=lambda r: int(r.metrics["partition-id"]))
+        fields: dict[str, Any] = {
+            "federated_acc": None, "federated_loss": None,
+            "federated_clients": len(held),
+            "federated_samples": int(sum(r.num_examples for r in held)),
+            "federated_failures": len(failed), "federated_failure_reasons": failed,
+            "federated_rejected": len(rejected), "federated_rejected_reasons": rejected}
+        metrics: dict[str, Scalar] = {}
+        if held:
+            weights = np.array([r.num_examples for r in held], dtype=np.float64)
+
+            def weighted(key: str) -> float:
+                return float(np.dot(weights, [float(r.metrics[key]) for r in held])
+                             / weights.sum())
+
+            loss = weighted_loss_avg([(r.num_examples, float(r.loss)) for r in held])
+            metrics["accuracy"] = weighted("accuracy")
+            fields.update(federated_loss=loss, federated_acc=metrics["accuracy"])
+            if all("true-accuracy" in r.metrics for r in held):
+                metrics["true_accuracy"] = weighted("true-accuracy")
+                fields["federated_true_acc"] = metrics["true_accuracy"]
+        self._federated = fields
+        return fields["federated_loss"], metrics
+
+    def take_federated_fields(self) -> dict[str, Any]:
+        """The last federated evaluation's record fields, handed over once."""
+        fields, self._federated = self._federated, {}
+        return fields
+
     # -- what the round loop records --------------------------------------------------
     def record(self, **fields: Any) -> None:
         """Add fields to the current round's record (metrics.jsonl); method strategies
@@ -214,6 +329,5 @@ class FedAvgStrategy(FedAvg):
     def describe(self, record: dict[str, Any]) -> str:
         """The round's log line (after ``[round t/T]``)."""
         if record["round"] == 0:
-            return f"initial model: test acc {record['test_acc']:.4f}"
-        return (f"{record.get('n_clients', 0)} clients | test acc {record['test_acc']:.4f}  "
-                f"loss {record['test_loss']:.4f}")
+            return f"initial model: {evaluation_text(record)}"
+        return f"{record.get('n_clients', 0)} clients | {evaluation_text(record)}"

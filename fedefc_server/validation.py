@@ -10,6 +10,11 @@ round record averages or sums (:data:`MEAN_METRICS`, :data:`PER_CLIENT_METRICS`,
 >= 0). bool, str and bytes are not numbers here: ``float()`` would take True or "0.9",
 or raise. A method strategy adds checks of its own metrics
 (``FedAvgStrategy.check_metrics``). The other replies aggregate normally.
+
+An evaluation reply (federated evaluation, :func:`check_evaluate_reply`) is rejected
+when its partition id is malformed, not one the round asked or repeated, its sample
+count is not an integer in 0..``max_samples``, or, when it holds samples, its loss is
+not a finite number >= 0 or its accuracies are not numbers in [0, 1].
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, parameters_to_ndarrays
+from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
 # Client metrics the round record averages (simulation diagnostics, Ditto), keeps per
 # client, or sums (counts).
@@ -97,3 +102,26 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int]) -> str | None:
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             return f"array {i} holds NaN or Inf"
     return None
+
+
+def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set[int],
+                         max_samples: int) -> str | None:
+    """The reason to reject an evaluation reply, or None (``seen`` is updated)."""
+    pid = res.metrics.get("partition-id")
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        return f"malformed partition id {pid!r:.40}"
+    if pid not in partitions:
+        return f"partition id {pid} was not asked to evaluate this round"
+    if pid in seen:
+        return f"partition id {pid} replied twice"
+    seen.add(pid)
+    n = res.num_examples
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= max_samples:
+        return f"held-out sample count {n!r:.40} outside 0..{max_samples}"
+    if n == 0:
+        return None
+    reason = bad_number("held-out loss", res.loss, 0.0)
+    for key in ("accuracy", "true-accuracy"):
+        if reason is None and (key == "accuracy" or key in res.metrics):
+            reason = bad_number(f"held-out {key}", res.metrics.get(key), 0.0, 1.0)
+    return reason

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from common.datasets import load_dataset
+from common.methods import load_run_config
 
 FLOWER_EXECUTABLES = {"flower-superlink", "flower-supernode", "flower-superexec", "flwr"}
 _flower_allowed = {"now": False}
@@ -75,7 +76,7 @@ def write_mnist(root: Path, train_x, train_y, test_x, test_y) -> Path:
 
 @pytest.fixture(scope="session")
 def embedded():
-    return load_dataset("mnist-embedded")
+    return load_dataset(load_run_config({}))
 
 
 def real_mnist_subset(root: Path, embedded, train_per_class: int, test_per_class: int) -> Path:

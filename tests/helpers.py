@@ -27,6 +27,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from common.methods import load_run_config
+from common.models import ClassifierShape
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_cli.simulation import run_simulation_job
 
@@ -87,9 +88,11 @@ def partition_manager(n: int, base: int = 7_000_000) -> SimpleClientManager:
 
 def make_strategy(cls, **overrides: Any):
     """A strategy of class ``cls`` for the run config ``overrides`` (prestopping off
-    unless given), with the 2-array model :data:`GLOBAL` and a stub evaluation."""
+    unless given), with the 2-array model :data:`GLOBAL` (K = 3 classes, 4 features)
+    and a stub evaluation."""
     cfg = load_run_config({"prestopping": False, **overrides})
-    return cls(cfg, PARAMS, evaluator=lambda weights: (0.0, 0.0), max_samples=4000)
+    return cls(cfg, PARAMS, evaluator=lambda weights: (0.0, 0.0), max_samples=4000,
+               model_shape=ClassifierShape(3, 4))
 
 
 def trained_reply(node: FakeNode, num_examples: int, arrays: list[np.ndarray],

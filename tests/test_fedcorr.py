@@ -172,7 +172,7 @@ def test_corrected_labels_persist_in_client_state():
     local = partition_data(cfg, 1, torch.device("cpu"))
     state = RecordDict()
     client = FedEFCClient(cfg, 1, lambda: local, state)
-    model = initial_model(cfg, local.data)  # not the process cache, which it edits below
+    model = initial_model(cfg, local.data.task)  # not the process cache, which it edits below
     base = {"phase": 1, "seed": 1, "fedcorr-stage": 1}
     weights, n, m = client.fit(get_weights(model), {**base, "round": 1, "fedcorr-mu": 0.2})
     assert n == len(local) and m["loss"] == "cross-entropy+prox-norm"
@@ -322,7 +322,7 @@ def test_a_resume_with_another_plan_fails_before_any_flower_process(tmp_path, ca
     out.mkdir()
     cfg = load_run_config({**FEDCORR_4, "prestopping": False, "out-dir": str(out)})
     state = make_strategy(FedCorrStrategy, **FEDCORR_4).server_state()
-    weights = get_weights(initial_model(cfg, load_dataset(cfg.dataset)))
+    weights = get_weights(initial_model(cfg, load_dataset(cfg).task))
     checkpoint.save(out, checkpoint.Checkpoint(2, weights, state, cfg.to_flat()))
     (out / "config.json").write_text(json.dumps(cfg.to_flat()))
     assert main(["resume", str(out), "--set", "rounds=6"]) == 2

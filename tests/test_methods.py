@@ -86,7 +86,7 @@ def _client(method, state, **extra):
 def test_ditto_personal_model_persists_in_client_state():
     state = RecordDict()
     cfg, client = _client("fedditto", state)
-    model = initial_model(cfg, client.local.data)  # not the process cache: pure
+    model = initial_model(cfg, client.local.data.task)  # not the process cache: pure
     weights = get_weights(model)
     _, _, m1 = client.fit(weights, {"phase": 1, "round": 1, "seed": 1})
     v1 = {k: t.clone() for k, t in state["ditto-personal"].to_torch_state_dict().items()}
@@ -106,7 +106,7 @@ def test_ditto_personal_model_persists_in_client_state():
 
 def test_confident_learning_reports_the_kept_count():
     cfg, client = _client("confident-learning", RecordDict(), rho=0.4, zeta=0.4)
-    model = initial_model(cfg, client.local.data)  # not the process cache: pure
+    model = initial_model(cfg, client.local.data.task)  # not the process cache: pure
     _, n, metrics = client.fit(get_weights(model), {"phase": 2, "round": 3, "seed": 3})
     assert n == metrics["kept"] and metrics["kept"] + metrics["removed"] == len(client.local)
 
@@ -119,7 +119,7 @@ def test_each_method_uses_its_loss(method, phase, loss):
     """A client reports its accuracy only when the server's config says phase 1 (FedEFC's
     strategy); methods without phases get no phase key and send no accuracy."""
     cfg, client = _client(method, RecordDict())
-    model = initial_model(cfg, client.local.data)  # not the process cache: pure
+    model = initial_model(cfg, client.local.data.task)  # not the process cache: pure
     config = {"round": 1, "seed": 1, **({} if phase is None else {"phase": phase})}
     _, _, metrics = client.fit(get_weights(model), config)
     assert metrics["loss"] == loss
@@ -133,7 +133,7 @@ def test_fedefc_phase2_reply_carries_nothing_about_q(diagnostics):
     mean training loss and the timing; with them, Q's agreement with the true matrix and
     the true noise rate are added, all scalars."""
     cfg, client = _client("fedefc", RecordDict(), diagnostics=diagnostics, rho=0.4, zeta=0.4)
-    model = initial_model(cfg, client.local.data)  # not the process cache: pure
+    model = initial_model(cfg, client.local.data.task)  # not the process cache: pure
     _, _, metrics = client.fit(get_weights(model), {"phase": 2, "round": 3, "seed": 3})
     expected = {"partition-id", "loss", "train-loss", "fit-s"}
     if diagnostics:
@@ -150,11 +150,11 @@ def test_accuracy_signal_global_is_the_received_models_accuracy_on_local_labels(
     for signal in ("global", "local-train"):
         cfg, client = _client("fedefc", RecordDict(), **{"accuracy-signal": signal,
                                                           "local-epochs": 3})
-        model = initial_model(cfg, client.local.data)
+        model = initial_model(cfg, client.local.data.task)
         _, _, metrics = client.fit(get_weights(model), {"phase": 1, "round": 1, "seed": 1})
         reported[signal] = metrics["accuracy"]
     local = client.local
-    probs = predict_proba(model, local.x, BatchTransform(local.data.mean, local.data.std,
+    probs = predict_proba(model, local.x, BatchTransform(local.spec.mean, local.spec.std,
                                                          torch.device("cpu")))
     expected = float(np.mean(np.asarray(probs).argmax(1) == np.asarray(local.labels)))
     assert reported["global"] == pytest.approx(expected, abs=1e-12)

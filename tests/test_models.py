@@ -4,22 +4,26 @@ import pytest
 import torch
 from torch import nn
 
-from common.models import build_model
+from common.models import TaskShape, build_model
+
+
+def task(channels: int, size: int, classes: int) -> TaskShape:
+    return TaskShape((channels, size, size), classes)
 
 
 @pytest.mark.parametrize("name,channels,size,classes,feat", [
     ("lenet", 1, 28, 10, 84), ("cnn9", 1, 28, 10, 128), ("resnet18", 3, 32, 10, 512),
     ("resnet34", 3, 32, 100, 512)])
 def test_shapes_and_features(name, channels, size, classes, feat):
-    model = build_model(name, channels, classes, size, seed=0).eval()
+    model = build_model(name, task(channels, size, classes), seed=0).eval()
     logits, feats = model(torch.zeros(2, channels, size, size), return_features=True)
     assert logits.shape == (2, classes) and feats.shape == (2, feat)
 
 
 def test_xavier_init_zero_bias_and_seeded():
-    a = build_model("lenet", 1, 10, 28, seed=5)
-    b = build_model("lenet", 1, 10, 28, seed=5)
-    c = build_model("lenet", 1, 10, 28, seed=6)
+    a = build_model("lenet", task(1, 28, 10), seed=5)
+    b = build_model("lenet", task(1, 28, 10), seed=5)
+    c = build_model("lenet", task(1, 28, 10), seed=6)
     for (_, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(pa, pb)
     assert not torch.equal(a.conv1.weight, c.conv1.weight)
@@ -32,13 +36,13 @@ def test_xavier_init_zero_bias_and_seeded():
 
 
 def test_resnet34_stage_depths():
-    model = build_model("resnet34", 3, 100, 32, seed=0)
+    model = build_model("resnet34", task(3, 32, 100), seed=0)
     assert len(model.stages) == 3 + 4 + 6 + 3
 
 
 def test_cnn9_dropout_is_off_in_eval_mode():
     torch.manual_seed(0)
-    model = build_model("cnn9", 1, 10, 28, seed=0).eval()
+    model = build_model("cnn9", task(1, 28, 10), seed=0).eval()
     x = torch.randn(3, 1, 28, 28)
     assert torch.equal(model(x), model(x))
     model.train()

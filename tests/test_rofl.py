@@ -20,7 +20,7 @@ from common.baselines.rofl import (
     uses_pseudo_labels,
 )
 from common.exchange import pack_array, unpack_array
-from common.models import build_model, classifier_shape
+from common.models import ClassifierShape, TaskShape, build_model, classifier_shape
 from common.params import get_weights
 from fedefc_server.baselines.rofl import RoFLStrategy
 from tests.helpers import (
@@ -111,12 +111,15 @@ def test_centroid_term_trains_the_features_of_agreeing_samples():
     assert features.grad is None and logits.grad is not None
 
 
-@pytest.mark.parametrize("name, width", [("lenet", 84), ("cnn9", 128), ("resnet18", 512)])
-def test_the_centroid_shape_is_read_from_the_model_arrays(name, width):
+@pytest.mark.parametrize("name, width", [("lenet", 84), ("cnn9", 128), ("resnet18", 512),
+                                         ("cnn", 128), ("mlp", 64)])
+def test_the_centroid_shape_is_the_models_classes_and_feature_width(name, width):
     # K x D: the classes and the feature width of docs/BASELINE-METHODS.md (LeNet 84, 9-conv
-    # CNN 128, ResNet 512), from the arrays the server holds.
-    arrays = get_weights(build_model(name, 3, 7, 32, seed=0))
-    assert classifier_shape([a.shape for a in arrays]) == (7, width)
+    # CNN 128, ResNet 512; the small CNN 128, the MLP 64), measured on the model itself.
+    task = TaskShape((3, 32, 32), 7)
+    model = build_model(name, task, seed=0)
+    assert classifier_shape(model, task) == ClassifierShape(7, width)
+    assert get_weights(model)[-2].shape == (7, width)  # its classifier, registered last
 
 
 def test_strategy_aggregates_and_sends_the_global_centroids_in_process():

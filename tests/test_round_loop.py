@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
 from common.methods import load_run_config
@@ -38,10 +38,23 @@ class TrainingNode(FakeProxy):
         return FitRes(OK, ndarrays_to_parameters(weights), SIZES[self.partition_id], metrics)
 
 
-def run_loop(tmp_path, cls, rounds=4):
+HELD_OUT = {0: (2, 0.5), 1: (0, None), 2: (4, 1.0), 3: (6, 0.25)}  # (samples, accuracy)
+
+
+class EvaluatingNode(TrainingNode):
+    """Also evaluates: its held-out count and accuracy from HELD_OUT, loss round + id."""
+
+    def evaluate(self, ins, timeout, group_id):
+        n, acc = HELD_OUT[self.partition_id]
+        metrics = {"partition-id": self.partition_id, **({"accuracy": acc} if n else {})}
+        return EvaluateRes(OK, float(ins.config["round"] + self.partition_id), n, metrics)
+
+
+def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, **keys):
     cfg = load_run_config({"method": "fedefc" if cls is FedEFCStrategy else "fedavg",
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
-                           "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path)})
+                           "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
+                           **keys})
     model = torch.nn.Linear(2, 3)
     init = get_weights(model)
     evaluated = []
@@ -50,10 +63,10 @@ def run_loop(tmp_path, cls, rounds=4):
         evaluated.append(weights)
         return 1.0, float(weights[1][0])
 
-    strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator)
+    strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator if central else None)
     manager = SimpleClientManager()
     for pid in SIZES:
-        manager.register(TrainingNode(f"node-{pid}", pid))
+        manager.register(node(f"node-{pid}", pid))
     loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
                      run_info={"train_samples": 100})
@@ -97,3 +110,22 @@ def test_fedavg_records_carry_no_phase_and_no_prestopping(tmp_path):
         assert not {"phase", "A", "A_max", "t_e", "client_acc"} & set(r)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert "t_e" not in summary and summary["method"] == "fedavg"
+
+
+def test_federated_evaluation_is_recorded_every_round_and_summarized(tmp_path):
+    """Flower's evaluate round through the loop: every node evaluates the global model of
+    every round (round 0 included); the record holds the held-out-weighted averages."""
+    run_loop(tmp_path, FedAvgStrategy, rounds=3, node=EvaluatingNode, central=False,
+             **{"dataset": "npz", "data-path": "/d.npz", "evaluation": "federated"})
+    recs = records(tmp_path)
+    n = sum(count for count, _ in HELD_OUT.values())
+    acc = sum(count * a for count, a in HELD_OUT.values() if count) / n
+    for rnd, r in enumerate(recs):
+        assert "test_acc" not in r
+        assert r["federated_acc"] == pytest.approx(acc)
+        loss = sum(count * (rnd + pid) for pid, (count, _) in HELD_OUT.items()) / n
+        assert r["federated_loss"] == pytest.approx(loss)
+        assert (r["federated_clients"], r["federated_samples"]) == (3, n)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["accuracy_source"] == "federated held-out data"
+    assert summary["final_acc"] == summary["federated_final_acc"] == pytest.approx(acc)

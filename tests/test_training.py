@@ -53,7 +53,7 @@ def test_batches_cover_the_data_and_drop_a_lone_last_sample():
 def _toy(embedded, n=256):
     idx = torch.arange(0, len(embedded.train_y), len(embedded.train_y) // n)[:n]  # all classes
     x, y = embedded.train_x[idx], embedded.train_y[idx]
-    return x, y, BatchTransform(embedded.mean, embedded.std, torch.device("cpu"))
+    return x, y, BatchTransform.of(embedded.spec, torch.device("cpu"))
 
 
 def test_training_learns_and_is_deterministic(embedded):
@@ -61,7 +61,7 @@ def test_training_learns_and_is_deterministic(embedded):
     settings = SGDSettings(epochs=5, batch_size=32, lr=0.05, momentum=0.5)
     weights = []
     for _ in range(2):
-        model = build_model("lenet", 1, 10, 28, seed=0)
+        model = build_model("lenet", embedded.task, seed=0)
         loss0, _ = evaluate(model, x, y, t)
         torch.manual_seed(1)
         train(model, TrainingSet(x, y, t), cross_entropy, settings,
@@ -79,7 +79,7 @@ def test_forward_loss_with_non_identity_q_trains_a_different_model(embedded):
     out = []
     for loss_fn in (cross_entropy, partial(forward_corrected_loss, q=torch.eye(10)),
                     partial(forward_corrected_loss, q=q)):
-        model = build_model("lenet", 1, 10, 28, seed=0)
+        model = build_model("lenet", embedded.task, seed=0)
         train(model, TrainingSet(x, y, t), loss_fn, settings, torch.Generator().manual_seed(1))
         out.append(predict_proba(model, x, t))
     np.testing.assert_allclose(out[0], out[1], atol=1e-4)  # Q = I is cross-entropy
@@ -95,7 +95,7 @@ def test_bf16_runs_the_forward_pass_under_autocast_and_still_learns(embedded):
     for precision in ("fp32", "bf16"):
         settings = SGDSettings(epochs=3, batch_size=32, lr=0.05, momentum=0.5,
                                precision=precision)
-        model = build_model("lenet", 1, 10, 28, seed=0)
+        model = build_model("lenet", embedded.task, seed=0)
         loss0, _ = evaluate(model, x, y, t)
 
         def batch_loss(m, xb, yb, _idx, precision=precision):

@@ -31,7 +31,7 @@ from common.baselines.fedcorr import (
 from common.baselines.lid import client_lid
 from common.baselines.noisy_clients import loss_noise_level
 from common.losses import cross_entropy
-from common.training import TrainStats, predict_logits_features
+from common.training import TrainStats, predict_logits
 
 from ..job import LocalJob
 from ..local_update import Update
@@ -62,8 +62,7 @@ def fedcorr(job: LocalJob) -> Update:
                       labels=labels)
     metrics: dict = {"loss": "cross-entropy+prox-norm" if coefficient > 0 else "cross-entropy"}
     if int(job.config[M.STAGE]) == 1:
-        logits, _ = predict_logits_features(job.model, job.local.x, job.transform,
-                                            job.cfg.eval_batch_size)
+        logits = predict_logits(job.model, job.local.x, job.transform, job.cfg.eval_batch_size)
         log_p = torch.log_softmax(logits.double(), dim=1)
         y = torch.as_tensor(labels, device=job.device)
         losses = (-log_p[torch.arange(len(y)), y]).cpu().numpy()

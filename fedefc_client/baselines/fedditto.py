@@ -25,7 +25,7 @@ def fedditto(job: LocalJob) -> Update:
     """Train v, then the global model; report ``personal-acc``: v's accuracy on the clean
     test set weighted by this client's label distribution (its share of the test
     distribution), where the simulation knows that test set."""
-    personal = model_for(job.cfg, job.local.data, job.device, slot="ditto")
+    personal = model_for(job.cfg, job.local.data.task, job.device, slot="ditto")
     if PERSONAL in job.state:
         arrays = job.state[PERSONAL].to_torch_state_dict()
         personal.load_state_dict({k: v.to(job.device) for k, v in arrays.items()})
@@ -40,7 +40,8 @@ def fedditto(job: LocalJob) -> Update:
     metrics = {"loss": "cross-entropy", "personal-updates": updates}
     test = job.local.test_split()
     if test is not None:
-        per_class = evaluate_per_class(personal, *test, job.transform, job.cfg.eval_batch_size)
+        per_class = evaluate_per_class(personal, *test, job.transform,
+                                       job.local.data.num_classes, job.cfg.eval_batch_size)
         metrics["personal-acc"] = label_weighted_accuracy(per_class, job.labels)
     return len(job.labels), metrics, job.train()
 

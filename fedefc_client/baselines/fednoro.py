@@ -27,7 +27,7 @@ from common.baselines.fednoro import (
 )
 from common.exchange import pack_array
 from common.runtime import model_for
-from common.training import TrainStats, make_optimizer, predict_logits_features
+from common.training import TrainStats, make_optimizer, predict_logits
 
 from ..job import LocalJob
 from ..local_update import Update
@@ -40,7 +40,7 @@ def fednoro(job: LocalJob) -> Update:
     log_pi = torch.as_tensor(log_prior(job.labels, job.local.data.num_classes),
                              dtype=torch.float32, device=job.device)
     if int(job.config.get(M.NOISY, 0)):
-        teacher = model_for(cfg, job.local.data, job.device, slot="fednoro-teacher")
+        teacher = model_for(cfg, job.local.data.task, job.device, slot="fednoro-teacher")
         teacher.load_state_dict(job.model.state_dict())
         teacher.eval()
         weight, temperature = float(job.config[M.KD_WEIGHT]), settings.fednoro_temperature
@@ -70,8 +70,7 @@ def _class_losses(job: LocalJob) -> Update:
     if job.config[M.TASK] != M.CLASS_LOSSES_TASK:
         raise ValueError(f"{M.TASK}={job.config[M.TASK]!r} is unknown; expected "
                          f"{M.CLASS_LOSSES_TASK!r}")
-    logits, _ = predict_logits_features(job.model, job.local.x, job.transform,
-                                        job.cfg.eval_batch_size)
+    logits = predict_logits(job.model, job.local.x, job.transform, job.cfg.eval_batch_size)
     losses = F.cross_entropy(logits.double(), job.local.y, reduction="none").cpu().numpy()
     per_class = per_class_mean_loss(losses, job.labels, job.local.data.num_classes)
     return 0, {"loss": "none (detection)", M.CLASS_LOSSES: pack_array(per_class)}, \

@@ -39,7 +39,6 @@ from common.baselines.fednoro import FedNoRoMessages as M
 from common.baselines.fednoro import FedNoRoSettings
 from common.baselines.noisy_clients import fednoro_noisy_clients
 from common.exchange import unpack_array
-from common.models import classifier_shape
 
 from .noise_robust import NoiseRobustStrategy, detection_truth, truth_note
 
@@ -101,7 +100,7 @@ class FedNoRoStrategy(NoiseRobustStrategy):
         replies = self.send_tasks(client_manager, parameters,
                                   {p: {M.TASK: M.CLASS_LOSSES_TASK} for p in serving},
                                   server_round)
-        num_classes = classifier_shape([a.shape for a in parameters_to_ndarrays(parameters)])[0]
+        num_classes = self.model_shape.num_classes  # from the run's data, not the arrays
         losses, skipped = {}, {}
         for pid, res in replies.items():
             try:

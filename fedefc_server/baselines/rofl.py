@@ -26,7 +26,6 @@ from flwr.server.client_proxy import ClientProxy
 from common.baselines.rofl import RoFLMessages as M
 from common.baselines.rofl import RoFLSettings, aggregate_centroids
 from common.exchange import pack_array, unpack_array
-from common.models import classifier_shape
 
 from ..validation import bad_number
 from .noise_robust import NoiseRobustStrategy
@@ -52,6 +51,9 @@ class RoFLStrategy(NoiseRobustStrategy):
 
     def __init__(self, cfg, *args, **kwargs):
         super().__init__(cfg, *args, **kwargs)
+        if self.model_shape is None or self.model_shape.feature_dim is None:
+            raise ValueError("RoFL's server needs the model's K and feature width "
+                             "(model_shape with a feature_dim)")
         self.centroids: np.ndarray | None = None
         self._centroid_bytes: bytes | None = None  # f_G as sent, packed once per round
 
@@ -63,8 +65,8 @@ class RoFLStrategy(NoiseRobustStrategy):
 
     def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
         """Every RoFL reply's f_k (:func:`bad_centroids`, K x D of the model's
-        classifier) and, when reported, its counts."""
-        shape = classifier_shape(self._expected.shapes)
+        features) and, when reported, its counts."""
+        shape = (self.model_shape.num_classes, self.model_shape.feature_dim)
         reason = bad_centroids(metrics.get(M.LOCAL_CENTROIDS), shape)
         for key in (M.KEPT, M.AGREE, M.REPLACED):
             if reason is None and key in metrics:

@@ -53,8 +53,8 @@ def plain_loop(run_config: dict) -> dict:
     configure_threads(cfg.client_threads)
     fed = federated_data(cfg)
     device = pick_device(cfg.device)
-    evaluator = TestSetEvaluator(cfg)
-    weights = get_weights(initial_model(cfg, fed.data))
+    evaluator = TestSetEvaluator(cfg, fed.data)
+    weights = get_weights(initial_model(cfg, fed.data.task))
     strategy = FedEFCStrategy(cfg, ndarrays_to_parameters(weights))  # its config and prestopper
     stopper = strategy.prestopper
     states = {pid: RecordDict() for pid in range(cfg.num_clients)}

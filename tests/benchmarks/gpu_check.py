@@ -30,7 +30,7 @@ from flwr.server.client_proxy import ClientProxy
 from common.federation import federated_data
 from common.losses import cross_entropy
 from common.methods import load_run_config
-from common.models import build_model
+from common.models import TaskShape, build_model, classifier_shape
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
@@ -77,10 +77,10 @@ def run_in_process(flat: dict) -> dict:
     for pid in range(cfg.num_clients):
         manager.register(InProcessProxy(cfg, pid, device))
     data = federated_data(cfg).data
-    model = initial_model(cfg, data)
+    model = initial_model(cfg, data.task)
     strategy = STRATEGIES[cfg.method](
-        cfg, ndarrays_to_parameters(get_weights(model)), evaluator=TestSetEvaluator(cfg),
-        max_samples=len(data.train_y))
+        cfg, ndarrays_to_parameters(get_weights(model)), evaluator=TestSetEvaluator(cfg, data),
+        max_samples=len(data.train_y), model_shape=classifier_shape(model, data.task))
     server = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                        recorder=RunRecorder(cfg.out_dir, cfg.to_flat()), model=model,
                        run_info={})
@@ -88,14 +88,15 @@ def run_in_process(flat: dict) -> dict:
     start = time.monotonic()
     server.fit(cfg.rounds, None)
     summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text())
-    return {"method": cfg.method, "model": cfg.resolved_model(), "final_acc": summary["final_acc"],
+    return {"method": cfg.method, "model": cfg.resolved_model(data.task.input_shape),
+            "final_acc": summary["final_acc"],
             "t_e": summary.get("t_e"), "seconds": round(time.monotonic() - start, 1)}
 
 
 def throughput(name: str, channels: int, size: int, classes: int, batch: int,
                device, n: int = 1000) -> float:
     """Local-training samples per second (E epochs of SGD, as a client does)."""
-    model = build_model(name, channels, classes, size, seed=0).to(device)
+    model = build_model(name, TaskShape((channels, size, size), classes), seed=0).to(device)
     x = torch.randint(0, 256, (n, channels, size, size), dtype=torch.uint8, device=device)
     y = torch.randint(0, classes, (n,), device=device)
     mean, std = (0.5,) * channels, (0.25,) * channels
