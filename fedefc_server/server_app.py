@@ -88,8 +88,11 @@ def server_fn(context: Context) -> ServerAppComponents:
         log(INFO, "resuming %s after round %d", out_dir, ckpt.round)
     recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
                            resume_round=ckpt.round if ckpt else None)
+    # the noise the run config puts on the dataset's partitions; a deployed node with its
+    # own data-path keeps its own labels, whose noise the server cannot know
     log(INFO, "FedEFC run | method %s | %s (%d train / %d test) | %d clients, %d per round | "
-        "%d rounds | realized noise rate %.4f | results -> %s", cfg.method, cfg.dataset,
+        "%d rounds | realized noise rate %.4f on the simulated partitions | results -> %s",
+        cfg.method, cfg.dataset,
         len(data.train_y), len(data.test_y), cfg.num_clients, cfg.clients_per_round,
         cfg.rounds, info["realized_noise_rate"], out_dir)
     strategy = STRATEGIES[cfg.method](
