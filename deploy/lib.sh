@@ -3,8 +3,6 @@
 # fedefc_python: the interpreter that runs this project, in this order: $PYTHON; the
 #   active virtual environment ($VIRTUAL_ENV); the checkout's .venv (the one
 #   docs/DEPLOYMENT.md's Install step creates); python3 on PATH.
-# fedefc_flwr: the flwr CLI of that environment (next to its interpreter), else the
-#   flwr on PATH.
 # private_location FILE: refuse to write a private key or secret where `git add -A`
 #   would commit it (inside a git work tree and not git-ignored).
 
@@ -29,22 +27,6 @@ fedefc_python() {
         exit 2
     fi
     echo "$py"
-}
-
-fedefc_flwr() {
-    local py bin
-    py="$(fedefc_python)" || exit 2
-    bin="$("$py" -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "flwr"))' 2>/dev/null || true)"
-    if [ -n "$bin" ] && [ -x "$bin" ]; then
-        echo "$bin"
-    elif command -v flwr >/dev/null; then
-        command -v flwr
-    else
-        echo "$0: the flwr CLI was not found next to $py nor on PATH. Activate the" \
-             "environment where this project is installed (source .venv/bin/activate)," \
-             "or name its interpreter: PYTHON=/path/to/.venv/bin/python $0 ..." >&2
-        exit 2
-    fi
 }
 
 private_location() {

@@ -15,6 +15,7 @@ test use them all.
 - ``superlink``: the SuperLink and its SuperExec in the foreground (Ctrl-C stops both);
 - ``supernode``: a SuperNode and its SuperExec in the foreground;
 - ``connection``: add a ``[superlink.NAME]`` entry to ``$FLWR_HOME/config.toml``;
+- ``register``: register SuperNode public keys with a SuperLink (node authentication);
 - ``submit``: ``flwr run`` the app on a connection, follow its log, and exit non-zero
   unless ``flwr ls`` reports ``finished:completed``;
 - ``export``: write every partition of a run config as a private-data ``.npz``.
@@ -453,6 +454,37 @@ def wait_for_superlink(connection: str, env: dict[str, str], cwd: Path,
                               "Is it running (deploy/start-superlink.sh), and is the "
                               "connection's address right (fedefc deploy connection)?")
         time.sleep(2.0)
+
+
+def public_key_file(path: str | Path) -> str:
+    """``path`` made absolute, after checking that it is a file holding no private key."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise UsageError(f"public key {file} not found (nothing registered)")
+    if "PRIVATE KEY" in file.read_text(errors="replace"):
+        raise UsageError(f"{file} is a private key: register its public key ({file}.pub) "
+                         "and keep the private key on its node (nothing registered)")
+    return str(file)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    """``flwr supernode register`` every public key, once the SuperLink answers; a key is
+    named after its file (``node-0.pub`` -> ``node-0``)."""
+    keys = [public_key_file(k) for k in args.public_keys]
+    env, cwd = flwr_env(default_flwr_home()), Path.cwd()
+    wait_for_superlink(args.connection, env, cwd)
+    failed = []
+    for key in keys:
+        name = Path(key).name.removesuffix(".pub")
+        res = flwr_json(["supernode", "register", key, args.connection, "--name", name],
+                        env, cwd)
+        if res.get("success", True):
+            print(f"registered {key} as SuperNode {name!r} (node id {res.get('node-id')})")
+        else:
+            failed.append(f"{key}: {str(res.get('error-message', res)).strip()}")
+    if failed:
+        raise LaunchError("registering failed for " + "; ".join(failed))
+    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@
     fedefc resume OUT_DIR [--set rounds=N]          continue an interrupted job
     fedefc presets                                  list configs/*.toml
     fedefc grid run|report|list GRID [--set ...]    the experiment runner
-    fedefc deploy superlink|supernode|connection|submit|export ...
+    fedefc deploy superlink|supernode|connection|register|submit|export ...
                                                     a deployment across machines
 
 Bad input exits 2 before anything starts; a failed run exits 1 (:mod:`.errors`).
@@ -177,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("--ca-cert", help="CA certificate (TLS); without it: insecure")
     conn.add_argument("--flwr-home", help="default: $FLWR_HOME or ~/.flwr")
     conn.set_defaults(func=deployment.cmd_connection)
+
+    reg = dsub.add_parser("register", help="register SuperNode public keys (--node-auth)")
+    reg.add_argument("connection", help="a connection to the SuperLink, with TLS")
+    reg.add_argument("public_keys", nargs="+", metavar="PUBLIC_KEY",
+                     help="NAME.pub files written by deploy/gen-node-keys.sh")
+    reg.set_defaults(func=deployment.cmd_register)
 
     submit = dsub.add_parser("submit", help="run the app on a connection")
     submit.add_argument("connection")

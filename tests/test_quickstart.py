@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedefc_cli import deployment
@@ -228,10 +229,14 @@ def test_scripts_refuse_to_write_where_git_add_would_commit(tmp_path):
     assert mode(repo / "node-0.secret") == 0o600 and mode(repo / "keys" / "node-0") == 0o600
 
 
-def test_register_refuses_a_private_key(tmp_path):
+def test_register_refuses_a_private_key_before_registering_any(tmp_path, capsys):
     assert script("gen-node-keys.sh", tmp_path / "keys", "node-0").returncode == 0
-    out = script("register-nodes.sh", "fedefc", tmp_path / "keys" / "node-0")
-    assert out.returncode == 2 and "is a private key" in out.stderr
+    private, public = tmp_path / "keys" / "node-0", tmp_path / "keys" / "node-0.pub"
+    assert main(["deploy", "register", "fedefc", str(public), str(private)]) == 2
+    err = capsys.readouterr().err
+    assert f"{private} is a private key: register its public key ({private}.pub)" in err
+    assert main(["deploy", "register", "fedefc", str(tmp_path / "nope.pub")]) == 2
+    assert "not found (nothing registered)" in capsys.readouterr().err
 
 
 def test_scripts_name_the_missing_environment_and_the_fix(tmp_path):
@@ -325,3 +330,15 @@ def test_submit_claims_results_only_after_a_completed_run(monkeypatch, capsys, t
     if code:
         assert "run 42 ended finished:failed: it did not complete" in err
         assert "flwr log 42 fedefc" in err
+
+
+def test_export_serves_a_two_node_federation_and_refuses_to_overwrite(tmp_path, capsys):
+    """Two nodes at the default p = 0.5: every class has a holder (it used to fail with
+    'class 5 is held by no client'); a second export into the same folder is refused."""
+    assert main(["deploy", "export", str(tmp_path), "--set", "num-clients=2"]) == 0
+    labels = [np.load(tmp_path / f"node-{k}" / "data.npz")["labels"] for k in range(2)]
+    assert set(np.concatenate(labels).tolist()) == set(range(10))
+    assert main(["deploy", "export", str(tmp_path), "--set", "num-clients=2"]) == 2
+    assert "already exist; choose a new OUT_DIR (nothing overwritten)" in capsys.readouterr().err
+    assert main(["deploy", "export", "/proc/no-such-dir", "--set", "num-clients=2"]) == 2
+    assert "cannot write to OUT_DIR /proc/no-such-dir" in capsys.readouterr().err
