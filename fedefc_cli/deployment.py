@@ -364,16 +364,13 @@ def cmd_superlink(args: argparse.Namespace) -> int:
               if args.superexec_secret else None)
     check_port_free(args.host, args.port, "--port")
     state, env = state_dir(args.state_dir or STATE_ROOT / "superlink")
-    procs = Processes()
-    procs.start("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
-        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
-        env, state, state / "superlink.log")
-    local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
     print(f"fedefc deploy: SuperLink on {args.host}:{args.port} "
           f"({'TLS' if tls else 'insecure'}{', SuperNode authentication' if args.node_auth else ''}"
           f"); logs {state}/superlink.log, superexec.log; Ctrl-C stops it", flush=True)
-    return _add_superexec_and_wait(procs, local, args.port, tls.ca_cert if tls else None,
-                                   secret, env, state)
+    local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
+    return _run_pair("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
+        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
+        local, args.port, tls.ca_cert if tls else None, secret, env, state)
 
 
 def cmd_supernode(args: argparse.Namespace) -> int:
@@ -391,10 +388,6 @@ def cmd_supernode(args: argparse.Namespace) -> int:
     port = args.runtime_port or free_port()
     check_port_free("127.0.0.1", port, "--runtime-port")
     state, env = state_dir(args.state_dir or STATE_ROOT / f"supernode-{args.partition_id}")
-    procs = Processes()
-    procs.start("flower-supernode", [flower_bin("flower-supernode"), *supernode_flags(
-        args.superlink, node_config, "127.0.0.1", port, ca, key, secret)],
-        env, state, state / "supernode.log")
     print(f"fedefc deploy: SuperNode (partition-id {args.partition_id}) -> SuperLink "
           f"{args.superlink}; Runtime API 127.0.0.1:{port}; logs {state}/supernode.log, "
           "superexec.log; Ctrl-C stops it", flush=True)
@@ -403,15 +396,25 @@ def cmd_supernode(args: argparse.Namespace) -> int:
         return supernode_exit_hint(text, key, args.superlink) if name == "flower-supernode" \
             else None
 
-    return _add_superexec_and_wait(procs, "127.0.0.1", port, None, secret, env, state, hint)
+    return _run_pair("flower-supernode", [flower_bin("flower-supernode"), *supernode_flags(
+        args.superlink, node_config, "127.0.0.1", port, ca, key, secret)],
+        "127.0.0.1", port, None, secret, env, state, hint)
 
 
-def _add_superexec_and_wait(procs: Processes, host: str, port: int, ca: str | None,
-                            secret: str | None, env: dict[str, str], state: Path,
-                            hint=None) -> int:
-    """Once the SuperLink or SuperNode in ``procs`` listens on ``host:port``, start the
-    SuperExec that serves its apps there; then run both in the foreground."""
+def _exit_on_signal(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_pair(name: str, argv: list[str], host: str, port: int, ca: str | None,
+              secret: str | None, env: dict[str, str], state: Path, hint=None) -> int:
+    """Start ``argv`` (a SuperLink or SuperNode, logging to ``state/<name>.log``) and,
+    once it listens on ``host:port``, the SuperExec that serves its apps there; then run
+    both in the foreground. A signal while they start stops whatever started."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
+    procs = Processes()
     try:
+        procs.start(name, argv, env, state, state / f"{name.removeprefix('flower-')}.log")
         wait_for_port(host, port, procs)
         procs.start("flower-superexec", [flower_bin("flower-superexec"), *superexec_flags(
             f"{host}:{port}", ca, secret)], env, state, state / "superexec.log")
