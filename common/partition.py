@@ -2,8 +2,8 @@
 
 Bernoulli-Dirichlet (FedCorr's non-IID sampling), computed on the TRUE labels:
 ``Phi ~ Bernoulli(p)`` of shape N x K decides which classes a client holds (rows
-without a class are redrawn); each class is then split over its holders with
-Dirichlet(alpha * 1) shares, every sample drawn to one holder.
+without a class are redrawn, then columns without a holder); each class is then split
+over its holders with Dirichlet(alpha * 1) shares, every sample drawn to one holder.
 """
 
 from __future__ import annotations
@@ -25,17 +25,20 @@ def bernoulli_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, 
     while empty.any():
         phi[empty] = rng.binomial(1, p, size=(int(empty.sum()), num_classes))
         empty = phi.sum(axis=1) == 0
+    # A class no client holds (likely with few clients: 0.5**N per class at p = 0.5) is
+    # redrawn too. Adding holders empties no row, and a Phi that needs no redraw is
+    # unchanged, as is everything drawn after it: every partition that was valid before
+    # this redraw existed stays the same.
+    unheld = phi.sum(axis=0) == 0
+    while unheld.any():
+        phi[:, unheld] = rng.binomial(1, p, size=(num_clients, int(unheld.sum())))
+        unheld = phi.sum(axis=0) == 0
     buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for cls in range(num_classes):
         idx = np.flatnonzero(labels == cls)
         holders = np.flatnonzero(phi[:, cls])
         if len(idx) == 0:
             continue
-        if len(holders) == 0:
-            raise PartitionError(
-                f"class {cls} is held by no client (p={p}, num-clients={num_clients}, "
-                f"seed={seed}); raise p or num-clients, or choose another seed"
-            )
         shares = rng.dirichlet(np.full(len(holders), alpha))
         owner = rng.choice(holders, size=len(idx), p=shares)
         for k in holders:

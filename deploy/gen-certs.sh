@@ -9,6 +9,11 @@
 # 127.0.0.1 are always added, so the SuperLink's own SuperExec and an operator on the
 # SuperLink machine can connect.
 #
+# Write them outside the checkout (e.g. ~/.fedefc/certs) or to a git-ignored folder: the
+# script refuses a folder where `git add -A` would commit the private keys. Everything is
+# created owner-only (umask 077; folder 0700, keys 0600); the certificates are then made
+# world-readable (0644), as they are public.
+#
 # Writes (refuses to overwrite an existing CA):
 #   OUT_DIR/ca.crt      the CA certificate: copy it to every SuperNode and CLI user
 #   OUT_DIR/ca.key      the CA private key: keep it offline, never copy it anywhere
@@ -16,10 +21,12 @@
 #   OUT_DIR/server.key  the SuperLink private key      (--ssl-keyfile; SuperLink only)
 # The SuperLink also takes --ssl-ca-certfile OUT_DIR/ca.crt.
 set -euo pipefail
+umask 077
+source "$(dirname "$0")/lib.sh"
 
 if [ "$#" -lt 2 ]; then
     echo "usage: $0 OUT_DIR NAME_OR_IP [NAME_OR_IP ...]" >&2
-    echo "e.g.:  $0 ./certs superlink.example.org 203.0.113.7" >&2
+    echo "e.g.:  $0 ~/.fedefc/certs superlink.example.org 203.0.113.7" >&2
     exit 2
 fi
 command -v openssl >/dev/null || { echo "$0: openssl not found; install it" >&2; exit 2; }
@@ -30,6 +37,8 @@ if [ -e "$out/ca.key" ]; then
     echo "$0: $out/ca.key already exists; choose a new OUT_DIR (nothing overwritten)" >&2
     exit 2
 fi
+private_location "$out/ca.key"
+private_location "$out/server.key"
 mkdir -p "$out"
 chmod 700 "$out"
 

@@ -5,7 +5,13 @@
 # leaves the machine (or the compose project) of that pair.
 #
 # usage: deploy/gen-secret.sh FILE [FILE ...]      (refuses to overwrite)
+#   e.g. deploy/gen-secret.sh ~/.fedefc/superlink.secret      (on the SuperLink machine)
+#        deploy/gen-secret.sh ~/.fedefc/node-0.secret         (on client machine 0)
+# Created owner-only (umask 077: 0600, new folders 0700); refuses a FILE where
+# `git add -A` would commit it (inside a git work tree and not git-ignored).
 set -euo pipefail
+umask 077
+source "$(dirname "$0")/lib.sh"
 
 if [ "$#" -lt 1 ]; then
     echo "usage: $0 FILE [FILE ...]" >&2
@@ -17,7 +23,8 @@ for file in "$@"; do
         echo "$0: $file already exists; nothing overwritten" >&2
         exit 2
     fi
+    private_location "$file"
     mkdir -p "$(dirname "$file")"
-    (umask 077 && openssl rand -hex 32 | tr -d '\n' > "$file")
+    openssl rand -hex 32 | tr -d '\n' > "$file"
     echo "secret: $file"
 done

@@ -1,25 +1,16 @@
 #!/usr/bin/env bash
-# Register SuperNode public keys with a SuperLink started with --enable-supernode-auth.
+# Register SuperNode public keys with a SuperLink started with --enable-supernode-auth
+# (fedefc deploy register: waits until the SuperLink answers, refuses a private key).
 #
 # usage: deploy/register-nodes.sh CONNECTION PUBLIC_KEY [PUBLIC_KEY ...]
 #
 # CONNECTION is a `[superlink.CONNECTION]` entry of $FLWR_HOME/config.toml (default
 # ~/.flwr/config.toml) that points at the SuperLink with TLS (root-certificates = the
-# CA certificate); `fedefc deploy connection` writes one. A SuperNode
-# whose public key is not registered is refused (flower-supernode exits with code 305).
+# CA certificate); `fedefc deploy connection` writes one. Each key is registered under
+# its file's name (node-0.pub -> node-0). A SuperNode whose public key is not
+# registered is refused (flower-supernode exits with code 305, "code: 2004").
+# Runs with the Python environment deploy/lib.sh finds (as the start-*.sh scripts).
 set -euo pipefail
-
-if [ "$#" -lt 2 ]; then
-    echo "usage: $0 CONNECTION PUBLIC_KEY [PUBLIC_KEY ...]" >&2
-    echo "e.g.:  $0 fedefc ./keys/node-0.pub ./keys/node-1.pub" >&2
-    exit 2
-fi
-connection="$1"; shift
-for key in "$@"; do
-    if [ ! -f "$key" ]; then
-        echo "$0: public key $key not found" >&2
-        exit 2
-    fi
-    name="$(basename "$key" .pub)"
-    flwr supernode register "$key" "$connection" --name "$name"
-done
+source "$(dirname "$0")/lib.sh"
+py="$(fedefc_python)"
+exec "$py" -m fedefc_cli deploy register "$@"

@@ -15,9 +15,13 @@ test use them all.
 - ``superlink``: the SuperLink and its SuperExec in the foreground (Ctrl-C stops both);
 - ``supernode``: a SuperNode and its SuperExec in the foreground;
 - ``connection``: add a ``[superlink.NAME]`` entry to ``$FLWR_HOME/config.toml``;
+- ``register``: register SuperNode public keys with a SuperLink (node authentication);
 - ``submit``: ``flwr run`` the app on a connection, follow its log, and exit non-zero
   unless ``flwr ls`` reports ``finished:completed``;
 - ``export``: write every partition of a run config as a private-data ``.npz``.
+
+Private keys and SuperExec secrets must be the owner's alone: ``superlink`` and
+``supernode`` refuse one that other users can read or write (:func:`check_private`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import argparse
 import ipaddress
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -49,8 +55,20 @@ from .run_configs import APP_DIR, merged_config, toml_value
 
 DEPLOY_DIR = APP_DIR / "deploy"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "fedefc" / "node-data"
+STATE_ROOT = Path.home() / ".fedefc"  # default state folders (outside any checkout)
 
 
+def check_private(path: str | Path, what: str) -> str:
+    """``path`` made absolute, after checking that it is a file only its owner can read or
+    write (mode 0600 or 0400); UsageError naming the file and the fix otherwise."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise UsageError(f"{what} {file} does not exist (or is not a file)")
+    mode = stat.S_IMODE(file.stat().st_mode)
+    if mode & 0o077:
+        raise UsageError(f"{what} {file} is readable or writable by other users (mode "
+                         f"{mode:04o}); make it the owner's alone: chmod 600 {file}")
+    return str(file)
 
 
 # -- the flags of each process ----------------------------------------------------------
@@ -71,6 +89,7 @@ class TLSFiles:
         if missing:
             raise UsageError(f"TLS files missing: {', '.join(missing)}; create them with "
                              f"deploy/gen-certs.sh {root} <host name> <IP>")
+        check_private(files.server_key, "the SuperLink's TLS private key")
         return files
 
 
@@ -256,7 +275,7 @@ class LocalDeployment(ProcessGroup):
 def state_dir(folder: str | Path) -> tuple[Path, dict[str, str]]:
     """A SuperLink's or SuperNode's own folder (made absolute, created) and the
     environment of its processes (FLWR_HOME inside it), as on its own machine."""
-    path = Path(folder).resolve()
+    path = Path(folder).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path, flwr_env(path / "flwr-home")
 
@@ -268,8 +287,44 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _foreground(procs: Processes) -> int:
-    """Wait until a process exits or SIGINT/SIGTERM arrives; stop all; return the code."""
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """UsageError when something already listens on ``host:port`` (e.g. the SuperLink of
+    an earlier start): the new process would fail, or its SuperExec would dial the old one."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise UsageError(
+                f"{flag} {port} on {host} is in use ({err.strerror}): is a SuperLink or "
+                "SuperNode started earlier still running? Stop it first (Ctrl-C, or kill "
+                "its PID; the quick start's own processes: kill $(jobs -p)), or choose "
+                f"another {flag}") from None
+
+
+def supernode_exit_hint(log_text: str, auth_key: str | None, superlink: str) -> str | None:
+    """What a SuperNode's exit means, where Flower's own message misleads: exit 305 reads
+    "could not establish a connection" even when the SuperLink refused the node's key."""
+    if "code: 2004" in log_text and auth_key:
+        return (f"the SuperLink at {superlink} refused to activate this SuperNode (code 2004): "
+                f"its public key {auth_key}.pub is not registered there (the SuperLink's log "
+                "says 'No SuperNode found with the given public key'), or another SuperNode "
+                "with the same key is online. Fix: the operator registers the key with "
+                f"deploy/register-nodes.sh CONNECTION {auth_key}.pub (one key per node), then "
+                "start this SuperNode again")
+    if "Exit Code: 305" in log_text:
+        return (f"the SuperNode could not connect to the SuperLink at {superlink}: check that "
+                "it runs and that this machine reaches that address; with TLS, that --ca-cert "
+                "is the CA that signed the SuperLink's certificate and the host name is among "
+                "its names (deploy/gen-certs.sh); with --node-auth on the SuperLink, that this "
+                "node has --auth-key")
+    return None
+
+
+def _foreground(procs: Processes, hint=None) -> int:
+    """Wait until a process exits or SIGINT/SIGTERM arrives; stop all; return the code.
+    A process that exits on its own is reported with its log's tail and ``hint(name,
+    log text)``, when that explains it."""
     stop = {"signal": False}
 
     def handler(signum, frame):  # noqa: ARG001
@@ -280,12 +335,18 @@ def _foreground(procs: Processes) -> int:
     code = 0
     try:
         while not stop["signal"]:
-            for name, proc, _ in procs.running:
+            for name, proc, log in procs.running:
                 if proc.poll() is not None:
-                    print(f"fedefc deploy: {name} exited with code {proc.returncode}",
-                          file=sys.stderr)
+                    text = log.read_text(errors="replace") if log and log.exists() else ""
+                    tail = "\n".join(text.splitlines()[-15:])
+                    print(f"fedefc deploy: {name} exited with code {proc.returncode}; the end "
+                          f"of its log {log}:\n{tail}", file=sys.stderr)
+                    explained = hint(name, text) if hint else None
+                    if explained:
+                        print(f"fedefc deploy: {explained}", file=sys.stderr)
                     code = 1
                     stop["signal"] = True
+                    break
             time.sleep(0.5)
     finally:
         procs.stop()
@@ -293,55 +354,74 @@ def _foreground(procs: Processes) -> int:
 
 
 def cmd_superlink(args: argparse.Namespace) -> int:
-    tls = TLSFiles.in_dir(args.certs) if args.certs else None
+    tls = TLSFiles.in_dir(Path(args.certs).expanduser()) if args.certs else None
     if tls is None and not _is_loopback(args.host) and not args.allow_insecure:
         raise UsageError(
             f"refusing to serve the SuperLink without TLS on --host {args.host}: its port "
             "also carries the Control and Runtime APIs. Give --certs (deploy/gen-certs.sh), "
             "or --allow-insecure on a trusted private network only")
-    secret = str(Path(args.superexec_secret).resolve()) if args.superexec_secret else None
-    state, env = state_dir(args.state_dir)
-    procs = Processes()
-    procs.start("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
-        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
-        env, state)
+    secret = (check_private(args.superexec_secret, "--superexec-secret")
+              if args.superexec_secret else None)
+    check_port_free(args.host, args.port, "--port")
+    state, env = state_dir(args.state_dir or STATE_ROOT / "superlink")
+    print(f"fedefc deploy: SuperLink on {args.host}:{args.port} "
+          f"({'TLS' if tls else 'insecure'}{', SuperNode authentication' if args.node_auth else ''}"
+          f"); logs {state}/superlink.log, superexec.log; Ctrl-C stops it", flush=True)
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
-    return _add_superexec_and_wait(procs, local, args.port, tls.ca_cert if tls else None,
-                                   secret, env, state)
+    return _run_pair("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
+        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
+        local, args.port, tls.ca_cert if tls else None, secret, env, state)
 
 
 def cmd_supernode(args: argparse.Namespace) -> int:
     node_config: dict[str, Any] = {"partition-id": args.partition_id,
                                    "num-partitions": args.num_partitions,
-                                   "cache-dir": str(Path(args.cache_dir).resolve())}
+                                   "cache-dir": str(Path(args.cache_dir).expanduser().resolve())}
     if args.data_path:
-        node_config["data-path"] = str(Path(args.data_path).resolve())
+        node_config["data-path"] = str(Path(args.data_path).expanduser().resolve())
         if not Path(node_config["data-path"]).exists():
             raise UsageError(f"--data-path {node_config['data-path']} does not exist")
-    ca = str(Path(args.ca_cert).resolve()) if args.ca_cert else None
-    key = str(Path(args.auth_key).resolve()) if args.auth_key else None
-    secret = str(Path(args.superexec_secret).resolve()) if args.superexec_secret else None
-    state, env = state_dir(args.state_dir)
+    ca = str(Path(args.ca_cert).expanduser().resolve()) if args.ca_cert else None
+    key = check_private(args.auth_key, "--auth-key") if args.auth_key else None
+    secret = (check_private(args.superexec_secret, "--superexec-secret")
+              if args.superexec_secret else None)
+    port = args.runtime_port or free_port()
+    check_port_free("127.0.0.1", port, "--runtime-port")
+    state, env = state_dir(args.state_dir or STATE_ROOT / f"supernode-{args.partition_id}")
+    print(f"fedefc deploy: SuperNode (partition-id {args.partition_id}) -> SuperLink "
+          f"{args.superlink}; Runtime API 127.0.0.1:{port}; logs {state}/supernode.log, "
+          "superexec.log; Ctrl-C stops it", flush=True)
+
+    def hint(name: str, text: str) -> str | None:
+        return supernode_exit_hint(text, key, args.superlink) if name == "flower-supernode" \
+            else None
+
+    return _run_pair("flower-supernode", [flower_bin("flower-supernode"), *supernode_flags(
+        args.superlink, node_config, "127.0.0.1", port, ca, key, secret)],
+        "127.0.0.1", port, None, secret, env, state, hint)
+
+
+def _exit_on_signal(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_pair(name: str, argv: list[str], host: str, port: int, ca: str | None,
+              secret: str | None, env: dict[str, str], state: Path, hint=None) -> int:
+    """Start ``argv`` (a SuperLink or SuperNode, logging to ``state/<name>.log``) and,
+    once it listens on ``host:port``, the SuperExec that serves its apps there; then run
+    both in the foreground. A signal while they start stops whatever started."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     procs = Processes()
-    procs.start("flower-supernode", [flower_bin("flower-supernode"), *supernode_flags(
-        args.superlink, node_config, "127.0.0.1", args.runtime_port, ca, key, secret)],
-        env, state)
-    return _add_superexec_and_wait(procs, "127.0.0.1", args.runtime_port, None, secret, env,
-                                   state)
-
-
-def _add_superexec_and_wait(procs: Processes, host: str, port: int, ca: str | None,
-                            secret: str | None, env: dict[str, str], state: Path) -> int:
-    """Once the SuperLink or SuperNode in ``procs`` listens on ``host:port``, start the
-    SuperExec that serves its apps there; then run both in the foreground."""
     try:
+        procs.start(name, argv, env, state, state / f"{name.removeprefix('flower-')}.log")
         wait_for_port(host, port, procs)
         procs.start("flower-superexec", [flower_bin("flower-superexec"), *superexec_flags(
-            f"{host}:{port}", ca, secret)], env, state)
+            f"{host}:{port}", ca, secret)], env, state, state / "superexec.log")
     except BaseException:
         procs.stop()
         raise
-    return _foreground(procs)
+    return _foreground(procs, hint)
 
 
 def cmd_connection(args: argparse.Namespace) -> int:
@@ -358,24 +438,94 @@ def default_flwr_home() -> Path:
     return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
 
 
+def wait_for_superlink(connection: str, env: dict[str, str], cwd: Path,
+                       timeout: float = 60.0) -> None:
+    """Wait until the SuperLink of ``connection`` answers ``flwr ls`` (one started just
+    before, as in the quick start, may need a few seconds); LaunchError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = flwr_json(["ls", connection], env, cwd)
+        if res.get("success", True):
+            return
+        message = str(res.get("error-message", res)).strip()
+        if "unavailable" not in message:
+            raise UsageError(f"flwr cannot use connection {connection!r}: {message} (add it "
+                             f"with: fedefc deploy connection {connection} HOST:PORT)")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the SuperLink of connection {connection!r} did not answer "
+                              f"within {timeout:.0f} s: {message}. "
+                              "Is it running (deploy/start-superlink.sh), and is the "
+                              "connection's address right (fedefc deploy connection)?")
+        time.sleep(2.0)
+
+
+def public_key_file(path: str | Path) -> str:
+    """``path`` made absolute, after checking that it is a file holding no private key."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise UsageError(f"public key {file} not found (nothing registered)")
+    if "PRIVATE KEY" in file.read_text(errors="replace"):
+        raise UsageError(f"{file} is a private key: register its public key ({file}.pub) "
+                         "and keep the private key on its node (nothing registered)")
+    return str(file)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    """``flwr supernode register`` every public key, once the SuperLink answers; a key is
+    named after its file (``node-0.pub`` -> ``node-0``)."""
+    keys = [public_key_file(k) for k in args.public_keys]
+    env, cwd = flwr_env(default_flwr_home()), Path.cwd()
+    wait_for_superlink(args.connection, env, cwd)
+    failed = []
+    for key in keys:
+        name = Path(key).name.removesuffix(".pub")
+        res = flwr_json(["supernode", "register", key, args.connection, "--name", name],
+                        env, cwd)
+        if res.get("success", True):
+            print(f"registered {key} as SuperNode {name!r} (node id {res.get('node-id')})")
+        else:
+            failed.append(f"{key}: {str(res.get('error-message', res)).strip()}")
+    if failed:
+        raise LaunchError("registering failed for " + "; ".join(failed))
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     merged = merged_config(args.preset, args.overrides)
     if not merged.get("out-dir"):
         raise ConfigError("out-dir is required: an absolute folder on the SuperLink machine, "
                           "where the ServerApp writes; e.g. --set out-dir=\"/srv/fedefc/run1\"")
     cfg = load_run_config(merged)
-    run_id, status = submit_run(args.connection, cfg.to_flat(), flwr_env(default_flwr_home()),
-                                Path.cwd())
-    print(f"run {run_id}: {status}; results in {cfg.out_dir} on the SuperLink machine")
-    return 0 if status == "finished:completed" else 1
+    env = flwr_env(default_flwr_home())
+    wait_for_superlink(args.connection, env, Path.cwd())
+    run_id, status = submit_run(args.connection, cfg.to_flat(), env, Path.cwd())
+    if status != "finished:completed":
+        print(f"fedefc deploy: run {run_id} ended {status}: it did not complete (the "
+              f"ServerApp's error is in the log above; again: flwr log {run_id} "
+              f"{args.connection}); whatever it wrote is in {cfg.out_dir} on the SuperLink "
+              "machine", file=sys.stderr)
+        return 1
+    print(f"run {run_id}: {status}; results in {cfg.out_dir} on the SuperLink machine "
+          "(its SUMMARY line above counts client failures and rejected replies)")
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     cfg = load_run_config(merged_config(args.preset, args.overrides))
-    out = Path(args.out_dir).resolve()
+    out = Path(args.out_dir).expanduser().resolve()
+    paths = [out / f"node-{pid}" / "data.npz" for pid in range(cfg.num_clients)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        raise UsageError(f"{', '.join(existing)} already exist; choose a new OUT_DIR "
+                         "(nothing overwritten)")
+    try:
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write to OUT_DIR {out} ({err.strerror}: {err.filename}); "
+                         "choose a folder you can write to") from None
     fed = federated_data(cfg)
-    for pid, idx in enumerate(fed.client_indices):
-        path = out / f"node-{pid}" / "data.npz"
+    for pid, (idx, path) in enumerate(zip(fed.client_indices, paths)):
         write_npz(path, fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx])
         print(f"partition {pid}: {len(idx)} samples -> {path}")
     return 0

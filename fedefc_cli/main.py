@@ -4,7 +4,7 @@
     fedefc resume OUT_DIR [--set rounds=N]          continue an interrupted job
     fedefc presets                                  list configs/*.toml
     fedefc grid run|report|list GRID [--set ...]    the experiment runner
-    fedefc deploy superlink|supernode|connection|submit|export ...
+    fedefc deploy superlink|supernode|connection|register|submit|export ...
                                                     a deployment across machines
 
 Bad input exits 2 before anything starts; a failed run exits 1 (:mod:`.errors`).
@@ -137,13 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--host", default="0.0.0.0", help="interface to serve on")
     link.add_argument("--port", type=int, default=8000,
                       help="the one port of the Fleet, Control and Runtime APIs")
-    link.add_argument("--state-dir", default="./superlink-state",
-                      help="database (node registrations), FLWR_HOME")
+    link.add_argument("--state-dir", default=None,
+                      help="its folder: database (node registrations), FLWR_HOME, and the "
+                           "logs superlink.log and superexec.log (default ~/.fedefc/superlink)")
     link.add_argument("--certs", help="folder written by deploy/gen-certs.sh (enables TLS)")
     link.add_argument("--node-auth", action="store_true",
                       help="accept registered SuperNodes only (needs --certs)")
-    link.add_argument("--superexec-secret", help="shared-secret file: only a SuperExec "
-                      "holding it may run ServerApps")
+    link.add_argument("--superexec-secret", help="shared-secret file (deploy/gen-secret.sh; "
+                      "owner-only): only a SuperExec holding it may run ServerApps")
     link.add_argument("--allow-insecure", action="store_true",
                       help="serve without TLS on a non-loopback host (trusted network only)")
     link.set_defaults(func=deployment.cmd_superlink)
@@ -158,11 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--cache-dir", default=str(deployment.DEFAULT_CACHE_DIR),
                       help="prepared-data cache (default %(default)s)")
     node.add_argument("--ca-cert", help="the SuperLink's CA certificate (enables TLS)")
-    node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh)")
-    node.add_argument("--superexec-secret", help="shared-secret file for this node's SuperExec")
-    node.add_argument("--runtime-port", type=int, default=9094,
-                      help="local Runtime API port, served on 127.0.0.1 only")
-    node.add_argument("--state-dir", default="./supernode-state", help="FLWR_HOME and logs")
+    node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh; "
+                      "owner-only); its public key KEY.pub must be registered")
+    node.add_argument("--superexec-secret", help="shared-secret file for this node's SuperExec "
+                      "(deploy/gen-secret.sh; owner-only; one per node)")
+    node.add_argument("--runtime-port", type=int, default=0,
+                      help="local Runtime API port, served on 127.0.0.1 only (default: a free "
+                           "port, so several nodes can share a host)")
+    node.add_argument("--state-dir", default=None,
+                      help="its folder: FLWR_HOME and the logs supernode.log and superexec.log "
+                           "(default ~/.fedefc/supernode-PARTITION_ID)")
     node.set_defaults(func=deployment.cmd_supernode)
 
     conn = dsub.add_parser("connection", help="add a SuperLink connection for the flwr CLI")
@@ -171,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("--ca-cert", help="CA certificate (TLS); without it: insecure")
     conn.add_argument("--flwr-home", help="default: $FLWR_HOME or ~/.flwr")
     conn.set_defaults(func=deployment.cmd_connection)
+
+    reg = dsub.add_parser("register", help="register SuperNode public keys (--node-auth)")
+    reg.add_argument("connection", help="a connection to the SuperLink, with TLS")
+    reg.add_argument("public_keys", nargs="+", metavar="PUBLIC_KEY",
+                     help="NAME.pub files written by deploy/gen-node-keys.sh")
+    reg.set_defaults(func=deployment.cmd_register)
 
     submit = dsub.add_parser("submit", help="run the app on a connection")
     submit.add_argument("connection")

@@ -110,11 +110,18 @@ class RoundLoop(Server):
                 self.strategy.server_state(), self.cfg.to_flat(), self.elapsed()))
 
     def _finish(self, weights: list[np.ndarray]) -> dict[str, Any]:
-        """Write model.pt and summary.json, and log the summary."""
+        """Write model.pt and summary.json, and log the summary. A run whose clients failed
+        or were rejected still completes; the summary counts them, so that no one reads
+        its accuracy without knowing (the reasons are in the rounds' records)."""
         self.recorder.write_model(state_dict_of(self.model, weights))
+        rounds = self.recorder.rounds
         summary = self.recorder.write_summary({
             **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
             "seed": self.cfg.seed, "rounds": self.cfg.rounds, **self.strategy.summary_fields(),
+            "client_failures": sum(int(r.get("failures") or 0) for r in rounds),
+            "rejected_replies": sum(int(r.get("rejected") or 0) for r in rounds),
+            "rounds_with_failures": [r["round"] for r in rounds
+                                     if r.get("failures") or r.get("rejected")],
             "wall_time_s": self.elapsed(),
         })
         t_e = f" | T_e {summary['t_e']}" if "t_e" in summary else ""
@@ -127,9 +134,13 @@ class RoundLoop(Server):
             federated += f" (held-out data{true})" if true else ""
         else:
             source += true
+        failures = (f" in {len(summary['rounds_with_failures'])} rounds (reasons: metrics.jsonl)"
+                    if summary["rounds_with_failures"] else "")
         log(INFO, "SUMMARY | final acc %.4f (%s)%s | best %.4f (round %s) | mean of last 10 "
-            "%.4f%s | wall time %.1f s", summary.get("final_acc", float("nan")), source,
-            federated, summary.get("best_acc", float("nan")), summary.get("best_round"),
-            summary.get("mean_last10_acc", float("nan")), t_e, summary["wall_time_s"])
+            "%.4f%s | client failures %d, rejected replies %d%s | wall time %.1f s",
+            summary.get("final_acc", float("nan")), source, federated,
+            summary.get("best_acc", float("nan")), summary.get("best_round"),
+            summary.get("mean_last10_acc", float("nan")), t_e, summary["client_failures"],
+            summary["rejected_replies"], failures, summary["wall_time_s"])
         log(INFO, "results: %s", summary["out_dir"])
         return summary

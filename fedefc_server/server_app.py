@@ -81,11 +81,14 @@ def server_fn(context: Context) -> ServerAppComponents:
     cfg = load_run_config(context.run_config)
     configure_threads(cfg.client_threads)
     if cfg.server_evaluation:
+        # the noise the run config puts on the dataset's partitions; a deployed node with
+        # its own data-path keeps its own labels, whose noise the server cannot know
         data = load_dataset(cfg)
         task, info = data.task, data_summary(cfg)
         evaluator, max_samples = TestSetEvaluator(cfg, data), len(data.train_y)
         source = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
-                  f"realized noise rate {info['realized_noise_rate']:.4f}")
+                  f"realized noise rate {info['realized_noise_rate']:.4f} on the simulated "
+                  "partitions")
     else:  # the clients hold the data: nothing is read here but the shape and K
         task, info, evaluator, max_samples = task_shape(cfg, "the server"), {}, None, 10**8
         source = (f"{cfg.dataset} (held by the clients: {shape_text(task.input_shape)} "

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import astuple, dataclass
@@ -51,14 +52,22 @@ from fedefc_cli.deployment import (
     superlink_flags,
     supernode_flags,
 )
-from fedefc_cli.flower import flower_bin, free_port
+from fedefc_cli.flower import flower_bin
 from fedefc_cli.main import main
-from fedefc_cli.run_configs import read_app_defaults, read_preset, resolve_run_config, toml_value
+from fedefc_cli.procs import stop_tree
+from fedefc_cli.run_configs import (
+    APP_DIR,
+    read_app_defaults,
+    read_preset,
+    resolve_run_config,
+    toml_value,
+)
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from tests.helpers import records
+from tests.test_quickstart import run_quick_start, section
 
 NODES = 3
 CPU = torch.device("cpu")
@@ -137,14 +146,22 @@ def insecure_job(data_dir: Path, base: Path) -> DeployedRun:
 
 
 def refused_node(dep: LocalDeployment, key: Path) -> dict:
-    """Start a SuperNode whose key was never registered; it must exit on its own."""
+    """Start a SuperNode whose key was never registered, as a user does (``fedefc deploy
+    supernode``); it must exit on its own, saying why."""
     dep.wait_online(NODES)
-    flags = supernode_flags(dep.address, {"partition-id": 0, "num-partitions": NODES},
-                            "127.0.0.1", free_port(), dep.ca_cert, str(key))
-    out = subprocess.run([flower_bin("flower-supernode"), *flags], env=dep.cli_env,
-                         cwd=dep.work_dir, capture_output=True, text=True, timeout=120,
-                         start_new_session=True)
-    return {"code": out.returncode, "log": out.stdout + out.stderr,
+    folder = dep.work_dir / "intruder"
+    proc = subprocess.Popen([sys.executable, "-m", "fedefc_cli", "deploy", "supernode",
+                             "--superlink", dep.address, "--partition-id", "0",
+                             "--num-partitions", str(NODES), "--ca-cert", dep.ca_cert,
+                             "--auth-key", str(key), "--state-dir", str(folder),
+                             "--cache-dir", str(folder / "cache")],
+                            env=dep.cli_env, cwd=APP_DIR, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        stop_tree(proc)
+    return {"code": proc.returncode, "log": out + (folder / "supernode.log").read_text(),
             "online": dep.online_nodes()}
 
 
@@ -180,13 +197,18 @@ def simulation_job(data_dir: Path, base: Path) -> Path:
     return base / "out"
 
 
+def quick_start_job(data_dir: Path, base: Path) -> dict:  # noqa: ARG001 - its own data
+    return run_quick_start(base)
+
+
 @pytest.fixture(scope="module")
 def runs(own_data, tmp_path_factory) -> dict[str, Future]:
     """The three jobs, run concurrently: their processes spend most of their time waiting
     on Flower's polling intervals, so overlapping them saves wall time. Each test takes
     the result it needs, so a failing job fails its own tests only. The repository root
     goes on the processes' PYTHONPATH, so that they import the model (tests/own_models.py)."""
-    jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job}
+    jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job,
+            "quickstart": quick_start_job}
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(len(jobs)) as pool:
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                                  os.environ.get("PYTHONPATH")])))
@@ -250,8 +272,10 @@ def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_nod
                                                                                   own_data):
     tls_run = runs["tls"].result()
     refused = tls_run.extra
-    assert refused["code"] != 0, refused["log"][-2000:]
+    assert refused["code"] == 1, refused["log"][-2000:]
     assert "Exit Code: 305" in refused["log"] and "code: 2004" in refused["log"]
+    key = tls_run.work.parent / "keys" / "intruder"
+    assert f"its public key {key}.pub is not registered there" in refused["log"]
     assert refused["online"] == NODES  # the registered nodes, not the intruder
     assert tls_run.status == "finished:completed"
     check_phase_2_job(tls_run.out, diagnostics=False, held_out=held_out_total(own_data))
@@ -266,6 +290,29 @@ def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_nod
     assert group_members(tls_run.pgids) == []
     link_log = (tls_run.work / "superlink" / "superlink.log").read_text()
     assert "SuperNode authentication is disabled" not in link_log
+
+
+@pytest.mark.flower
+def test_quick_start_runs_as_documented(runs):
+    """docs/DEPLOYMENT.md's quick start, its commands read from the doc: the run completes
+    and reaches the phase 2 the doc announces; the doc's last line stops every process."""
+    qs = runs["quickstart"].result()
+    assert qs["code"] == 0, qs["log"][-3000:]
+    out = qs["out"]
+    assert f"; results in {out} on the SuperLink machine" in qs["log"], qs["log"][-3000:]
+    assert re.search(r"run \d+: finished:completed", qs["log"])
+    documented = int(re.search(r"PRESTOPPING POINT T_e = (\d+)",
+                               section("Quick start")).group(1))
+    assert f"PRESTOPPING POINT T_e = {documented}" in qs["log"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["t_e"] == documented and summary["rounds"] > documented
+    assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
+    assert [r["phase"] for r in records(out)][-1] == 2
+    assert qs["left"] == [], "the quick start's own stop line left processes running"
+    assert f"SuperLink on 127.0.0.1:{qs['port']}" in qs["log"]
+    for folder, logs in (("link", "superlink.log"), ("node-0", "supernode.log")):
+        for name in (logs, "superexec.log"):  # --state-dir holds the logs, as promised
+            assert (qs["state"] / folder / name).stat().st_size > 0, (folder, name)
 
 
 @pytest.mark.flower

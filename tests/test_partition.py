@@ -51,9 +51,41 @@ def test_alpha_controls_balance_of_a_class_across_holders():
     assert spread(1) > spread(10) > spread(100)
 
 
-def test_class_held_by_nobody_is_an_error():
-    with pytest.raises(PartitionError, match="held by no client"):
-        bernoulli_dirichlet(LABELS, 2, K, 0.05, 10, seed=0)
+def held(parts, labels=LABELS):
+    """Phi as the partition realized it: client k holds class j."""
+    phi = np.zeros((len(parts), K), dtype=int)
+    for k, part in enumerate(parts):
+        phi[k, np.unique(labels[part])] = 1
+    return phi
+
+
+@pytest.mark.parametrize("clients,p", [(2, 0.5), (3, 0.5), (2, 0.05)])
+def test_small_federations_hold_every_class(clients, p):
+    """Few clients miss a class often (0.5**2 per class for 2 clients at p = 0.5): such a
+    column of Phi is redrawn, so every class has a holder and every sample an owner."""
+    missed = 0
+    for seed in range(20):
+        first = np.random.default_rng(seed).binomial(1, p, size=(clients, K))
+        missed += int((first.sum(axis=0) == 0).any())
+        parts = bernoulli_dirichlet(LABELS, clients, K, p, 10, seed=seed)
+        phi = held(parts)
+        assert (phi.sum(axis=0) >= 1).all() and (phi.sum(axis=1) >= 1).all()
+        np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(LABELS)))
+    assert missed > 0  # the redraw was exercised
+
+
+def test_phi_without_empty_rows_or_columns_is_used_as_drawn():
+    """Where the first Bernoulli draw needs no redraw, each client holds exactly the
+    classes of that draw (the redraws consume no random numbers in that case)."""
+    checked = 0
+    for seed in range(10):
+        first = np.random.default_rng(seed).binomial(1, 0.5, size=(N, K))
+        if (first.sum(axis=0) == 0).any() or (first.sum(axis=1) == 0).any():
+            continue
+        np.testing.assert_array_equal(held(bernoulli_dirichlet(LABELS, N, K, 0.5, 10, seed)),
+                                      first)
+        checked += 1
+    assert checked > 0
 
 
 def test_iid_split_is_equal_and_complete():

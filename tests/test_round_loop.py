@@ -6,6 +6,7 @@ loop writes is known in advance: the FedAvg of the replies, A(t), T_e.
 """
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -50,7 +51,25 @@ class EvaluatingNode(TrainingNode):
         return EvaluateRes(OK, float(ins.config["round"] + self.partition_id), n, metrics)
 
 
-def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, **keys):
+class BrokenNode(TrainingNode):
+    """A node whose data is malformed: its ClientApp fails in every round."""
+
+    def fit(self, ins, timeout, group_id):
+        raise RuntimeError(f"partition {self.partition_id}: data.npz is malformed")
+
+
+class LyingNode(TrainingNode):
+    """Claims a sample count no partition has (rejected) in round 2, honest otherwise."""
+
+    def fit(self, ins, timeout, group_id):
+        res = super().fit(ins, timeout, group_id)
+        if int(ins.config["round"]) == 2:
+            res.num_examples = 10**12
+        return res
+
+
+def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, node_class=None,
+             **keys):
     cfg = load_run_config({"method": "fedefc" if cls is FedEFCStrategy else "fedavg",
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
@@ -66,7 +85,7 @@ def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, **keys):
     strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator if central else None)
     manager = SimpleClientManager()
     for pid in SIZES:
-        manager.register(node(f"node-{pid}", pid))
+        manager.register((node_class or {}).get(pid, node)(f"node-{pid}", pid))
     loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
                      run_info={"train_samples": 100})
@@ -129,3 +148,31 @@ def test_federated_evaluation_is_recorded_every_round_and_summarized(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["accuracy_source"] == "federated held-out data"
     assert summary["final_acc"] == summary["federated_final_acc"] == pytest.approx(acc)
+
+
+def test_summary_counts_the_client_failures_and_rejections_of_a_completed_run(tmp_path):
+    """A node whose data is malformed fails every round, yet the run completes: its
+    summary and SUMMARY line must say so, not only metrics.jsonl."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        run_loop(tmp_path, FedAvgStrategy, rounds=3, node_class={3: BrokenNode, 1: LyingNode})
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    recs = records(tmp_path)
+    assert [r["failures"] for r in recs[1:]] == [1, 1, 1]
+    assert [r["rejected"] for r in recs[1:]] == [0, 1, 0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["client_failures"] == 3 and summary["rejected_replies"] == 1
+    assert summary["rounds_with_failures"] == [1, 2, 3]
+    line = next(x for x in lines if x.startswith("SUMMARY"))
+    assert "client failures 3, rejected replies 1 in 3 rounds" in line
+
+
+def test_summary_of_a_clean_run_counts_no_failures(tmp_path):
+    run_loop(tmp_path, FedAvgStrategy, rounds=2)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
+    assert summary["rounds_with_failures"] == []

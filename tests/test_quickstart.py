@@ -1,0 +1,344 @@
+"""docs/DEPLOYMENT.md as a newcomer walks it, and the deployment's secrets.
+
+- :func:`run_quick_start` executes the quick start's bash block exactly as the doc
+  writes it (read from the file, so the doc cannot drift from the code), changing only
+  the port 8000 (to a free one) and ``/tmp/fedefc`` (to a temporary folder), with
+  ``HOME`` in that folder; ``test_quick_start_runs_as_documented`` in
+  test_deployment.py runs it beside the other deployment jobs.
+- Every ``fedefc`` / ``deploy/start-*.sh`` command in the doc parses with the real
+  argument parser; every private key or secret the doc has the scripts write lands
+  outside the checkout or in a git-ignored place.
+- The deploy/ scripts create owner-only files and refuse a place where ``git add -A``
+  would take them; ``fedefc deploy`` refuses a private key or secret others can read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedefc_cli import deployment
+from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
+from fedefc_cli.flower import free_port
+from fedefc_cli.main import build_parser, main
+from fedefc_cli.run_configs import APP_DIR
+
+DOC = APP_DIR / "docs" / "DEPLOYMENT.md"
+
+
+def section(title: str) -> str:
+    """The text of the doc's ``## <title>...`` section."""
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def quick_start_script() -> str:
+    blocks = bash_blocks(section("Quick start"))
+    assert len(blocks) == 1, "the quick start is one bash block"
+    return blocks[0]
+
+
+def command_lines(block: str) -> list[str]:
+    """The block's commands, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [line.split(" # ")[0].strip() for line in joined.splitlines() if line.strip()]
+
+
+# -- the quick start, run as written -----------------------------------------------------
+def processes_with_home(home: Path) -> list[int]:
+    """Living processes whose environment has HOME=home: everything the quick start
+    started (Flower's processes inherit the environment)."""
+    marker = b"HOME=" + bytes(home)
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in env.read_bytes().split(b"\0"):
+                state = (env.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(env.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
+    """Run the quick start's block with bash in the checkout (as the doc says: the
+    environment active, from the checkout's root). Whatever it leaves running is
+    reported in ``left`` and then stopped, also on a failure or a timeout."""
+    port = free_port()
+    script = re.sub(r"\b8000\b", str(port), quick_start_script())
+    script = script.replace("/tmp/fedefc", str(base / "qs"))
+    home = base / "home"
+    home.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+    env.update(HOME=str(home), VIRTUAL_ENV=sys.prefix,
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
+    log = base / "quickstart.log"
+    with open(log, "wb") as out:
+        shell = subprocess.Popen(["bash", "-c", script], cwd=APP_DIR, env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = shell.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        left = processes_with_home(home)
+        if shell.poll() is None:  # the block's own `kill $(jobs -p)` never ran
+            os.killpg(shell.pid, signal.SIGTERM)
+        _kill(left, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while processes_with_home(home) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        _kill(processes_with_home(home), signal.SIGKILL)
+        shell.wait()
+    return {"code": code, "log": log.read_text(errors="replace"), "left": left,
+            "out": base / "qs" / "runs" / "first", "state": base / "qs", "port": port}
+
+
+# -- the doc's commands ------------------------------------------------------------------
+def expand(words: str, home: Path) -> list[str]:
+    """Shell words as bash expands them (``~``, ``$HOME``, braces; the loop variable
+    ``$k`` as 0)."""
+    out = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"],
+                         env={"HOME": str(home), "k": "0"}, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.split("\0")[:-1]
+
+
+def documented_commands(home: Path) -> list[list[str]]:
+    """Every ``fedefc ...`` and ``deploy/start-*.sh ...`` command of the doc's bash
+    blocks, as ``fedefc`` arguments."""
+    found = []
+    for block in bash_blocks(DOC.read_text()):
+        for line in command_lines(block):
+            if not line.startswith(("fedefc ", "deploy/start-")):
+                continue
+            words = expand(line.rstrip("&").strip(), home)
+            if words[0] == "fedefc":
+                found.append(words[1:])
+            elif words[0] in ("deploy/start-superlink.sh", "deploy/start-supernode.sh"):
+                found.append(["deploy", words[0].split("-")[1].removesuffix(".sh"), *words[1:]])
+    return found
+
+
+def test_every_documented_command_parses(tmp_path):
+    commands = documented_commands(tmp_path)
+    kinds = {tuple(c[:2]) for c in commands}
+    assert {("deploy", "superlink"), ("deploy", "supernode"), ("deploy", "connection"),
+            ("deploy", "submit"), ("deploy", "export")} <= kinds
+    parser = build_parser()
+    for args in commands:
+        parser.parse_args(args)  # an unknown or misspelt flag exits 2 here
+
+
+
+
+def documented_private_files(home: Path) -> list[Path]:
+    """The private keys and secrets the doc's deploy/gen-*.sh commands write."""
+    files = []
+    for block in bash_blocks(DOC.read_text()):
+        for line in command_lines(block):
+            script, _, rest = line.partition(" ")
+            if not script.startswith("deploy/gen-"):
+                continue
+            args = expand(rest, home)
+            if script == "deploy/gen-certs.sh":
+                files += [Path(args[0]) / "ca.key", Path(args[0]) / "server.key"]
+            elif script == "deploy/gen-node-keys.sh":
+                files += [Path(args[0]) / name for name in args[1:]]
+            elif script == "deploy/gen-secret.sh":
+                files += [Path(a) for a in args]
+    return files
+
+
+def test_documented_keys_and_secrets_are_out_of_a_commits_reach(tmp_path):
+    files = documented_private_files(tmp_path)
+    names = {f.name for f in files}
+    assert {"ca.key", "server.key", "node-0", "superlink.secret", "node-0.secret"} <= names
+    for file in files:
+        path = file if file.is_absolute() else APP_DIR / file
+        if path.is_relative_to(APP_DIR):  # inside the checkout: must be git-ignored
+            ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=APP_DIR)
+            assert ignored.returncode == 0, f"{file} would be committed by git add -A"
+
+
+# -- the scripts' files: owner-only, never where a commit takes them --------------------------
+def script(name: str, *args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run deploy/NAME with a permissive umask (022), as a user's shell would."""
+    return subprocess.run(["bash", "-c", 'umask 022 && exec bash "$0" "$@"',
+                           str(DEPLOY_DIR / name), *map(str, args)],
+                          cwd=cwd, capture_output=True, text=True)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_scripts_create_private_files_owner_only(tmp_path):
+    certs, keys = tmp_path / "fedefc" / "certs", tmp_path / "fedefc" / "keys"
+    assert script("gen-certs.sh", certs, "localhost").returncode == 0
+    assert script("gen-node-keys.sh", keys, "node-0", "node-1").returncode == 0
+    assert script("gen-secret.sh", tmp_path / "new" / "node-0.secret").returncode == 0
+    for private in (certs / "ca.key", certs / "server.key", keys / "node-0", keys / "node-1",
+                    tmp_path / "new" / "node-0.secret"):
+        assert mode(private) == 0o600, private
+    for folder in (certs, keys, tmp_path / "new"):
+        assert mode(folder) == 0o700, folder
+    for public in (certs / "ca.crt", certs / "server.pem", keys / "node-0.pub"):
+        assert mode(public) == 0o644, public
+
+
+def test_scripts_refuse_to_write_where_git_add_would_commit(tmp_path):
+    repo = tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for name, args, written in (
+            ("gen-secret.sh", [repo / "node-0.secret"], repo / "node-0.secret"),
+            ("gen-node-keys.sh", [repo / "keys", "node-0"], repo / "keys"),
+            ("gen-certs.sh", [repo / "certs", "localhost"], repo / "certs")):
+        out = script(name, *args)
+        assert out.returncode == 2, out.stderr
+        assert "git add -A' would commit it" in out.stderr and "nothing written" in out.stderr
+        assert not written.exists()
+    (repo / ".gitignore").write_text("*.secret\n/keys/\n")
+    assert script("gen-secret.sh", repo / "node-0.secret").returncode == 0
+    assert script("gen-node-keys.sh", repo / "keys", "node-0").returncode == 0
+    assert mode(repo / "node-0.secret") == 0o600 and mode(repo / "keys" / "node-0") == 0o600
+
+
+def test_register_refuses_a_private_key_before_registering_any(tmp_path, capsys):
+    assert script("gen-node-keys.sh", tmp_path / "keys", "node-0").returncode == 0
+    private, public = tmp_path / "keys" / "node-0", tmp_path / "keys" / "node-0.pub"
+    assert main(["deploy", "register", "fedefc", str(public), str(private)]) == 2
+    err = capsys.readouterr().err
+    assert f"{private} is a private key: register its public key ({private}.pub)" in err
+    assert main(["deploy", "register", "fedefc", str(tmp_path / "nope.pub")]) == 2
+    assert "not found (nothing registered)" in capsys.readouterr().err
+
+
+def test_scripts_name_the_missing_environment_and_the_fix(tmp_path):
+    out = subprocess.run(["bash", str(DEPLOY_DIR / "start-superlink.sh")],
+                         env={**os.environ, "PYTHON": str(tmp_path / "no-python")},
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "PYTHON=/path/to/.venv/bin/python" in out.stderr
+    bare = tmp_path / "bare"  # a venv without the project's packages
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run(["bash", str(DEPLOY_DIR / "start-supernode.sh")], cwd=APP_DIR,
+                         env={**env, "PYTHON": str(bare / "bin" / "python")},
+                         capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "No module named" in out.stderr and "Activate the environment" in out.stderr
+
+
+# -- fedefc deploy refuses readable secrets, busy ports; explains failures -------------------
+@pytest.fixture
+def readable(tmp_path) -> Path:
+    """A secret whose mode lets the group and others read it."""
+    path = tmp_path / "node-0.secret"
+    path.write_text("0" * 64)
+    path.chmod(0o644)
+    return path
+
+
+def test_deploy_refuses_a_secret_or_key_others_can_read(tmp_path, readable, capsys):
+    node = ["deploy", "supernode", "--superlink", "127.0.0.1:1", "--partition-id", "0",
+            "--num-partitions", "1", "--state-dir", str(tmp_path / "state")]
+    assert main([*node, "--superexec-secret", str(readable)]) == 2
+    err = capsys.readouterr().err
+    assert f"--superexec-secret {readable} is readable" in err and "mode 0644" in err
+    assert f"chmod 600 {readable}" in err
+    assert main([*node, "--ca-cert", str(readable), "--auth-key", str(readable)]) == 2
+    assert f"--auth-key {readable} is readable" in capsys.readouterr().err
+    assert main(["deploy", "superlink", "--host", "127.0.0.1", "--port", str(free_port()),
+                 "--superexec-secret", str(readable), "--state-dir", str(tmp_path / "l")]) == 2
+    assert f"chmod 600 {readable}" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists() and not (tmp_path / "l").exists()
+    readable.chmod(0o600)  # the fix the error names is enough
+    assert deployment.check_private(readable, "x") == str(readable)
+
+
+def test_superlink_refuses_a_readable_tls_key(tmp_path, capsys):
+    certs = tmp_path / "certs"
+    assert script("gen-certs.sh", certs, "localhost").returncode == 0
+    (certs / "server.key").chmod(0o640)
+    assert main(["deploy", "superlink", "--certs", str(certs), "--port", str(free_port()),
+                 "--state-dir", str(tmp_path / "l")]) == 2
+    err = capsys.readouterr().err
+    assert f"TLS private key {certs / 'server.key'} is readable" in err and "chmod 600" in err
+
+
+def test_superlink_refuses_a_busy_port(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["deploy", "superlink", "--host", "127.0.0.1", "--port", str(port),
+                     "--state-dir", str(tmp_path / "l")]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port} on 127.0.0.1 is in use" in err and "kill $(jobs -p)" in err
+
+
+# Flower 1.42's own words when the SuperLink refuses a SuperNode's key (exit 305).
+FLOWER_REFUSAL = """ERROR :     Exit Code: 305
+Failed to initialize the connection to the SuperLink.
+[code: 2004] Failed to activate SuperNode.
+The SuperNode could not establish a connection to the SuperLink.
+"""
+
+
+def test_supernode_exit_hint_names_the_unregistered_key():
+    hint = supernode_exit_hint(FLOWER_REFUSAL, "/home/u/.fedefc/keys/node-0", "link:8000")
+    assert "/home/u/.fedefc/keys/node-0.pub is not registered" in hint
+    assert "deploy/register-nodes.sh CONNECTION /home/u/.fedefc/keys/node-0.pub" in hint
+    without_key = supernode_exit_hint(FLOWER_REFUSAL, None, "link:8000")
+    assert "could not connect to the SuperLink at link:8000" in without_key
+    assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", None, "x") is None
+
+
+@pytest.mark.parametrize("status,code", [("finished:failed", 1), ("finished:completed", 0)])
+def test_submit_claims_results_only_after_a_completed_run(monkeypatch, capsys, tmp_path,
+                                                          status, code):
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: ("42", status))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == code
+    out, err = capsys.readouterr()
+    assert ("results in" in out) == (code == 0)
+    if code:
+        assert "run 42 ended finished:failed: it did not complete" in err
+        assert "flwr log 42 fedefc" in err
+
+
+def test_export_serves_a_two_node_federation_and_refuses_to_overwrite(tmp_path, capsys):
+    """Two nodes at the default p = 0.5: every class has a holder (it used to fail with
+    'class 5 is held by no client'); a second export into the same folder is refused."""
+    assert main(["deploy", "export", str(tmp_path), "--set", "num-clients=2"]) == 0
+    labels = [np.load(tmp_path / f"node-{k}" / "data.npz")["labels"] for k in range(2)]
+    assert set(np.concatenate(labels).tolist()) == set(range(10))
+    assert main(["deploy", "export", str(tmp_path), "--set", "num-clients=2"]) == 2
+    assert "already exist; choose a new OUT_DIR (nothing overwritten)" in capsys.readouterr().err
+    assert main(["deploy", "export", "/proc/no-such-dir", "--set", "num-clients=2"]) == 2
+    assert "cannot write to OUT_DIR /proc/no-such-dir" in capsys.readouterr().err
