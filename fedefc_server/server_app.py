@@ -3,6 +3,11 @@
 Everything is validated before round 1 (config, data, output folder, checkpoint), so a
 bad run fails at once. A run with ``resume-from`` continues after its checkpoint's
 round, in its own folder (docs/RELIABILITY.md).
+
+The app is Flower's workflow style (``@app.main()``), since secure aggregation needs
+the grid: :func:`main` builds the round loop and runs it with Flower's ``start_grid``
+(what a ``server_fn`` app does); with ``secure-aggregation = true`` the loop's rounds
+go through Flower's SecAgg+ workflow (:mod:`.secure_round`). One loop, both modes.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from typing import Any
 
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.common.logger import log
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import ServerApp, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import start_grid
+from flwr.serverapp.grid import Grid
 
 from common.config import ConfigError, RunConfig
 from common.datasets import load_dataset
@@ -33,6 +40,7 @@ from .baselines.rofl import RoFLStrategy
 from .evaluation import TestSetEvaluator
 from .fedefc_strategy import FedEFCStrategy
 from .round_loop import RoundLoop
+from .secure_round import SecureRound
 from .strategy import FedAvgStrategy
 
 # Every method's server (docs/ARCHITECTURE.md, "A new method"). Forward correction and
@@ -66,7 +74,7 @@ def data_summary(cfg: RunConfig) -> dict[str, Any]:
             "noise_matrices": [m.tolist() for m in fed.noise_matrices]}
 
 
-def server_fn(context: Context) -> ServerAppComponents:
+def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     """Validate everything before round 1, then build the method's strategy and a round
     loop that starts at round 1 or after the checkpoint's round."""
     cfg = load_run_config(context.run_config)
@@ -94,17 +102,27 @@ def server_fn(context: Context) -> ServerAppComponents:
         cfg.rounds, info["realized_noise_rate"], out_dir)
     strategy = STRATEGIES[cfg.method](
         cfg, ndarrays_to_parameters(ckpt.weights if ckpt else init),
-        evaluator=TestSetEvaluator(cfg), max_samples=len(data.train_y))
+        evaluator=TestSetEvaluator(cfg), max_samples=len(data.train_y),
+        plan_sizes=[len(ix) for ix in federated_data(cfg).client_indices])
     if ckpt:
         strategy.load_server_state(ckpt.strategy)
     atomic_write_json(Path(out_dir) / "data.json", info)
-    loop = RoundLoop(client_manager=SimpleClientManager(), strategy=strategy, cfg=cfg,
+    manager = SimpleClientManager()
+    loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                      recorder=recorder, model=model,
                      run_info={k: v for k, v in info.items() if k != "noise_matrices"},
                      first_round=ckpt.round + 1 if ckpt else 1,
-                     elapsed_before=ckpt.elapsed_s if ckpt else 0.0)
-    return ServerAppComponents(server=loop, config=ServerConfig(
-        num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None))
+                     elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
+                     secure_round=(SecureRound(grid, context, strategy, manager, cfg)
+                                   if cfg.secure_aggregation else None))
+    return loop, ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None)
 
 
-app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Build the run (:func:`build`) and run its round loop on Flower's grid."""
+    loop, config = build(context, grid)
+    start_grid(grid=grid, server=loop, config=config)

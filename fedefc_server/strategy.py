@@ -11,6 +11,10 @@ Per round (docs/ARCHITECTURE.md, "One round"):
   fixed float summation order) and averages their weights with Flower's own FedAvg
   (by sample count); a round with fewer than ``min-fit-clients`` valid replies keeps
   the global model;
+- under secure aggregation (docs/PRIVACY.md) the replies are screened by
+  :meth:`~FedAvgStrategy.screen` before SecAgg+ sums them (:mod:`.secure_round`), and
+  ``aggregate_fit`` receives the sum: the weights and the means of the summed metrics
+  (:mod:`common.secure_means`), never a client's own;
 - ``evaluate`` is Flower's hook for central evaluation and does only that.
 
 What a method adds it adds through hooks, so that the round loop
@@ -29,22 +33,50 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.app import Error
+from flwr.common import (
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from common.config import RunConfig
+from common.methods import SUBSET_COUNTS
+from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, decode_tail, tail_scale
 from common.seeds import derive_seed
 
-from .registry import PartitionRegistry
+from .registry import Declaration, PartitionRegistry
 from .validation import MEAN_METRICS, PER_CLIENT_METRICS, SUM_METRICS, Expected, check_reply
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
 
 
+# Error code of a secure round's reply that the strategy refused before the sum: the
+# SecAgg+ workflow then treats its sender as dropped (its masks are removed).
+REJECTED = 4601
+
+
+def rejection(reason: str) -> Error:
+    return Error(REJECTED, reason)
+
+
+def is_rejection(failure) -> bool:
+    """Whether a failure is a reply :meth:`FedAvgStrategy.screen` already refused."""
+    return (isinstance(failure, Exception) and bool(failure.args)
+            and isinstance(failure.args[0], Error) and failure.args[0].code == REJECTED)
+
+
 def _describe_failure(failure) -> str:
+    if isinstance(failure, Exception) and failure.args and isinstance(failure.args[0], Error):
+        return f"error {failure.args[0].code}: {failure.args[0].reason}"
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
     proxy, res = failure
@@ -68,18 +100,26 @@ class FedAvgStrategy(FedAvg):
     """Seeded sampling by partition id, screened replies, FedAvg in partition-id order."""
 
     def __init__(self, cfg: RunConfig, initial_parameters: Parameters,
-                 evaluator: Evaluator | None = None, registry: PartitionRegistry | None = None,
-                 max_samples: int = 10**8):
+                 evaluator: Evaluator | None = None, max_samples: int = 10**8,
+                 plan_sizes: list[int] | None = None):
+        """``plan_sizes``: each partition's size in the run's data plan (what a node
+        serving a partition must declare); ``max_samples``: the bound of a node's private
+        data when ``max-client-samples`` is 0 (the ServerApp gives the training set's size)."""
         super().__init__(fraction_fit=cfg.fraction, fraction_evaluate=0.0, min_fit_clients=1,
                          min_evaluate_clients=0, min_available_clients=1,
                          initial_parameters=initial_parameters, accept_failures=True)
         self.cfg = cfg
         self.evaluator = evaluator
-        self.registry = registry or PartitionRegistry()
+        self.plan_sizes = plan_sizes
         self.max_samples = cfg.max_client_samples or max_samples
+        self.registry = PartitionRegistry(vet=self.vet_declaration)
+        self.secure = cfg.secure_aggregation
+        self.weight_bound = 1  # SecAgg+'s max_weight: the round's largest declared size
+        self.secure_means: dict[str, float] = {}  # this secure round's summed metrics
         self.accepted: list[tuple[ClientProxy, FitRes]] = []  # this round's valid replies
         self._round: dict[str, Any] = {}  # this round's record fields
         self._expected: Expected | None = None
+        self._global_dtypes: list[np.dtype] = []
         self._waited = False  # whether configure_fit waited for the nodes to connect
 
     def __repr__(self) -> str:
@@ -103,41 +143,95 @@ class FedAvgStrategy(FedAvg):
         """Whether this round's replies must carry the client's accuracy."""
         return False
 
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        if not self._waited:  # the first round of this process: round 1, or a resumed one
+    def privacy_config(self) -> dict[str, Scalar]:
+        """What a training message adds for the client's privacy mods: SecAgg+'s tail
+        scale (:mod:`common.secure_means`) and Flower's DP clipping norm."""
+        config: dict[str, Scalar] = {}
+        if self.secure:
+            config[SCALE_KEY] = tail_scale(self.cfg.clipping_range, self.weight_bound)
+        if self.cfg.dp_clip > 0:
+            config[KEY_CLIPPING_NORM] = self.cfg.dp_clip
+        return config
+
+    # -- which node serves which partition, with how many samples --------------------
+    def vet_declaration(self, decl: Declaration) -> str | None:
+        """Why a node's declaration is refused, or None (docs/PRIVACY.md, "Weights bound
+        to facts"): a partition of the run's dataset must declare the data plan's size;
+        private data at most ``max-client-samples`` (0: the training set's size)."""
+        if decl.partition >= self.cfg.num_clients:
+            return f"partition id {decl.partition} outside 0..{self.cfg.num_clients - 1}"
+        if decl.data == "partition" and self.plan_sizes is not None:
+            size = self.plan_sizes[decl.partition]
+            if decl.num_examples != size:
+                return (f"declares {decl.num_examples} samples for partition {decl.partition}, "
+                        f"whose size in the run's data plan is {size}")
+        elif decl.num_examples > self.max_samples:
+            return (f"declares {decl.num_examples} samples, above the bound {self.max_samples}"
+                    "; raise max-client-samples if nodes hold more")
+        return None
+
+    def serving(self, client_manager: ClientManager, server_round: int
+                ) -> dict[int, ClientProxy]:
+        """{partition id: node} of the registered nodes (the first call of a process
+        waits for the nodes to connect: round 1, or the first round of a resumed run)."""
+        if not self._waited:
             client_manager.wait_for(min(self.cfg.num_clients, 10_000), timeout=600)
             self._waited = True
-        serving = self.registry.refresh(client_manager, server_round)
+        return self.registry.refresh(client_manager, server_round)
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        serving = self.serving(client_manager, server_round)
         chosen = self.sample_partitions(list(serving), server_round)
-        self._round = {"sampled": chosen}
+        self._round = {"sampled": chosen, **self.registry.take_news()}
         arrays = parameters_to_ndarrays(parameters)
-        self._expected = Expected([a.shape for a in arrays], [a.dtype for a in arrays],
-                                  frozenset(chosen), self.asks_accuracy(server_round),
-                                  self.max_samples)
-        return [(serving[pid], FitIns(parameters, self.client_config(pid, server_round)))
+        sizes = {pid: self.registry.declared[pid] for pid in chosen}
+        self.weight_bound = max([1, *sizes.values()])
+        self._global_dtypes = [a.dtype for a in arrays]
+        shapes = [a.shape for a in arrays]
+        if self.secure:  # Flower's weight factor, the weights, the tail
+            shapes = [(1,), *shapes, (len(SLOTS),)]
+        self._expected = Expected(shapes, [*self._global_dtypes, np.dtype(np.float64)],
+                                  sizes, self.asks_accuracy(server_round) and not self.secure,
+                                  subset=self.cfg.method in SUBSET_COUNTS, masked=self.secure)
+        privacy = self.privacy_config()
+        return [(serving[pid], FitIns(parameters, {**self.client_config(pid, server_round),
+                                                   **privacy}))
                 for pid in chosen]
 
     # -- aggregation ----------------------------------------------------------------
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException],
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        results = self.screen(server_round, results, failures)
+        """Plain rounds: screen, then FedAvg. Secure rounds: ``results`` were screened
+        before the sum and each carries the sum as its parameters; ``failures`` include
+        the refused replies (already recorded as rejections)."""
+        self.secure_means = {}
+        if self.secure:
+            failures = [f for f in failures if not is_rejection(f)]
+            results = sorted(results, key=lambda r: int(r[1].metrics["partition-id"]))
+        else:
+            results = self.screen(server_round, results)
+        self.record_failures(server_round, failures)
         self.accepted = results
         metrics = [res.metrics for _, res in results]
         self.record(n_clients=len(results),
                     partition_ids=[int(m["partition-id"]) for m in metrics],
                     num_examples=[int(res.num_examples) for _, res in results],
-                    client_loss=[str(m.get("loss", "")) for m in metrics])
+                    client_loss=[str(m.get("loss", "")) for m in metrics],
+                    server_saw=self.server_saw(results))
         if len(results) < self.cfg.min_fit_clients:
             log(WARNING, "round %d: %d valid replies < min-fit-clients=%d: round skipped, "
                 "global model kept", server_round, len(results), self.cfg.min_fit_clients)
             self.record(skipped=True)
             return None, {}
-        params = super().aggregate_fit(server_round, results, failures)[0]
+        if self.secure:
+            params = self.unpack_secure_sum(results)
+        else:
+            params = super().aggregate_fit(server_round, results, failures)[0]
         for key in MEAN_METRICS:
-            self.record(**{key.replace("-", "_"): _mean([float(m[key]) for m in metrics
-                                                         if key in m])})
+            mean = _mean([float(m[key]) for m in metrics if key in m])
+            self.record(**{key.replace("-", "_"): self.secure_means.get(key, mean)})
         for key in SUM_METRICS:
             if any(key in m for m in metrics):
                 self.record(**{key: int(sum(int(m.get(key, 0)) for m in metrics))})
@@ -153,28 +247,58 @@ class FedAvgStrategy(FedAvg):
         return None
 
     def screen(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-               failures: list[tuple[ClientProxy, FitRes] | BaseException],
                ) -> list[tuple[ClientProxy, FitRes]]:
-        """The valid replies sorted by partition id; failures and rejections are logged
-        and recorded with their reasons."""
+        """The valid replies sorted by partition id; rejections are logged and recorded
+        with their reasons. Under secure aggregation this runs on the masked replies,
+        before they are summed (:mod:`.secure_round`)."""
         seen: set[int] = set()
         accepted, rejected = [], []
         for proxy, res in results:
-            reason = (check_reply(res, self._expected, seen)
+            node_pid = self.registry.partition_of(proxy.cid)
+            reason = (check_reply(res, self._expected, seen, node_pid)
                       or self.check_metrics(server_round, res.metrics))
             if reason is None:
                 accepted.append((proxy, res))
             else:
-                rejected.append({"node": proxy.cid, "partition": self.registry.partition_of(
-                    proxy.cid), "reason": reason})
+                rejected.append({"node": proxy.cid, "partition": node_pid, "reason": reason})
                 log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
-                    server_round, proxy.cid, self.registry.partition_of(proxy.cid), reason)
+                    server_round, proxy.cid, node_pid, reason)
+        self.record(rejected=len(rejected), rejected_reasons=rejected)
+        return sorted(accepted, key=lambda r: int(r[1].metrics["partition-id"]))
+
+    def record_failures(self, server_round: int,
+                        failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> None:
         failed = [_describe_failure(f) for f in failures]
         for reason in failed:
             log(WARNING, "round %d: client failed: %s", server_round, reason)
-        self.record(failures=len(failed), failure_reasons=failed, rejected=len(rejected),
-                    rejected_reasons=rejected)
-        return sorted(accepted, key=lambda r: int(r[1].metrics["partition-id"]))
+        self.record(failures=len(failed), failure_reasons=failed)
+
+    # -- secure aggregation -----------------------------------------------------------
+    def unpack_secure_sum(self, results: list[tuple[ClientProxy, FitRes]]) -> Parameters:
+        """The weights of SecAgg+'s weighted mean (every result carries it), in the
+        global model's dtypes, and the means of the summed metrics (``secure_means``)."""
+        arrays = parameters_to_ndarrays(results[0][1].parameters)
+        *weights, tail = arrays
+        self.secure_means = decode_tail(tail)
+        weights = [np.rint(w).astype(dt) if dt.kind in "iu" else w.astype(dt)
+                   for w, dt in zip(weights, self._global_dtypes)]
+        return ndarrays_to_parameters(weights)
+
+    def server_saw(self, results: list[tuple[ClientProxy, FitRes]]) -> dict[str, list[str]]:
+        """What the server received of the round's accepted clients: per client in the
+        clear, and only as a sum over them (docs/PRIVACY.md)."""
+        clear = sorted({"num-examples", *(k for _, r in results for k in r.metrics)})
+        if not self.secure:
+            return {"per_client": ["weights", *clear], "sum_only": []}
+        return {"per_client": clear, "sum_only": ["weights", *SUMMED_KEYS]}
+
+    def note_halted(self, server_round: int) -> None:
+        """Record a secure round that SecAgg+ stopped before the sum (too few clients
+        answered a stage to reconstruct the masks): the global model is kept."""
+        if "n_clients" not in self._round:
+            log(WARNING, "round %d: secure aggregation halted (fewer clients than "
+                "reconstruction-threshold answered a stage): global model kept", server_round)
+            self.record(n_clients=0, skipped=True, secure_aggregation_halted=True)
 
     # -- evaluation (Flower's hook) ---------------------------------------------------
     def evaluate(self, server_round: int, parameters: Parameters
@@ -201,11 +325,14 @@ class FedAvgStrategy(FedAvg):
         return {}
 
     def server_state(self) -> dict[str, Any]:
-        """Everything the server must remember to continue the run (JSON-serializable)."""
-        return {}
+        """Everything the server must remember to continue the run (JSON-serializable):
+        here the partitions' declared sizes, fixed for the run, resumed ones included."""
+        return {"declared_sizes": {str(p): n for p, n in self.registry.declared.items()}}
 
     def load_server_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`server_state` from a checkpoint."""
+        self.registry.declared = {int(p): int(n)
+                                  for p, n in state.get("declared_sizes", {}).items()}
 
     def summary_fields(self) -> dict[str, Any]:
         """What summary.json adds about the method."""

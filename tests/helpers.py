@@ -35,15 +35,20 @@ GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]  # a "model": K
 PARAMS = ndarrays_to_parameters(GLOBAL)
 
 
-class FakeProxy(ClientProxy):
-    """A node that only answers the registry's partition-id query."""
+SIZE = 10  # the sample count a stand-in node declares unless told otherwise
 
-    def __init__(self, cid: str, partition_id: int):
+
+class FakeProxy(ClientProxy):
+    """A node that only answers the registry's query: its partition id and size."""
+
+    def __init__(self, cid: str, partition_id: int, num_examples: int = SIZE):
         super().__init__(cid)
         self.partition_id = partition_id
+        self.num_examples = num_examples
 
     def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, {"partition-id": self.partition_id})
+        return GetPropertiesRes(OK, {"partition-id": self.partition_id,
+                                     "num-examples": self.num_examples, "data": "partition"})
 
     def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
         raise NotImplementedError
@@ -61,8 +66,9 @@ class FakeProxy(ClientProxy):
 class FakeNode(FakeProxy):
     """A node serving partition ``pid``; ``answer(config)`` gives its task replies' metrics."""
 
-    def __init__(self, pid: int, answer: Callable[[dict], dict] | None = None):
-        super().__init__(str(5_000_000 + 7 * pid), pid)
+    def __init__(self, pid: int, answer: Callable[[dict], dict] | None = None,
+                 num_examples: int = SIZE):
+        super().__init__(str(5_000_000 + 7 * pid), pid, num_examples)
         self.pid = pid
         self.answer = answer
         self.tasks: list[dict] = []
@@ -80,9 +86,17 @@ def manager(nodes: list[FakeProxy]) -> SimpleClientManager:
     return m
 
 
-def partition_manager(n: int, base: int = 7_000_000) -> SimpleClientManager:
-    """A client manager with nodes serving partitions 0..n-1."""
-    return manager([FakeProxy(str(base + 13 * pid), pid) for pid in range(n)])
+def partition_nodes(n: int, base: int = 7_000_000, sizes: list[int] | None = None
+                    ) -> list[FakeProxy]:
+    """Nodes serving partitions 0..n-1 (of ``sizes``, default :data:`SIZE` each)."""
+    return [FakeProxy(str(base + 13 * pid), pid, sizes[pid] if sizes else SIZE)
+            for pid in range(n)]
+
+
+def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = None
+                      ) -> SimpleClientManager:
+    """A client manager with :func:`partition_nodes`."""
+    return manager(partition_nodes(n, base, sizes))
 
 
 def make_strategy(cls, **overrides: Any):
@@ -92,11 +106,12 @@ def make_strategy(cls, **overrides: Any):
     return cls(cfg, PARAMS, evaluator=lambda weights: (0.0, 0.0), max_samples=4000)
 
 
-def trained_reply(node: FakeNode, num_examples: int, arrays: list[np.ndarray],
+def trained_reply(node: FakeProxy, arrays: list[np.ndarray], num_examples: int | None = None,
                   **metrics) -> tuple[ClientProxy, FitRes]:
-    """A training reply of ``node``."""
-    return node, FitRes(OK, ndarrays_to_parameters(arrays), num_examples,
-                        {"partition-id": node.pid, **metrics})
+    """A training reply of ``node`` (counting its declared size unless told otherwise)."""
+    n = node.num_examples if num_examples is None else num_examples
+    return node, FitRes(OK, ndarrays_to_parameters(arrays), n,
+                        {"partition-id": node.partition_id, **metrics})
 
 
 def records(out: Path) -> list[dict]:

@@ -33,10 +33,9 @@ from tests.helpers import (
     OK,
     PARAMS,
     FakeNode,
-    FakeProxy,
     make_strategy,
     manager,
-    partition_manager,
+    partition_nodes,
     records,
     small_job,
 )
@@ -58,6 +57,8 @@ BAD = {
     "zero samples": lambda w, n, m: (w, 0, m),
     "negative samples": lambda w, n, m: (w, -3, m),
     "absurd samples": lambda w, n, m: (w, 10**12, m),
+    "inflated samples": lambda w, n, m: (w, n + 1, m),
+    "deflated samples": lambda w, n, m: (w, n - 1, m),
     "missing accuracy": lambda w, n, m: (w, n, {k: v for k, v in m.items() if k != "accuracy"}),
     "accuracy above 1": lambda w, n, m: (w, n, {**m, "accuracy": 1.5}),
     "accuracy NaN": lambda w, n, m: (w, n, {**m, "accuracy": float("nan")}),
@@ -80,11 +81,15 @@ BAD = {
 REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expected",
           "wrong shape": "shape", "wrong dtype": "dtype", "NaN": "NaN", "Inf": "NaN or Inf",
           "zero samples": "sample count 0", "negative samples": "sample count -3",
-          "absurd samples": "sample count 1000000000000", "missing accuracy": "accuracy missing",
+          "absurd samples": "sample count 1000000000000 outside 1..100",
+          "inflated samples": "sample count 101 outside 1..100",
+          "deflated samples": "sample count 99 differs from the 100 samples",
+          "missing accuracy": "accuracy missing",
           "accuracy above 1": "outside [0, 1]", "accuracy NaN": "outside [0, 1]",
           "accuracy as text": "not a number", "partition id missing": "malformed partition id",
           "partition id text": "malformed partition id", "partition id not sampled":
-          "not asked", "partition id duplicated": "replied twice",
+          "partition id 99 is not its node's registered partition 5",
+          "partition id duplicated": "partition id 0 is not its node's registered partition 5",
           "accuracy as bytes": "accuracy missing or not a number",
           "samples as text": "sample count '100'",
           "train loss as text": "train-loss missing or not a number",
@@ -100,11 +105,12 @@ REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expe
 def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(case):
     strategy = make_strategy(FedEFCStrategy, **{"num-clients": 6, "fraction": 1.0, "rounds": 5,
                                                 "start-round": 0, "prestopping": True})
-    strategy.configure_fit(1, PARAMS, partition_manager(6))
+    nodes = partition_nodes(6, sizes=[100] * 6)
+    strategy.configure_fit(1, PARAMS, manager(nodes))
     rng = np.random.default_rng(0)
     replies = [good_reply(pid, rng) for pid in range(6)]
     replies[5] = BAD[case](*replies[5])
-    results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+    results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
     info = strategy.take_round_fields()
@@ -161,14 +167,15 @@ def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(cas
     cls = {"fedcorr": FedCorrStrategy, "rofl": RoFLStrategy}[method]
     strategy = make_strategy(cls, **{"method": method, "num-clients": 6, "fraction": 1.0,
                                      "rounds": 5, "fedcorr-iterations": 1})
-    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, partition_manager(6))
+    nodes = partition_nodes(6, sizes=[100] * 6)
+    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, manager(nodes))
             ] == list(range(6))
     rng = np.random.default_rng(0)
     replies = [good_reply(pid, rng, **method_metrics(method, pid, rng)) for pid in range(6)]
     w, n, m = replies[5]
     replies[5] = (w, n, {k: v for k, v in m.items() if k != key} if value is None
                   else {**m, key: value})
-    results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+    results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
     info = strategy.take_round_fields()
@@ -254,9 +261,10 @@ def test_round_below_min_fit_clients_keeps_the_model():
     strategy = make_strategy(FedEFCStrategy, **{"num-clients": 4, "fraction": 1.0, "rounds": 5,
                                                 "start-round": 0, "min-fit-clients": 3,
                                                 "prestopping": True})
-    strategy.configure_fit(1, PARAMS, partition_manager(4))
+    nodes = partition_nodes(4, sizes=[100] * 4)
+    strategy.configure_fit(1, PARAMS, manager(nodes))
     rng = np.random.default_rng(1)
-    results = [(FakeProxy(str(i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+    results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(good_reply(p, rng) for p in range(2))]
     params, _ = strategy.aggregate_fit(1, results, [RuntimeError("boom"), RuntimeError("x")])
     fields = strategy.take_round_fields()

@@ -35,7 +35,7 @@ class TrainingNode(FakeProxy):
                    "train-loss": 0.1 * self.partition_id}
         if "phase" in ins.config and int(ins.config["phase"]) == 1:
             metrics["accuracy"] = ACCURACY[int(ins.config["round"])]
-        return FitRes(OK, ndarrays_to_parameters(weights), SIZES[self.partition_id], metrics)
+        return FitRes(OK, ndarrays_to_parameters(weights), self.num_examples, metrics)
 
 
 def run_loop(tmp_path, cls, rounds=4):
@@ -53,7 +53,7 @@ def run_loop(tmp_path, cls, rounds=4):
     strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator)
     manager = SimpleClientManager()
     for pid in SIZES:
-        manager.register(TrainingNode(f"node-{pid}", pid))
+        manager.register(TrainingNode(f"node-{pid}", pid, SIZES[pid]))
     loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
                      run_info={"train_samples": 100})
