@@ -8,7 +8,8 @@ Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
 2. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``);
 3. :func:`secure_tail_mod`: moves the summed metrics into the arrays (secure rounds);
 4. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``);
-5. :func:`clipping_mod`: Flower's ``fixedclipping_mod`` (``dp-clip``).
+5. :func:`clipping_mod`: client-side fixed clipping, as Flower's ``fixedclipping_mod``
+   (``dp-clip``).
 
 So the update is clipped, then noised, then (with its tail) quantized and masked, and
 the audit sees the message as the server will.
@@ -23,11 +24,12 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, Message
 from flwr.app.message_type import MessageType
-from flwr.client.mod import fixedclipping_mod, secaggplus_mod
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.compat.common import recorddict_compat as compat
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
 
 from common.config import RunConfig
 from common.methods import load_run_config
@@ -77,12 +79,29 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
 
 
 def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's ``fixedclipping_mod`` when ``dp-clip > 0``: the update (trained minus
-    received weights) is scaled to L2 norm at most ``dp-clip`` (the server sends the
-    norm in the fit config, as Flower's DifferentialPrivacyClientSideFixedClipping)."""
-    if _config(ctxt).dp_clip <= 0:
+    """Client-side fixed clipping when ``dp-clip > 0``: the update (trained minus received
+    float weights) is scaled to L2 norm at most the clipping norm the server sends in the
+    fit config (Flower's protocol of DifferentialPrivacyClientSideFixedClipping and
+    ``fixedclipping_mod``, whose clipping function this is). Integer arrays (BatchNorm's
+    batch counters) are left as they are: Flower's mod scales them in place and fails."""
+    if _config(ctxt).dp_clip <= 0 or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
-    return fixedclipping_mod(msg, ctxt, call_next)
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    norm = float(fitins.config[KEY_CLIPPING_NORM])
+    out = call_next(msg, ctxt)
+    if out.has_error():
+        return out
+    fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
+    trained = parameters_to_ndarrays(fitres.parameters)
+    floats = [i for i, a in enumerate(trained) if a.dtype.kind == "f"]
+    received = parameters_to_ndarrays(fitins.parameters)
+    clipped = [trained[i] for i in floats]
+    compute_clip_model_update(clipped, [received[i] for i in floats], norm)
+    for i, array in zip(floats, clipped):
+        trained[i] = array
+    fitres.parameters = ndarrays_to_parameters(trained)
+    out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    return out
 
 
 def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:

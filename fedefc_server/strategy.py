@@ -74,6 +74,19 @@ def is_rejection(failure) -> bool:
             and isinstance(failure.args[0], Error) and failure.args[0].code == REJECTED)
 
 
+def distinct_failures(failures: list) -> list:
+    """``failures`` without repeats: Flower's SecAgg+ workflow lists a client that failed
+    in its collect stage twice (two exceptions wrapping one error)."""
+    seen: set[int] = set()
+    out = []
+    for f in failures:
+        key = id(f.args[0]) if isinstance(f, Exception) and f.args else id(f)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
 def _describe_failure(failure) -> str:
     if isinstance(failure, Exception) and failure.args and isinstance(failure.args[0], Error):
         return f"error {failure.args[0].code}: {failure.args[0].reason}"
@@ -208,7 +221,7 @@ class FedAvgStrategy(FedAvg):
         the refused replies (already recorded as rejections)."""
         self.secure_means = {}
         if self.secure:
-            failures = [f for f in failures if not is_rejection(f)]
+            failures = [f for f in distinct_failures(failures) if not is_rejection(f)]
             results = sorted(results, key=lambda r: int(r[1].metrics["partition-id"]))
         else:
             results = self.screen(server_round, results)

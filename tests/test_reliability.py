@@ -392,14 +392,24 @@ def test_unwritable_output_folder_is_refused(tmp_path, capsys, where):
 # -- real simulations ----------------------------------------------------------------
 @pytest.mark.flower
 def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
-    faults = "raise@0@2-3;nan@1@2;shape@2@3;samples=0@3@4;acc=1.5@3@2;pid=9@2@5"
+    # 150 samples per client: claiming 151 (within the training set's 600, which
+    # bounded replies before sizes were declared) or another client's id is refused
+    faults = ("raise@0@2-3;nan@1@2;shape@2@3;samples=0@3@4;samples=151@1@4;acc=1.5@3@2;"
+              "pid=1@2@5")
     summary = run_simulation_job(small_job(tiny_mnist_dir, tmp_path / "run",
                                            faults=f'"{faults}"'))
     recs = {r["round"]: r for r in records(tmp_path / "run")}
+    assert recs[1]["declared"] == {str(p): 150 for p in range(4)}
     assert recs[2]["failures"] == 1 and recs[2]["rejected"] == 2
     assert {x["reason"].split(" ")[0] for x in recs[2]["rejected_reasons"]} == {"array", "phase-1"}
     assert recs[3]["failures"] == 1 and "shape" in recs[3]["rejected_reasons"][0]["reason"]
-    assert recs[4]["rejected"] == 1 and recs[5]["rejected"] == 1
+    assert sorted(x["reason"] for x in recs[4]["rejected_reasons"]) == [
+        "sample count 0 outside 1..150, the partition's declared size",
+        "sample count 151 outside 1..150, the partition's declared size"]
+    assert recs[5]["rejected_reasons"] == [{"node": recs[5]["rejected_reasons"][0]["node"],
+                                            "partition": 2, "reason": "partition id 1 is not "
+                                            "its node's registered partition 2"}]
+    assert recs[5]["partition_ids"] == [0, 1, 3]  # the genuine partition 1 is kept
     assert 0 in recs[1]["partition_ids"] and 0 not in recs[2]["partition_ids"]
     assert 0 in recs[4]["partition_ids"]  # the failed client takes part again
     model = torch.load(tmp_path / "run" / "model.pt")
