@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.common import FitRes, Parameters, bytes_to_ndarray, ndarrays_to_parameters
@@ -39,6 +40,14 @@ from flwr.serverapp.grid import Grid
 from common.config import RunConfig
 
 from .strategy import FedAvgStrategy, rejection
+
+
+@dataclass(frozen=True)
+class Sender:
+    """The sender of a reply whose node left the client manager meanwhile (the
+    registry still knows its partition by its id)."""
+
+    cid: str
 
 
 def masked_reply(msg: Message) -> FitRes | None:
@@ -78,8 +87,8 @@ class ScreeningGrid:
             return replies
         proxies = self.client_manager.all()
         results: list[tuple[ClientProxy, FitRes]] = [
-            (proxies[str(m.metadata.src_node_id)], masked[id(m)]) for m in replies
-            if id(m) in masked]
+            (proxies.get(str(m.metadata.src_node_id)) or Sender(str(m.metadata.src_node_id)),
+             masked[id(m)]) for m in replies if id(m) in masked]
         accepted = {id(res) for _, res in self.strategy.screen(self.server_round, results)}
         return [m if id(m) not in masked or id(masked[id(m)]) in accepted
                 else Message(error=rejection("refused before the sum (round record: "

@@ -201,11 +201,12 @@ class FedAvgStrategy(FedAvg):
         sizes = {pid: self.registry.declared[pid] for pid in chosen}
         self.weight_bound = max([1, *sizes.values()])
         self._global_dtypes = [a.dtype for a in arrays]
-        shapes = [a.shape for a in arrays]
-        if self.secure:  # Flower's weight factor, the weights, the tail
+        shapes, dtypes = [a.shape for a in arrays], list(self._global_dtypes)
+        if self.secure:  # masked: Flower's weight factor, the weights, the tail; integers
             shapes = [(1,), *shapes, (len(SLOTS),)]
-        self._expected = Expected(shapes, [*self._global_dtypes, np.dtype(np.float64)],
-                                  sizes, self.asks_accuracy(server_round) and not self.secure,
+            dtypes = [np.dtype(np.int64)] * len(shapes)
+        self._expected = Expected(shapes, dtypes, sizes,
+                                  self.asks_accuracy(server_round) and not self.secure,
                                   subset=self.cfg.method in SUBSET_COUNTS, masked=self.secure)
         privacy = self.privacy_config()
         return [(serving[pid], FitIns(parameters, {**self.client_config(pid, server_round),

@@ -321,6 +321,33 @@ def test_a_client_failing_in_training_is_a_dropout_the_sum_survives(micro_mnist_
     assert params is not None and 0 <= fields["A"] <= 1
 
 
+@pytest.mark.parametrize("fault, field, reason", [
+    ("shape@0@1", "rejected_reasons", "array 1 has shape (151,), expected (6, 1, 5, 5)"),
+    ("nan@0@1", "failure_reasons", "the trained weights hold NaN or Inf"),
+], ids=["wrong-shape", "nan"])
+def test_a_broken_update_never_enters_the_sum(micro_mnist_dir, tmp_path, fault, field, reason):
+    """A wrongly shaped masked vector is refused before the sum; an honest client with
+    non-finite weights refuses to mask them (it fails: a dropout)."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **{"secure-aggregation": True,
+                                                      "faults": fault})
+    strategy, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    fields = strategy.take_round_fields()
+    assert fields["partition_ids"] == [1, 2, 3]
+    assert reason in (fields[field][0] if field == "failure_reasons"
+                      else fields[field][0]["reason"])
+    assert all(np.isfinite(a).all() for a in parameters_to_ndarrays(params))
+
+
+def test_a_round_below_the_reconstruction_threshold_keeps_the_model(micro_mnist_dir,
+                                                                    tmp_path):
+    """Two of four clients fail: two shares per secret, three needed (0.67 x 4)."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **{"secure-aggregation": True,
+                                                      "faults": "raise@0-1@1"})
+    strategy, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    fields = strategy.take_round_fields()
+    assert params is None and fields["secure_aggregation_halted"] and fields["skipped"]
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"method": "fedcorr"}, "method 'fedcorr' needs every client's own values"),
     ({"method": "fednoro"}, "its server clusters each client's per-class losses"),
