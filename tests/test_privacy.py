@@ -31,13 +31,16 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from common.config import ConfigError
 from common.methods import load_run_config
 from common.params import get_weights
+from common.results import RunRecorder
 from common.runtime import initial_model
 from common.secure_means import SLOTS, decode_tail, encode_tail, tail_scale
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_client.mods import audit_mod, audit_path, clipping_mod, describe_reply, noise_mod
+from fedefc_server import checkpoint
 from fedefc_server.fedefc_strategy import FedEFCStrategy
 from fedefc_server.registry import PartitionRegistry
+from fedefc_server.round_loop import RoundLoop
 from fedefc_server.secure_round import SecureRound
 from fedefc_server.strategy import FedAvgStrategy
 from tests.helpers import (
@@ -49,6 +52,7 @@ from tests.helpers import (
     make_strategy,
     manager,
     partition_nodes,
+    records,
     trained_reply,
 )
 
@@ -280,6 +284,45 @@ def test_a_secure_round_is_a_pure_function_of_its_config(rounds, micro_mnist_dir
                         **{"secure-aggregation": True})
     _, again = secure_round(flat, InProcessGrid(client_app, flat, 4))
     assert again.tensors == first.tensors
+
+
+def secure_loop(flat: dict, out, ckpt: checkpoint.Checkpoint | None = None) -> None:
+    """The round loop with secure rounds over a fresh in-process federation (a new Flower
+    run: empty node state), from round 1 or after ``ckpt``, as the ServerApp builds it."""
+    grid = InProcessGrid(client_app, flat, 4)
+    cfg, strategy, mgr, init = server(flat, grid)
+    if ckpt:
+        strategy = FedEFCStrategy(cfg, ndarrays_to_parameters(ckpt.weights),
+                                  max_samples=10**6, plan_sizes=strategy.plan_sizes)
+        strategy.load_server_state(ckpt.strategy)
+    strategy.evaluator = lambda weights: (0.0, float(weights[-1][0]))
+    model = initial_model(cfg, partition_data(cfg, 0, CPU).data)
+    loop = RoundLoop(client_manager=mgr, strategy=strategy, cfg=cfg,
+                     recorder=RunRecorder(out, flat, resume_round=ckpt.round if ckpt else None),
+                     model=model, run_info={}, first_round=ckpt.round + 1 if ckpt else 1,
+                     secure_round=SecureRound(grid, Context(1, 0, {}, RecordDict(), flat),
+                                              strategy, mgr, cfg))
+    loop.fit(cfg.rounds, None)
+
+
+def test_a_secure_run_resumes_from_its_checkpoint_to_the_uninterrupted_result(
+        micro_mnist_dir, tmp_path):
+    """SecAgg+'s keys and masks live for one round, so the checkpoint of a secure round
+    holds all a resumed run needs: two rounds, then a third after a restart, end where
+    three rounds in one go end."""
+    whole = micro_config(micro_mnist_dir, tmp_path / "whole", **{"secure-aggregation": True})
+    secure_loop(whole, tmp_path / "whole")
+    part = micro_config(micro_mnist_dir, tmp_path / "part", **{"secure-aggregation": True,
+                                                               "rounds": 2})
+    secure_loop(part, tmp_path / "part")
+    ckpt = checkpoint.load(tmp_path / "part")
+    assert ckpt.round == 2 and ckpt.strategy["declared_sizes"] == {str(k): 20 for k in range(4)}
+    secure_loop({**part, "rounds": 3}, tmp_path / "part", ckpt)
+    a, b = torch.load(tmp_path / "whole" / "model.pt"), torch.load(tmp_path / "part" / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    keys = ("round", "A", "phase", "t_e", "partition_ids")
+    assert [{k: r.get(k) for k in keys} for r in records(tmp_path / "whole")] == \
+        [{k: r.get(k) for k in keys} for r in records(tmp_path / "part")]
 
 
 def test_plain_replies_carry_each_accuracy(rounds):
