@@ -55,7 +55,7 @@ def round_label(record: dict) -> str:
         return f"phase {record['phase']}"
     if "fedcorr_stage" in record:
         return f"stage {record['fedcorr_stage']}"
-    return "every round"
+    return ""
 
 
 def shapes(folder: Path) -> list[dict]:
@@ -75,7 +75,8 @@ def shapes(folder: Path) -> list[dict]:
             group = groups.setdefault(key, {
                 "message": entry["type"], "stage": entry.get("stage"), "content": content,
                 "when": set(), "rounds": set(), "replies": 0, "bytes": set()})
-            group["when"].add(labels.get(entry["round"], "registration"))
+            group["when"].add("registration" if entry["type"] == "get_properties"
+                              else labels[entry["round"]])
             group["rounds"].add(entry["round"])
             group["replies"] += 1
             group["bytes"].add(entry["bytes"])
@@ -86,6 +87,18 @@ def shapes(folder: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (int(r["rounds"][0]), r["message"], r["stage"] or ""))
 
 
+def spans(rounds: list[str]) -> str:
+    """"rounds 1-3, 5" for rounds 1, 2, 3, 5; "round 2" for round 2."""
+    nums, out = sorted(int(r) for r in rounds), []
+    for n in nums:
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+    return f"round {text}" if len(nums) == 1 else f"rounds {text}"
+
+
 def table(method: str, secure: bool, rows: list[dict]) -> str:
     lines = [f"#### {method}, {'secure aggregation' if secure else 'plain'}", "",
              "| when | message | stage | records: keys | bytes per reply |",
@@ -94,7 +107,10 @@ def table(method: str, secure: bool, rows: list[dict]) -> str:
         content = "<br>".join(f"`{name}`: {what}" for name, what in r["content"].items())
         lo, hi = r["bytes"]
         size = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
-        lines.append(f"| {', '.join(r['when'])} | {r['message']} | {r['stage'] or ''} | "
+        labels = ", ".join(w for w in r["when"] if w)
+        when = labels if r["when"] == ["registration"] else \
+            f"{labels} ({spans(r['rounds'])})" if labels else spans(r["rounds"])
+        lines.append(f"| {when} | {r['message']} | {r['stage'] or ''} | "
                      f"{content} | {size} |")
     return "\n".join(lines)
 
