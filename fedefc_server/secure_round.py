@@ -39,7 +39,8 @@ from flwr.serverapp.grid import Grid
 
 from common.config import RunConfig
 
-from .strategy import FedAvgStrategy, rejection
+from .failures import rejection
+from .strategy import FedAvgStrategy
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def masked_reply(msg: Message) -> FitRes | None:
 class ScreeningGrid:
     """The grid the SecAgg+ workflow talks to: Flower's grid, except that the masked
     replies pass :meth:`FedAvgStrategy.screen` first and a refused one is turned into an
-    error reply (code :data:`.strategy.REJECTED`)."""
+    error reply (code :data:`.failures.REJECTED`)."""
 
     def __init__(self, grid: Grid, strategy: FedAvgStrategy, client_manager: ClientManager,
                  server_round: int):

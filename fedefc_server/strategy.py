@@ -33,7 +33,6 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Error
 from flwr.common import (
     FitIns,
     FitRes,
@@ -53,47 +52,11 @@ from common.methods import SUBSET_COUNTS
 from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, decode_tail, tail_scale
 from common.seeds import derive_seed
 
+from .failures import describe_failure, distinct_failures, is_rejection
 from .registry import Declaration, PartitionRegistry
 from .validation import MEAN_METRICS, PER_CLIENT_METRICS, SUM_METRICS, Expected, check_reply
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
-
-
-# Error code of a secure round's reply that the strategy refused before the sum: the
-# SecAgg+ workflow then treats its sender as dropped (its masks are removed).
-REJECTED = 4601
-
-
-def rejection(reason: str) -> Error:
-    return Error(REJECTED, reason)
-
-
-def is_rejection(failure) -> bool:
-    """Whether a failure is a reply :meth:`FedAvgStrategy.screen` already refused."""
-    return (isinstance(failure, Exception) and bool(failure.args)
-            and isinstance(failure.args[0], Error) and failure.args[0].code == REJECTED)
-
-
-def distinct_failures(failures: list) -> list:
-    """``failures`` without repeats: Flower's SecAgg+ workflow lists a client that failed
-    in its collect stage twice (two exceptions wrapping one error)."""
-    seen: set[int] = set()
-    out = []
-    for f in failures:
-        key = id(f.args[0]) if isinstance(f, Exception) and f.args else id(f)
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    return out
-
-
-def _describe_failure(failure) -> str:
-    if isinstance(failure, Exception) and failure.args and isinstance(failure.args[0], Error):
-        return f"error {failure.args[0].code}: {failure.args[0].reason}"
-    if isinstance(failure, BaseException):
-        return f"{type(failure).__name__}: {failure}"
-    proxy, res = failure
-    return f"node {proxy.cid}: status {res.status.code.name} {res.status.message}"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -282,7 +245,7 @@ class FedAvgStrategy(FedAvg):
 
     def record_failures(self, server_round: int,
                         failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> None:
-        failed = [_describe_failure(f) for f in failures]
+        failed = [describe_failure(f) for f in failures]
         for reason in failed:
             log(WARNING, "round %d: client failed: %s", server_round, reason)
         self.record(failures=len(failed), failure_reasons=failed)
