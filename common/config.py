@@ -16,7 +16,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -38,6 +38,9 @@ MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
 METHODS = ("fedefc", "fedavg", "fedprox", "fedditto", "forward-correction",
            "confident-learning", "fedcorr", "fednoro", "rofl")
+# SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
+# 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
+SECAGG_MAX_CLIENTS = 1024
 
 
 class ConfigError(ValueError):
@@ -116,6 +119,14 @@ class RunConfig(BaseModel):
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5)
     max_client_samples: int = Field(0, ge=0)
     faults: str = ""
+    # privacy (docs/PRIVACY.md)
+    secure_aggregation: bool = False
+    num_shares: int = Field(0, ge=0, le=SECAGG_MAX_CLIENTS)
+    reconstruction_threshold: float = Field(0.67, gt=0.5, le=1.0)
+    clipping_range: float = Field(8.0, gt=0.0, le=1e6)
+    dp_clip: float = Field(0.0, ge=0.0, le=1e6)
+    dp_noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
+    audit: bool = False
 
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
@@ -159,6 +170,7 @@ class RunConfig(BaseModel):
                 f"fraction={self.fraction} with num-clients={self.num_clients} samples "
                 "no client per round; raise fraction to at least 1/num-clients"
             )
+        self._check_privacy()
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
@@ -230,6 +242,38 @@ class RunConfig(BaseModel):
     @property
     def federated_evaluation(self) -> bool:
         return self.evaluation_mode in ("federated", "both")
+    def _check_privacy(self) -> None:
+        """The privacy keys against each other and the round size (docs/PRIVACY.md)."""
+        if self.dp_noise_multiplier > 0 and self.dp_clip == 0:
+            raise ValueError(
+                f"dp-noise-multiplier={self.dp_noise_multiplier} needs dp-clip > 0: the noise "
+                "is a multiple of the clipping norm; set dp-clip, e.g. dp-clip=1.0")
+        if self.audit and not (self.out_dir or self.resume_from):
+            raise ValueError(
+                "audit=true needs out-dir: every client writes its audit log under "
+                "<out-dir>/audit; set out-dir")
+        if not self.secure_aggregation:
+            return
+        if self.federated_evaluation:
+            raise ValueError(
+                f"secure-aggregation=true with evaluation={self.evaluation_mode!r}: each "
+                "client's evaluate reply carries its held-out loss and accuracy in the "
+                "clear, which secure aggregation is meant to hide; use evaluation=\"server\" "
+                "(with a test set: test-path for own data) or secure-aggregation=false")
+        m = self.clients_per_round
+        if not 2 <= m <= SECAGG_MAX_CLIENTS:
+            raise ValueError(
+                f"secure-aggregation=true with {m} clients per round: SecAgg+ sums the "
+                f"updates of 2..{SECAGG_MAX_CLIENTS} clients; change fraction or num-clients")
+        if self.num_shares and not 3 <= self.num_shares <= m:
+            raise ValueError(
+                f"num-shares={self.num_shares}: a client's secrets go to 3..{m} (the clients "
+                "per round) clients, or to all of them with num-shares=0")
+        if self.accuracy_aggregation != "mean":
+            raise ValueError(
+                f"accuracy-aggregation={self.accuracy_aggregation!r} needs every client's "
+                "accuracy, which secure aggregation hides (the server learns only their "
+                "sum); use accuracy-aggregation=\"mean\" or secure-aggregation=false")
 
     @property
     def clients_per_round(self) -> int:
@@ -301,6 +345,11 @@ class MethodSettings(BaseModel):
     """
 
     model_config = FLAT_KEYS
+
+    # What the method's server needs of every single client beyond sums, if anything:
+    # such a method refuses secure aggregation (the server would see only sums) and
+    # differential privacy (its per-client values would travel without noise).
+    PER_CLIENT_VALUES: ClassVar[str] = ""
 
     def check(self, cfg: RunConfig) -> None:
         """Cross-checks with the shared keys, for a run of this method (none by default)."""
@@ -385,6 +434,12 @@ def parse_run_config(flat: Mapping[str, Any],
             settings[own].check(cfg)
         except ValueError as err:
             raise ConfigError(f"run config: {err}") from None
+        if own.PER_CLIENT_VALUES and (cfg.secure_aggregation or cfg.dp_clip):
+            raise ConfigError(
+                f"run config: method {cfg.method!r} needs every client's own values (its "
+                f"server {own.PER_CLIENT_VALUES}): secure aggregation would hide them and "
+                "differential privacy would leave them without noise; run it with "
+                "secure-aggregation=false and dp-clip=0")
     cfg._settings = settings
     return cfg
 

@@ -124,6 +124,21 @@ def _plan_from_arrays(data: Dataset, arrays: Arrays) -> FederatedData:
                          noise_matrices=list(arrays["noise_matrices"]))
 
 
+def held_out_count(cfg: RunConfig, n: int) -> int:
+    """How many of a client's ``n`` samples it holds out for federated evaluation:
+    round(local-test-fraction * n), at most n - 1; 0 without federated evaluation
+    (docs/OWN-DATA.md, "Federated evaluation")."""
+    if not cfg.federated_evaluation:
+        return 0
+    return min(int(round(cfg.local_test_fraction * n)), max(n - 1, 0))
+
+
+def training_size(cfg: RunConfig, n: int) -> int:
+    """The samples a client with ``n`` samples trains on: the size it declares and
+    every reply of it counts (docs/PRIVACY.md, "Weights bound to facts")."""
+    return n - held_out_count(cfg, n)
+
+
 def build_federated_data(data: Dataset, cfg: RunConfig) -> FederatedData:
     """Partition on true labels, then draw each noise group's observed labels."""
     true = data.train_y.numpy()

@@ -31,6 +31,10 @@ SETTINGS: dict[str, type[MethodSettings] | None] = {
     "rofl": RoFLSettings,
 }
 
+# Methods whose reply counts only the samples it trained on, at most the client's size
+# (confident learning's kept count); every other reply counts exactly the client's size.
+SUBSET_COUNTS = frozenset({"confident-learning"})
+
 
 # methods that need the model's penultimate features (common/models.py: provides_features)
 NEEDS_FEATURES = frozenset({"rofl"})

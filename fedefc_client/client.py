@@ -62,17 +62,20 @@ class FedEFCClient(NumPyClient):
     """One client; built per message by the ClientApp, its data loaded lazily (cached)."""
 
     def __init__(self, cfg: RunConfig, partition_id: int, load: Callable[[], LocalData],
-                 state=None):
+                 state=None, private_data: bool = False):
         self.cfg = cfg
         self.partition_id = partition_id
+        self.private_data = private_data
         self._load = load
         self._local: LocalData | None = None
         self.state = state
         self.faults = parse_faults(cfg.faults)
 
-    # The registry asks every node once which partition it serves (no data is loaded).
+    # The registry asks every node once which partition it serves and how many samples
+    # it holds (docs/PRIVACY.md, "Weights bound to facts"); the size bounds its replies.
     def get_properties(self, config):
-        return {"partition-id": self.partition_id}
+        return {"partition-id": self.partition_id, "num-examples": len(self.local),
+                "data": "private" if self.private_data else "partition"}
 
     @property
     def local(self) -> LocalData:

@@ -5,6 +5,8 @@ identity: seeds, sampling, reply order) and ``num-partitions`` (= the run's
 num-clients) always; ``data-path`` for the node's own private data instead of
 partition ``partition-id`` of the run's dataset; ``cache-dir`` to keep the prepared
 data on disk across the per-message ClientApp processes of a SuperNode.
+
+Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from common.methods import load_run_config
 from common.training import pick_device
 
 from .client import FedEFCClient
-from .local_data import check_node_config, node_data
+from .local_data import DATA_PATH_KEY, check_node_config, node_data
+from .mods import MODS
 
 
 def partition_of(context: Context, num_clients: int) -> int:
@@ -50,7 +53,7 @@ def client_fn(context: Context):
     check_node_config(node_config, node)
     return FedEFCClient(
         cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
-        context.state).to_client()
+        context.state, private_data=DATA_PATH_KEY in node_config).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+app = ClientApp(client_fn=client_fn, mods=MODS)

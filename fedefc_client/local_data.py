@@ -32,7 +32,7 @@ import torch
 from common.config import RunConfig
 from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
-from common.federation import federated_data
+from common.federation import federated_data, held_out_count
 from common.models import TaskShape
 from common.noise import empirical_transition
 from common.runtime import on_device
@@ -100,7 +100,7 @@ def held_out_positions(cfg: RunConfig, partition_id: int, n: int
     generator seeded by (seed, partition id); None without federated evaluation."""
     if not cfg.federated_evaluation:
         return None
-    count = min(int(round(cfg.local_test_fraction * n)), max(n - 1, 0))
+    count = held_out_count(cfg, n)
     perm = np.random.default_rng(derive_seed(cfg.seed, "local-test", partition_id)
                                  ).permutation(n)
     return np.sort(perm[count:]), np.sort(perm[:count])

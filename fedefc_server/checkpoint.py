@@ -29,9 +29,9 @@ from common.results import atomic_write_bytes
 FILE = "checkpoint.pt"
 FORMAT = 2
 # Keys that may differ between the interrupted run and its resumption: where results
-# go, how long to run, and how (not what) to compute.
+# go, how long to run, how (not what) to compute, and whether clients audit their replies.
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
-                        "eval-batch-size", "client-timeout"})
+                        "eval-batch-size", "client-timeout", "audit"})
 
 
 class CheckpointError(ValueError):

@@ -7,6 +7,8 @@ Per round (paper Algorithm 1, docs/FEDEFC.md §3), on top of :class:`.FedAvgStra
 - after a phase-1 round's weights are averaged, the accuracies of the valid replies are
   averaged WITHOUT weights (paper eq. (2); ``median`` / ``trimmed-mean`` bound lying
   clients, :mod:`.accuracy`) into A(t), which the :class:`.Prestopper` turns into T_e.
+  Under secure aggregation the accuracies travel inside the secure sum and the server
+  learns only their mean A(t) (docs/PRIVACY.md; ``client_acc`` is then not recorded).
 
 Forward correction and confident learning use this strategy too: like FedEFC, they
 change their local update once prestopping has switched to phase 2.
@@ -49,8 +51,11 @@ class FedEFCStrategy(FedAvgStrategy):
         params, metrics = super().aggregate_fit(server_round, results, failures)
         if params is None or self.phase(server_round) != 1:
             return params, metrics
-        accs = [float(res.metrics["accuracy"]) for _, res in self.accepted]
-        a_t = aggregate_accuracy(accs, self.cfg.accuracy_aggregation, self.cfg.trim_fraction)
+        if self.secure:  # only the sum reached the server (docs/PRIVACY.md)
+            accs, a_t = None, self.secure_means.get("accuracy")
+        else:
+            accs = [float(res.metrics["accuracy"]) for _, res in self.accepted]
+            a_t = aggregate_accuracy(accs, self.cfg.accuracy_aggregation, self.cfg.trim_fraction)
         self.record(client_acc=accs, A=a_t)
         if a_t is not None and self.prestopper.observe(server_round, a_t):
             log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "

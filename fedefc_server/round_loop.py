@@ -1,9 +1,11 @@
 """The round loop: Flower's legacy ``Server.fit``, able to start after a checkpoint, and the
 owner of everything a run writes.
 
-Per round: ``fit_round`` (the strategy's configure / aggregate), then the central
-evaluation (the strategy's ``evaluate`` hook: the server's test set, if any), then, with
-federated evaluation, Flower's ``evaluate_round`` (the clients' held-out data,
+Per round: ``fit_round`` (the strategy's configure / aggregate; under secure
+aggregation a :class:`.secure_round.SecureRound`, the same strategy driven by Flower's
+SecAgg+ workflow, so both modes share this loop), then the central evaluation (the
+strategy's ``evaluate`` hook: the server's test set, if any), then, with federated
+evaluation, Flower's ``evaluate_round`` (the clients' held-out data,
 :meth:`.strategy.FedAvgStrategy.configure_evaluate`), then the round's record in
 ``metrics.jsonl``, its log line and ``checkpoint.pt``. Round 0 evaluates the initial
 model both ways. After the last round: ``model.pt`` and ``summary.json``, whose
@@ -19,11 +21,12 @@ functions of (seed, round), continue exactly where an interrupted run stopped.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.common import parameters_to_ndarrays
+from flwr.common import Parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
@@ -43,10 +46,12 @@ class RoundLoop(Server):
 
     def __init__(self, *, client_manager: ClientManager, strategy: FedAvgStrategy,
                  cfg: RunConfig, recorder: RunRecorder, model: nn.Module,
-                 run_info: dict[str, Any], first_round: int = 1, elapsed_before: float = 0.0):
+                 run_info: dict[str, Any], first_round: int = 1, elapsed_before: float = 0.0,
+                 secure_round: Callable[[int, Parameters], Parameters | None] | None = None):
         """``model`` gives the architecture that ``model.pt`` is saved as; ``run_info``
         (the data's facts) opens the summary; ``elapsed_before`` is the wall time of
-        the interrupted run(s) this one resumes."""
+        the interrupted run(s) this one resumes; ``secure_round`` replaces
+        ``fit_round`` when the run uses secure aggregation."""
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.strategy: FedAvgStrategy = strategy
         self.cfg = cfg
@@ -55,6 +60,7 @@ class RoundLoop(Server):
         self.run_info = run_info
         self.first_round = first_round
         self._elapsed_before = elapsed_before
+        self.secure_round = secure_round
         self._t0 = time.monotonic()
 
     def elapsed(self) -> float:
@@ -71,12 +77,19 @@ class RoundLoop(Server):
         start = time.monotonic()
         for server_round in range(self.first_round, num_rounds + 1):
             round_start = time.monotonic()
-            result = self.fit_round(server_round=server_round, timeout=timeout)
-            if result is not None and result[0] is not None:
-                self.parameters = result[0]
+            new = self.train_round(server_round, timeout)
+            if new is not None:
+                self.parameters = new
             self._end_round(server_round, history, round_start, timeout)
         self._finish(parameters_to_ndarrays(self.parameters))
         return history, time.monotonic() - start
+
+    def train_round(self, server_round: int, timeout: float | None) -> Parameters | None:
+        """One round's training: the new global parameters, or None to keep them."""
+        if self.secure_round is not None:
+            return self.secure_round(server_round, self.parameters)
+        result = self.fit_round(server_round=server_round, timeout=timeout)
+        return None if result is None else result[0]
 
     def _end_round(self, server_round: int, history: History, round_start: float,
                    timeout: float | None) -> None:

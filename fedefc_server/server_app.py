@@ -6,10 +6,16 @@ checkpoint's round, in its own folder (docs/RELIABILITY.md).
 
 With a server test set (``evaluation = server | both``) the server loads the run's
 dataset: the test set, and the training data for its facts (realized noise rate,
-client sizes). With ``evaluation = federated`` it loads no data at all: the round-0
-model is built from the input shape and K of :func:`common.datasets.task_shape`
-(``input-shape`` and ``num-classes``, or the header of ``data-path`` when this machine
-has that file; docs/OWN-DATA.md, "The server holds no data").
+client sizes, the sizes its nodes must declare). With ``evaluation = federated`` it
+loads no data at all: the round-0 model is built from the input shape and K of
+:func:`common.datasets.task_shape` (``input-shape`` and ``num-classes``, or the header
+of ``data-path`` when this machine has that file; docs/OWN-DATA.md, "The server holds
+no data"), and a node's declared size is bounded by ``max-client-samples`` only.
+
+The app is Flower's workflow style (``@app.main()``), since secure aggregation needs
+the grid: :func:`main` builds the round loop and runs it with Flower's ``start_grid``
+(what a ``server_fn`` app does); with ``secure-aggregation = true`` the loop's rounds
+go through Flower's SecAgg+ workflow (:mod:`.secure_round`). One loop, both modes.
 """
 
 from __future__ import annotations
@@ -21,13 +27,15 @@ from typing import Any
 
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.common.logger import log
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import ServerApp, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import start_grid
+from flwr.serverapp.grid import Grid
 
 from common.config import ConfigError, RunConfig
 from common.data_files import shape_text
 from common.datasets import load_dataset, task_shape
-from common.federation import federated_data
+from common.federation import federated_data, training_size
 from common.methods import load_run_config
 from common.models import classifier_shape
 from common.params import get_weights
@@ -42,6 +50,7 @@ from .baselines.rofl import RoFLStrategy
 from .evaluation import TestSetEvaluator
 from .fedefc_strategy import FedEFCStrategy
 from .round_loop import RoundLoop
+from .secure_round import SecureRound
 from .strategy import FedAvgStrategy
 
 # Every method's server (docs/ARCHITECTURE.md, "A new method"). Forward correction and
@@ -75,17 +84,19 @@ def data_summary(cfg: RunConfig) -> dict[str, Any]:
             "noise_matrices": [m.tolist() for m in fed.noise_matrices]}
 
 
-def server_fn(context: Context) -> ServerAppComponents:
+def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     """Validate everything before round 1, then build the method's strategy and a round
     loop that starts at round 1 or after the checkpoint's round."""
     cfg = load_run_config(context.run_config)
     configure_threads(cfg.client_threads)
+    plan_sizes = None
     if cfg.server_evaluation:
         # the noise the run config puts on the dataset's partitions; a deployed node with
         # its own data-path keeps its own labels, whose noise the server cannot know
         data = load_dataset(cfg)
         task, info = data.task, data_summary(cfg)
         evaluator, max_samples = TestSetEvaluator(cfg, data), len(data.train_y)
+        plan_sizes = [training_size(cfg, len(ix)) for ix in federated_data(cfg).client_indices]
         source = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
                   f"realized noise rate {info['realized_noise_rate']:.4f} on the simulated "
                   "partitions")
@@ -115,17 +126,27 @@ def server_fn(context: Context) -> ServerAppComponents:
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
     strategy = STRATEGIES[cfg.method](
         cfg, ndarrays_to_parameters(ckpt.weights if ckpt else init), evaluator=evaluator,
-        max_samples=max_samples, model_shape=classifier_shape(model, task))
+        max_samples=max_samples, plan_sizes=plan_sizes,
+        model_shape=classifier_shape(model, task))
     if ckpt:
         strategy.load_server_state(ckpt.strategy)
     atomic_write_json(Path(out_dir) / "data.json", info)
-    loop = RoundLoop(client_manager=SimpleClientManager(), strategy=strategy, cfg=cfg,
+    manager = SimpleClientManager()
+    loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                      recorder=recorder, model=model,
                      run_info={k: v for k, v in info.items() if k != "noise_matrices"},
                      first_round=ckpt.round + 1 if ckpt else 1,
-                     elapsed_before=ckpt.elapsed_s if ckpt else 0.0)
-    return ServerAppComponents(server=loop, config=ServerConfig(
-        num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None))
+                     elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
+                     secure_round=(SecureRound(grid, context, strategy, manager, cfg)
+                                   if cfg.secure_aggregation else None))
+    return loop, ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None)
 
 
-app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Build the run (:func:`build`) and run its round loop on Flower's grid."""
+    loop, config = build(context, grid)
+    start_grid(grid=grid, server=loop, config=config)

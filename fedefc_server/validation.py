@@ -1,20 +1,27 @@
 """Server-side checks of each client reply before it is aggregated.
 
 A reply is rejected (with its reason logged and counted in the round's record) when its
-arrays do not match the global model (count, shapes, dtypes), hold NaN or Inf, its
-sample count is not an integer in 1..``max_samples``, its partition id is missing,
-malformed, not one this round asked for, or repeated, its accuracy (when the round
-asks for one: FedEFC's phase 1) is missing or not a number in [0, 1], or a metric the
-round record averages or sums (:data:`MEAN_METRICS`, :data:`PER_CLIENT_METRICS`,
-:data:`SUM_METRICS`) is there but is not a finite number (a count: not an integer
->= 0). bool, str and bytes are not numbers here: ``float()`` would take True or "0.9",
-or raise. A method strategy adds checks of its own metrics
+partition id is missing, malformed, not the one its node registered with (whatever
+the order of arrival), not one this round asked for, or repeated; its sample count is
+not the size its partition declared (docs/PRIVACY.md, "Weights bound to facts"; for a
+method that trains on a subset, such as confident learning: not in 1..that size);
+its arrays do not match the global model (count, shapes, dtypes) or hold NaN or Inf;
+its accuracy (when the round asks for one: FedEFC's phase 1) is missing or not a
+number in [0, 1]; or a metric the round record averages or sums (:data:`MEAN_METRICS`,
+:data:`PER_CLIENT_METRICS`, :data:`SUM_METRICS`) is there but is not a finite number (a
+count: not an integer >= 0). bool, str and bytes are not numbers here: ``float()``
+would take True or "0.9", or raise. A method strategy adds checks of its own metrics
 (``FedAvgStrategy.check_metrics``). The other replies aggregate normally.
 
+Under secure aggregation the replies are screened before they are summed, with their
+arrays masked: then the arrays must be integer arrays of the masked vector's shapes
+(the NaN and accuracy checks are the quantizer's clipping; docs/PRIVACY.md).
+
 An evaluation reply (federated evaluation, :func:`check_evaluate_reply`) is rejected
-when its partition id is malformed, not one the round asked or repeated, its sample
-count is not an integer in 0..``max_samples``, or, when it holds samples, its loss is
-not a finite number >= 0 or its accuracies are not numbers in [0, 1].
+when its partition id is malformed, not its node's registered one, not one the round
+asked or repeated, its sample count is not an integer in 0..``max_samples``, or, when
+it holds samples, its loss is not a finite number >= 0 or its accuracies are not
+numbers in [0, 1].
 """
 
 from __future__ import annotations
@@ -35,13 +42,16 @@ SUM_METRICS = ("kept", "removed")
 
 @dataclass(frozen=True)
 class Expected:
-    """What every reply of a round must look like."""
+    """What every reply of a round must look like: ``sizes`` holds the declared size of
+    each partition asked to train (``subset``: a reply may count fewer samples);
+    ``masked``: the arrays are a SecAgg+ masked vector (integers, no dtypes to match)."""
 
     shapes: list[tuple[int, ...]]
     dtypes: list[np.dtype]
-    partitions: frozenset[int]
+    sizes: dict[int, int]
     needs_accuracy: bool
-    max_samples: int
+    subset: bool = False
+    masked: bool = False
 
 
 def bad_number(key: str, value: Any, low: float = -math.inf, high: float = math.inf,
@@ -68,19 +78,32 @@ def bad_metrics(metrics: dict[str, Any]) -> str | None:
     return None
 
 
-def check_reply(res: FitRes, expected: Expected, seen: set[int]) -> str | None:
-    """The reason to reject ``res``, or None when it is acceptable (``seen`` is updated)."""
+def bad_count(n: Any, size: int, subset: bool) -> str | None:
+    """Why sample count ``n`` does not fit a partition of declared ``size``, or None."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= size:
+        return f"sample count {n!r:.40} outside 1..{size}, the partition's declared size"
+    if not subset and n != size:
+        return f"sample count {n} differs from the {size} samples the partition declared"
+    return None
+
+
+def check_reply(res: FitRes, expected: Expected, seen: set[int],
+                node_partition: int | None) -> str | None:
+    """The reason to reject ``res`` of a node registered with ``node_partition``, or None
+    when it is acceptable (``seen`` is updated)."""
     pid = res.metrics.get("partition-id")
     if isinstance(pid, bool) or not isinstance(pid, int):
         return f"malformed partition id {pid!r:.40}"
-    if pid not in expected.partitions:
+    if pid != node_partition:
+        return f"partition id {pid} is not its node's registered partition {node_partition}"
+    if pid not in expected.sizes:
         return f"partition id {pid} was not asked to train this round"
     if pid in seen:
         return f"partition id {pid} replied twice"
     seen.add(pid)
-    n = res.num_examples
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= expected.max_samples:
-        return f"sample count {n!r:.40} outside 1..{expected.max_samples}"
+    reason = bad_count(res.num_examples, expected.sizes[pid], expected.subset)
+    if reason:
+        return reason
     if expected.needs_accuracy:
         reason = bad_number("phase-1 accuracy", res.metrics.get("accuracy"), 0.0, 1.0)
         if reason:
@@ -97,6 +120,10 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int]) -> str | None:
     for i, (arr, shape, dtype) in enumerate(zip(arrays, expected.shapes, expected.dtypes)):
         if arr.shape != shape:
             return f"array {i} has shape {arr.shape}, expected {shape}"
+        if expected.masked:
+            if arr.dtype.kind not in "iu":
+                return f"masked array {i} has dtype {arr.dtype}, expected integers"
+            continue
         if arr.dtype != dtype:
             return f"array {i} has dtype {arr.dtype}, expected {dtype}"
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
@@ -105,11 +132,14 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int]) -> str | None:
 
 
 def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set[int],
-                         max_samples: int) -> str | None:
-    """The reason to reject an evaluation reply, or None (``seen`` is updated)."""
+                         max_samples: int, node_partition: int | None) -> str | None:
+    """The reason to reject an evaluation reply of a node registered with
+    ``node_partition``, or None (``seen`` is updated)."""
     pid = res.metrics.get("partition-id")
     if isinstance(pid, bool) or not isinstance(pid, int):
         return f"malformed partition id {pid!r:.40}"
+    if pid != node_partition:
+        return f"partition id {pid} is not its node's registered partition {node_partition}"
     if pid not in partitions:
         return f"partition id {pid} was not asked to evaluate this round"
     if pid in seen:

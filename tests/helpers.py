@@ -3,6 +3,8 @@
 - In-process nodes that drive a strategy without Ray: :class:`FakeProxy` answers the
   partition registry's query; :class:`FakeNode` also replies to task messages with
   metrics computed from the message config.
+- :class:`InProcessGrid`: a Flower grid whose nodes are the real ClientApp (with its
+  mods) in this process, keeping every reply the server received; for secure rounds.
 - :func:`make_strategy`: a strategy whose central evaluation is a stub.
 - Small real jobs through ``flwr run`` (:func:`simulate`, :func:`small_job`) and their
   records (:func:`records`); the tests that run them carry the ``flower`` marker.
@@ -10,12 +12,14 @@
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.common import (
     Code,
     FitRes,
@@ -25,6 +29,8 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.supercore.task_identity import TaskIdentity
 
 from common.methods import load_run_config
 from common.models import ClassifierShape
@@ -36,15 +42,20 @@ GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]  # a "model": K
 PARAMS = ndarrays_to_parameters(GLOBAL)
 
 
-class FakeProxy(ClientProxy):
-    """A node that only answers the registry's partition-id query."""
+SIZE = 10  # the sample count a stand-in node declares unless told otherwise
 
-    def __init__(self, cid: str, partition_id: int):
+
+class FakeProxy(ClientProxy):
+    """A node that only answers the registry's query: its partition id and size."""
+
+    def __init__(self, cid: str, partition_id: int, num_examples: int = SIZE):
         super().__init__(cid)
         self.partition_id = partition_id
+        self.num_examples = num_examples
 
     def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(OK, {"partition-id": self.partition_id})
+        return GetPropertiesRes(OK, {"partition-id": self.partition_id,
+                                     "num-examples": self.num_examples, "data": "partition"})
 
     def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
         raise NotImplementedError
@@ -62,8 +73,9 @@ class FakeProxy(ClientProxy):
 class FakeNode(FakeProxy):
     """A node serving partition ``pid``; ``answer(config)`` gives its task replies' metrics."""
 
-    def __init__(self, pid: int, answer: Callable[[dict], dict] | None = None):
-        super().__init__(str(5_000_000 + 7 * pid), pid)
+    def __init__(self, pid: int, answer: Callable[[dict], dict] | None = None,
+                 num_examples: int = SIZE):
+        super().__init__(str(5_000_000 + 7 * pid), pid, num_examples)
         self.pid = pid
         self.answer = answer
         self.tasks: list[dict] = []
@@ -81,9 +93,54 @@ def manager(nodes: list[FakeProxy]) -> SimpleClientManager:
     return m
 
 
-def partition_manager(n: int, base: int = 7_000_000) -> SimpleClientManager:
-    """A client manager with nodes serving partitions 0..n-1."""
-    return manager([FakeProxy(str(base + 13 * pid), pid) for pid in range(n)])
+def partition_nodes(n: int, base: int = 7_000_000, sizes: list[int] | None = None
+                    ) -> list[FakeProxy]:
+    """Nodes serving partitions 0..n-1 (of ``sizes``, default :data:`SIZE` each)."""
+    return [FakeProxy(str(base + 13 * pid), pid, sizes[pid] if sizes else SIZE)
+            for pid in range(n)]
+
+
+def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = None
+                      ) -> SimpleClientManager:
+    """A client manager with :func:`partition_nodes`."""
+    return manager(partition_nodes(n, base, sizes))
+
+
+class InProcessGrid:
+    """Flower's grid for an in-process federation: node ``k`` (id ``1000 + k``) runs
+    ``app`` (the project's ClientApp, mods included) with partition ``k`` of the run
+    config ``run_config``; each message is copied, as the wire would. ``received``
+    holds every reply the server got, in order; ``fail(node, round)`` makes a node's
+    training message fail."""
+
+    def __init__(self, app, run_config: dict[str, Any], n_nodes: int):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        self.app = app
+        self.contexts = {1000 + k: Context(1, 1000 + k, {"partition-id": k,
+                                                         "num-partitions": n_nodes},
+                                           RecordDict(), dict(run_config))
+                         for k in range(n_nodes)}
+        self.received: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def manager(self) -> SimpleClientManager:
+        """A client manager holding a Flower proxy for every node."""
+        return manager([GridClientProxy(nid, self, 1) for nid in self.contexts])
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> list[Message]:
+        replies = []
+        for msg in messages:
+            msg = copy.deepcopy(msg)
+            try:
+                reply = self.app(msg, self.contexts[msg.metadata.dst_node_id])
+            except Exception as err:  # what a SuperNode sends back for a failed ClientApp
+                reply = Message(Error(1, f"{type(err).__name__}: {err}"), reply_to=msg)
+            replies.append(copy.deepcopy(reply))
+        self.received.extend(replies)
+        return replies
 
 
 def make_strategy(cls, **overrides: Any):
@@ -95,11 +152,12 @@ def make_strategy(cls, **overrides: Any):
                model_shape=ClassifierShape(3, 4))
 
 
-def trained_reply(node: FakeNode, num_examples: int, arrays: list[np.ndarray],
+def trained_reply(node: FakeProxy, arrays: list[np.ndarray], num_examples: int | None = None,
                   **metrics) -> tuple[ClientProxy, FitRes]:
-    """A training reply of ``node``."""
-    return node, FitRes(OK, ndarrays_to_parameters(arrays), num_examples,
-                        {"partition-id": node.pid, **metrics})
+    """A training reply of ``node`` (counting its declared size unless told otherwise)."""
+    n = node.num_examples if num_examples is None else num_examples
+    return node, FitRes(OK, ndarrays_to_parameters(arrays), n,
+                        {"partition-id": node.partition_id, **metrics})
 
 
 def records(out: Path) -> list[dict]:

@@ -40,7 +40,7 @@ import yaml
 
 from common.data_files import write_npz
 from common.disk_cache import DataCache
-from common.federation import federated_data
+from common.federation import federated_data, training_size
 from common.methods import load_run_config
 from common.models import TaskShape
 from fedefc_cli.deployment import (
@@ -125,24 +125,43 @@ class DeployedRun:
 
 
 def run_deployment(base: Path, nodes: list[NodeSpec], run_config: dict, before_run=None,
-                   **kwargs) -> DeployedRun:
-    """Start the federation, call ``before_run(dep)``, run the job, stop everything."""
+                   after_run=None, **kwargs) -> DeployedRun:
+    """Start the federation, call ``before_run(dep)``, run the job, call
+    ``after_run(dep)`` (a second job on the same federation), stop everything."""
     with LocalDeployment(base / "federation", nodes, **kwargs) as dep:
         extra = before_run(dep) if before_run else {}
         _, status = dep.run(run_config, timeout=900)
+        extra.update(after_run(dep) if after_run else {})
         pgids = [proc.pid for _, proc, _ in dep.procs.running]
     return DeployedRun(Path(run_config["out-dir"]), status, pgids, dep.work_dir, extra)
 
 
 # -- end to end: insecure, TLS + authentication, equal to simulation -----------------------
+# The second job on the insecure federation: secure aggregation (docs/PRIVACY.md), one
+# more round; every client reports accuracy 0 in round 2 (a quantized sum has no exact
+# ties, so this makes round 2 T_e), node 0 inflates its sample count in round 3 and
+# node 1 claims partition 2 in round 4: both must be refused before the sum.
+SECURE_FAULTS = "acc=0.0@0-2@2;samples=60@0@3;pid=2@1@4"
+
+
+def secure_job(data_dir: Path, base: Path, dep: LocalDeployment) -> dict:
+    run_config = job(data_dir, base / "out-secure", **{
+        "client-threads": 1, "rounds": 4, "secure-aggregation": "true", "audit": "true",
+        "faults": f'"{SECURE_FAULTS}"'})
+    _, status = dep.run(run_config, timeout=900)
+    return {"secure": (Path(run_config["out-dir"]), status)}
+
+
 def insecure_job(data_dir: Path, base: Path) -> DeployedRun:
     """Nodes holding partitions of the run's dataset, prepared data cached on disk, plus
-    a fourth node whose private data is missing (it must fail, naming node and path)."""
+    a fourth node whose private data is missing (it must fail, naming node and path);
+    then :func:`secure_job` on the same federation."""
     nodes = [NodeSpec({"partition-id": k, "num-partitions": NODES,
                        "cache-dir": str(base / f"cache-{k}")}) for k in range(NODES)]
     nodes.append(NodeSpec({"partition-id": NODES - 1, "num-partitions": NODES,
                            "data-path": str(base / "no-such-data.npz")}))
-    return run_deployment(base, nodes, job(data_dir, base / "out", **{"client-threads": 1}))
+    return run_deployment(base, nodes, job(data_dir, base / "out", **{"client-threads": 1}),
+                          after_run=lambda dep: secure_job(data_dir, base, dep))
 
 
 def refused_node(dep: LocalDeployment, key: Path) -> dict:
@@ -265,6 +284,32 @@ def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs, own_d
     work = insecure_run.work
     for log in (work / "cli" / "run.log", work / f"node-{NODES}" / "superexec.log"):
         assert missing in log.read_text(), log
+    # each node declared its partition's size once, when first seen
+    sizes = {str(k): len(partition_data(cfg, k, CPU)) for k in range(NODES)}
+    recs = records(insecure_run.out)
+    assert recs[1]["declared"] == sizes and all("declared" not in r for r in recs[2:])
+
+
+@pytest.mark.flower
+def test_secure_aggregation_deployment_refuses_lies_before_the_sum(runs):
+    insecure_run = runs["insecure"].result()
+    out, status = insecure_run.extra["secure"]
+    assert status == "finished:completed"
+    recs, plain = records(out), records(insecure_run.out)
+    assert [r["phase"] for r in recs] == [1, 1, 1, 2, 2]
+    assert json.loads((out / "summary.json").read_text())["t_e"] == 2
+    assert recs[1]["A"] == pytest.approx(plain[1]["A"], abs=1e-6)  # same clients, same model
+    assert all(r.get("client_acc") is None for r in recs)
+    assert recs[3]["partition_ids"] == [1, 2] and recs[4]["partition_ids"] == [0, 2]
+    assert recs[3]["rejected_reasons"][0]["reason"].startswith("sample count 60 outside 1..")
+    assert recs[4]["rejected_reasons"][0]["reason"] == (
+        "partition id 2 is not its node's registered partition 1")
+    assert all(r["failures"] == 0 for r in recs[1:])
+    for k in range(NODES):  # each node audited what it sent: never an accuracy
+        lines = (out / "audit" / f"partition-{k}.jsonl").read_text().splitlines()
+        keys = {key for line in lines for rec in json.loads(line).get("records", {}).values()
+                for key in rec.get("keys", {})}
+        assert "masked_params" in keys and "accuracy" not in keys
 
 
 @pytest.mark.flower
@@ -287,6 +332,10 @@ def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_nod
     assert summary["accuracy_source"] == "federated held-out data"
     assert summary["final_acc"] == records(tls_run.out)[-1]["federated_acc"]
     assert "test_acc" not in records(tls_run.out)[-1]
+    cfg = load_run_config(json.loads((tls_run.out / "config.json").read_text()))
+    files = [tls_run.work.parent / "data" / f"node-{k}" / "data.npz" for k in range(NODES)]
+    assert records(tls_run.out)[1]["declared"] == {  # private data: what each node trains on
+        str(k): training_size(cfg, len(np.load(f)["labels"])) for k, f in enumerate(files)}
     assert group_members(tls_run.pgids) == []
     link_log = (tls_run.work / "superlink" / "superlink.log").read_text()
     assert "SuperNode authentication is disabled" not in link_log

@@ -237,7 +237,7 @@ def test_strategy_flags_corrects_and_restricts_stage_2_in_process():
 
     def stage1_round(rnd):
         instructions = s.configure_fit(rnd, PARAMS, m)
-        replies = [trained_reply(node, 10, GLOBAL, **{"fedcorr-lid": lids[node.pid],
+        replies = [trained_reply(node, GLOBAL, **{"fedcorr-lid": lids[node.pid],
                                                       "fedcorr-est-noise": est[node.pid]})
                    for node, _ in instructions]
         s.aggregate_fit(rnd, replies, [])
@@ -304,7 +304,7 @@ def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(bad):
     s = make_strategy(FedCorrStrategy, **FEDCORR_4)
     instructions = s.configure_fit(1, PARAMS, m)
     lids, est = [1.0, 1.1, 5.0, 5.0], [0.05, 0.02, 0.3, 0.4]
-    s.aggregate_fit(1, [trained_reply(node, 10, GLOBAL, **{"fedcorr-lid": lids[node.pid],
+    s.aggregate_fit(1, [trained_reply(node, GLOBAL, **{"fedcorr-lid": lids[node.pid],
                                                            "fedcorr-est-noise": est[node.pid]})
                         for node, _ in instructions], [])
     assert s.noisy == [2, 3]

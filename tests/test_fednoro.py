@@ -114,7 +114,8 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
             losses[2] = np.nan  # a class client 2 does not hold
         return {"fednoro-class-losses": pack_array(losses)}
 
-    nodes = [FakeNode(p, lambda config, p=p: class_losses(p)) for p in range(6)]
+    sizes = {p: 10 * (p + 1) for p in range(6)}
+    nodes = [FakeNode(p, lambda config, p=p: class_losses(p), sizes[p]) for p in range(6)]
     m = manager(nodes)
     keys = {"method": "fednoro", "num-clients": 6, "fraction": 1.0, "rounds": 3,
             "fednoro-warmup": 1}
@@ -129,8 +130,7 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
     rng = np.random.default_rng(0)
     models = {p: [rng.normal(size=(3, 4)).astype(np.float32),
                   rng.normal(size=5).astype(np.float32)] for p in range(6)}
-    sizes = {p: 10 * (p + 1) for p in range(6)}
-    replies = [trained_reply(node, sizes[node.pid], models[node.pid]) for node, _ in instructions]
+    replies = [trained_reply(node, models[node.pid]) for node, _ in instructions]
     params, _ = s.aggregate_fit(2, replies[::-1], [])
     flags = np.array([p in noisy for p in range(6)])
     ordered = [models[p] for p in range(6)]

@@ -34,7 +34,7 @@ from fedefc_client.local_data import held_out_positions, node_data, partition_da
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from fedefc_server import server_app
 from fedefc_server.strategy import FedAvgStrategy
-from tests.helpers import PARAMS, FakeProxy, make_strategy, partition_manager
+from tests.helpers import PARAMS, make_strategy, partition_manager
 
 CPU = torch.device("cpu")
 NODE = "node 9 (partition-id 2)"
@@ -406,8 +406,8 @@ def test_augmentation_and_normalization_must_fit_the_data(tmp_path):
 
 
 # -- federated evaluation on the server --------------------------------------------------------
-def evaluate_reply(pid: int, n: int, loss: float, acc, **metrics):
-    return FakeProxy(str(8000 + pid), pid), EvaluateRes(
+def evaluate_reply(proxy, pid: int, n: int, loss: float, acc, **metrics):
+    return proxy, EvaluateRes(
         Status(Code.OK, ""), loss, n, {"partition-id": pid, "accuracy": acc, **metrics})
 
 
@@ -416,11 +416,13 @@ def test_federated_evaluation_asks_every_partition_and_weights_by_held_out_sampl
     asked = strategy.configure_evaluate(3, PARAMS, partition_manager(5))
     assert [int(p.cid) for p, _ in asked] == [7_000_000 + 13 * pid for pid in range(5)]
     assert all(ins.config == {"round": 3} for _, ins in asked)
-    replies = [evaluate_reply(3, 30, 0.5, 0.9, **{"true-accuracy": 1.0}),
-               evaluate_reply(0, 10, 2.0, 0.1, **{"true-accuracy": 0.5}),
-               evaluate_reply(1, 0, 0.0, None),  # no held-out sample: not counted
-               evaluate_reply(2, 20, float("nan"), 0.5),  # rejected
-               evaluate_reply(4, 5, 1.0, 1.5)]  # rejected
+    node = {pid: proxy for pid, (proxy, _) in enumerate(asked)}
+    replies = [evaluate_reply(node[3], 3, 30, 0.5, 0.9, **{"true-accuracy": 1.0}),
+               evaluate_reply(node[0], 0, 10, 2.0, 0.1, **{"true-accuracy": 0.5}),
+               evaluate_reply(node[1], 1, 0, 0.0, None),  # no held-out sample: not counted
+               evaluate_reply(node[2], 2, 20, float("nan"), 0.5),  # rejected
+               evaluate_reply(node[4], 4, 5, 1.0, 1.5),  # rejected
+               evaluate_reply(node[4], 0, 5, 1.0, 0.5)]  # another node's partition: rejected
     loss, metrics = strategy.aggregate_evaluate(3, replies, [RuntimeError("timeout")])
     assert loss == pytest.approx((30 * 0.5 + 10 * 2.0) / 40)
     assert metrics == {"accuracy": pytest.approx((30 * 0.9 + 10 * 0.1) / 40),
@@ -428,10 +430,11 @@ def test_federated_evaluation_asks_every_partition_and_weights_by_held_out_sampl
     fields = strategy.take_federated_fields()
     assert fields["federated_acc"] == metrics["accuracy"] and fields["federated_loss"] == loss
     assert (fields["federated_clients"], fields["federated_samples"]) == (2, 40)
-    assert fields["federated_failures"] == 1 and fields["federated_rejected"] == 2
+    assert fields["federated_failures"] == 1 and fields["federated_rejected"] == 3
     reasons = [r["reason"] for r in fields["federated_rejected_reasons"]]
     assert reasons == ["held-out loss nan outside [0, inf]",
-                       "held-out accuracy 1.5 outside [0, 1]"]
+                       "held-out accuracy 1.5 outside [0, 1]",
+                       "partition id 0 is not its node's registered partition 4"]
     assert strategy.take_federated_fields() == {}
     server_only = make_strategy(FedAvgStrategy, **{"num-clients": 5})
     assert server_only.configure_evaluate(3, PARAMS, partition_manager(5)) == []
@@ -461,10 +464,9 @@ def test_a_federated_only_server_reads_no_data(tmp_path, monkeypatch):
 
     monkeypatch.setattr("common.datasets.read_samples", refuse)
     monkeypatch.setattr("common.datasets.read_header", refuse)
-    components = server_app.server_fn(server_context(
+    loop, _ = server_app.build(server_context(
         tmp_path, **{"num-classes": 37, "input-shape": "3x12x20",
-                     "model": "tests.own_models:tiny_cnn"}))
-    loop = components.server
+                     "model": "tests.own_models:tiny_cnn"}), None)
     assert loop.strategy.evaluator is None and loop.strategy.model_shape.num_classes == 37
     assert loop.model(torch.zeros(2, 3, 12, 20)).shape == (2, 37)
     info = json.loads((tmp_path / "out" / "data.json").read_text())
@@ -480,7 +482,7 @@ def test_a_server_with_the_file_reads_only_its_header_and_without_it_names_the_k
         raise AssertionError("the server decoded the samples")
 
     monkeypatch.setattr("common.datasets.read_samples", refuse)
-    loop = server_app.server_fn(server_context(tmp_path, **{"data-path": path})).server
+    loop, _ = server_app.build(server_context(tmp_path, **{"data-path": path}), None)
     assert loop.strategy.model_shape.num_classes == 5
     assert loop.model(torch.zeros(2, 3, 12, 20)).shape == (2, 5)
     with pytest.raises(DatasetError) as err:

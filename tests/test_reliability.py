@@ -33,10 +33,9 @@ from tests.helpers import (
     OK,
     PARAMS,
     FakeNode,
-    FakeProxy,
     make_strategy,
     manager,
-    partition_manager,
+    partition_nodes,
     records,
     small_job,
 )
@@ -58,6 +57,8 @@ BAD = {
     "zero samples": lambda w, n, m: (w, 0, m),
     "negative samples": lambda w, n, m: (w, -3, m),
     "absurd samples": lambda w, n, m: (w, 10**12, m),
+    "inflated samples": lambda w, n, m: (w, n + 1, m),
+    "deflated samples": lambda w, n, m: (w, n - 1, m),
     "missing accuracy": lambda w, n, m: (w, n, {k: v for k, v in m.items() if k != "accuracy"}),
     "accuracy above 1": lambda w, n, m: (w, n, {**m, "accuracy": 1.5}),
     "accuracy NaN": lambda w, n, m: (w, n, {**m, "accuracy": float("nan")}),
@@ -80,11 +81,15 @@ BAD = {
 REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expected",
           "wrong shape": "shape", "wrong dtype": "dtype", "NaN": "NaN", "Inf": "NaN or Inf",
           "zero samples": "sample count 0", "negative samples": "sample count -3",
-          "absurd samples": "sample count 1000000000000", "missing accuracy": "accuracy missing",
+          "absurd samples": "sample count 1000000000000 outside 1..100",
+          "inflated samples": "sample count 101 outside 1..100",
+          "deflated samples": "sample count 99 differs from the 100 samples",
+          "missing accuracy": "accuracy missing",
           "accuracy above 1": "outside [0, 1]", "accuracy NaN": "outside [0, 1]",
           "accuracy as text": "not a number", "partition id missing": "malformed partition id",
           "partition id text": "malformed partition id", "partition id not sampled":
-          "not asked", "partition id duplicated": "replied twice",
+          "partition id 99 is not its node's registered partition 5",
+          "partition id duplicated": "partition id 0 is not its node's registered partition 5",
           "accuracy as bytes": "accuracy missing or not a number",
           "samples as text": "sample count '100'",
           "train loss as text": "train-loss missing or not a number",
@@ -100,11 +105,12 @@ REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expe
 def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(case):
     strategy = make_strategy(FedEFCStrategy, **{"num-clients": 6, "fraction": 1.0, "rounds": 5,
                                                 "start-round": 0, "prestopping": True})
-    strategy.configure_fit(1, PARAMS, partition_manager(6))
+    nodes = partition_nodes(6, sizes=[100] * 6)
+    strategy.configure_fit(1, PARAMS, manager(nodes))
     rng = np.random.default_rng(0)
     replies = [good_reply(pid, rng) for pid in range(6)]
     replies[5] = BAD[case](*replies[5])
-    results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+    results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
     info = strategy.take_round_fields()
@@ -161,14 +167,15 @@ def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(cas
     cls = {"fedcorr": FedCorrStrategy, "rofl": RoFLStrategy}[method]
     strategy = make_strategy(cls, **{"method": method, "num-clients": 6, "fraction": 1.0,
                                      "rounds": 5, "fedcorr-iterations": 1})
-    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, partition_manager(6))
+    nodes = partition_nodes(6, sizes=[100] * 6)
+    assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, manager(nodes))
             ] == list(range(6))
     rng = np.random.default_rng(0)
     replies = [good_reply(pid, rng, **method_metrics(method, pid, rng)) for pid in range(6)]
     w, n, m = replies[5]
     replies[5] = (w, n, {k: v for k, v in m.items() if k != key} if value is None
                   else {**m, key: value})
-    results = [(FakeProxy(str(100 + i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+    results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
     info = strategy.take_round_fields()
@@ -254,9 +261,10 @@ def test_round_below_min_fit_clients_keeps_the_model():
     strategy = make_strategy(FedEFCStrategy, **{"num-clients": 4, "fraction": 1.0, "rounds": 5,
                                                 "start-round": 0, "min-fit-clients": 3,
                                                 "prestopping": True})
-    strategy.configure_fit(1, PARAMS, partition_manager(4))
+    nodes = partition_nodes(4, sizes=[100] * 4)
+    strategy.configure_fit(1, PARAMS, manager(nodes))
     rng = np.random.default_rng(1)
-    results = [(FakeProxy(str(i), i), FitRes(OK, ndarrays_to_parameters(w), n, m))
+    results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(good_reply(p, rng) for p in range(2))]
     params, _ = strategy.aggregate_fit(1, results, [RuntimeError("boom"), RuntimeError("x")])
     fields = strategy.take_round_fields()
@@ -384,14 +392,24 @@ def test_unwritable_output_folder_is_refused(tmp_path, capsys, where):
 # -- real simulations ----------------------------------------------------------------
 @pytest.mark.flower
 def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
-    faults = "raise@0@2-3;nan@1@2;shape@2@3;samples=0@3@4;acc=1.5@3@2;pid=9@2@5"
+    # 150 samples per client: claiming 151 (within the training set's 600, which
+    # bounded replies before sizes were declared) or another client's id is refused
+    faults = ("raise@0@2-3;nan@1@2;shape@2@3;samples=0@3@4;samples=151@1@4;acc=1.5@3@2;"
+              "pid=1@2@5")
     summary = run_simulation_job(small_job(tiny_mnist_dir, tmp_path / "run",
                                            faults=f'"{faults}"'))
     recs = {r["round"]: r for r in records(tmp_path / "run")}
+    assert recs[1]["declared"] == {str(p): 150 for p in range(4)}
     assert recs[2]["failures"] == 1 and recs[2]["rejected"] == 2
     assert {x["reason"].split(" ")[0] for x in recs[2]["rejected_reasons"]} == {"array", "phase-1"}
     assert recs[3]["failures"] == 1 and "shape" in recs[3]["rejected_reasons"][0]["reason"]
-    assert recs[4]["rejected"] == 1 and recs[5]["rejected"] == 1
+    assert sorted(x["reason"] for x in recs[4]["rejected_reasons"]) == [
+        "sample count 0 outside 1..150, the partition's declared size",
+        "sample count 151 outside 1..150, the partition's declared size"]
+    assert recs[5]["rejected_reasons"] == [{"node": recs[5]["rejected_reasons"][0]["node"],
+                                            "partition": 2, "reason": "partition id 1 is not "
+                                            "its node's registered partition 2"}]
+    assert recs[5]["partition_ids"] == [0, 1, 3]  # the genuine partition 1 is kept
     assert 0 in recs[1]["partition_ids"] and 0 not in recs[2]["partition_ids"]
     assert 0 in recs[4]["partition_ids"]  # the failed client takes part again
     model = torch.load(tmp_path / "run" / "model.pt")

@@ -138,7 +138,7 @@ def test_strategy_aggregates_and_sends_the_global_centroids_in_process():
                 np.testing.assert_array_equal(unpack_array(blob), previous.astype(np.float32))
         local = {node.pid: rng.random((3, 4)).astype(np.float32)  # K x D of GLOBAL's (3, 4)
                  for node, _ in instructions}
-        s.aggregate_fit(rnd, [trained_reply(node, 10, GLOBAL, **{
+        s.aggregate_fit(rnd, [trained_reply(node, GLOBAL, **{
             "rofl-local-centroids": pack_array(local[node.pid])}) for node, _ in instructions], [])
         expected = aggregate_centroids(previous, [local[p] for p in range(4)])
         np.testing.assert_allclose(s.centroids, expected)

@@ -36,7 +36,7 @@ class TrainingNode(FakeProxy):
                    "train-loss": 0.1 * self.partition_id}
         if "phase" in ins.config and int(ins.config["phase"]) == 1:
             metrics["accuracy"] = ACCURACY[int(ins.config["round"])]
-        return FitRes(OK, ndarrays_to_parameters(weights), SIZES[self.partition_id], metrics)
+        return FitRes(OK, ndarrays_to_parameters(weights), self.num_examples, metrics)
 
 
 HELD_OUT = {0: (2, 0.5), 1: (0, None), 2: (4, 1.0), 3: (6, 0.25)}  # (samples, accuracy)
@@ -85,7 +85,7 @@ def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, node_clas
     strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator if central else None)
     manager = SimpleClientManager()
     for pid in SIZES:
-        manager.register((node_class or {}).get(pid, node)(f"node-{pid}", pid))
+        manager.register((node_class or {}).get(pid, node)(f"node-{pid}", pid, SIZES[pid]))
     loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
                      run_info={"train_samples": 100})

@@ -2,13 +2,21 @@
 
 import numpy as np
 import pytest
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
 from fedefc_server.fedefc_strategy import FedEFCStrategy
 from fedefc_server.strategy import FedAvgStrategy
-from tests.helpers import OK, PARAMS, FakeProxy, make_strategy, partition_manager
+from tests.helpers import (
+    PARAMS,
+    FakeProxy,
+    make_strategy,
+    manager,
+    partition_manager,
+    partition_nodes,
+    trained_reply,
+)
 
 
 def fedefc(**overrides):
@@ -18,24 +26,28 @@ def fedefc(**overrides):
                                             "prestopping": True, **overrides})
 
 
-def fit_results(rng, n_clients, accuracies=None):
+def fleet(rng, n_nodes):
+    """Nodes serving partitions 0..n-1 with random sizes, and their client manager."""
+    nodes = partition_nodes(n_nodes, sizes=[int(x) for x in rng.integers(1, 500, n_nodes)])
+    return nodes, manager(nodes)
+
+
+def fit_results(rng, nodes, accuracies=None):
     results = []
-    for pid in range(n_clients):
+    for node in nodes:
         arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
-        metrics = {"partition-id": pid}
-        if accuracies is not None:
-            metrics["accuracy"] = accuracies[pid]
-        res = FitRes(OK, ndarrays_to_parameters(arrays), int(rng.integers(1, 500)), metrics)
-        results.append((FakeProxy(str(1000 + pid), pid), res))
+        metrics = {} if accuracies is None else {"accuracy": accuracies[node.partition_id]}
+        results.append(trained_reply(node, arrays, **metrics))
     return results
 
 
 @pytest.mark.parametrize("cls", [FedAvgStrategy, FedEFCStrategy])
 def test_aggregation_equals_flower_fedavg(cls):
     rng = np.random.default_rng(0)
-    results = fit_results(rng, 6, accuracies=[0.5] * 6)
+    nodes, m = fleet(rng, 10)
+    results = fit_results(rng, nodes[:6], accuracies=[0.5] * 6)
     strategy = make_strategy(cls, **{"num-clients": 10, "fraction": 1.0})
-    strategy.configure_fit(1, PARAMS, partition_manager(10))
+    strategy.configure_fit(1, PARAMS, m)
     ours, _ = strategy.aggregate_fit(1, list(results), [])
     theirs, _ = FedAvg().aggregate_fit(1, list(results), [])
     for a, b in zip(parameters_to_ndarrays(ours), parameters_to_ndarrays(theirs)):
@@ -50,9 +62,10 @@ def test_aggregation_equals_flower_fedavg(cls):
 
 def test_reply_order_does_not_change_the_aggregate():
     rng = np.random.default_rng(1)
-    results = fit_results(rng, 8, accuracies=[0.5] * 8)
+    nodes, m = fleet(rng, 10)
+    results = fit_results(rng, nodes[:8], accuracies=[0.5] * 8)
     strategy = fedefc(fraction=1.0)
-    strategy.configure_fit(1, PARAMS, partition_manager(10))
+    strategy.configure_fit(1, PARAMS, m)
     first, _ = strategy.aggregate_fit(1, list(results), [])
     shuffled = [results[i] for i in rng.permutation(len(results))]
     second, _ = strategy.aggregate_fit(1, shuffled, [])
@@ -61,9 +74,10 @@ def test_reply_order_does_not_change_the_aggregate():
 
 def test_accuracy_is_unweighted_mean():
     rng = np.random.default_rng(2)
+    nodes, m = fleet(rng, 10)
     strategy = fedefc(fraction=1.0)
-    strategy.configure_fit(1, PARAMS, partition_manager(10))
-    strategy.aggregate_fit(1, fit_results(rng, 4, accuracies=[0.1, 0.2, 0.3, 1.0]), [])
+    strategy.configure_fit(1, PARAMS, m)
+    strategy.aggregate_fit(1, fit_results(rng, nodes[:4], accuracies=[0.1, 0.2, 0.3, 1.0]), [])
     assert strategy.prestopper.history == [(1, pytest.approx(0.4))]
     assert strategy.take_round_fields()["A"] == pytest.approx(0.4)
 
@@ -72,10 +86,11 @@ def test_the_base_strategy_asks_no_accuracy_and_sends_no_phase():
     """FedAvg's replies need no accuracy (nothing beyond the weights is asked of a
     client), and its round config is the round and the client's seed only."""
     rng = np.random.default_rng(4)
+    nodes, m = fleet(rng, 4)
     strategy = make_strategy(FedAvgStrategy, **{"num-clients": 4, "fraction": 1.0})
-    instructions = strategy.configure_fit(1, PARAMS, partition_manager(4))
+    instructions = strategy.configure_fit(1, PARAMS, m)
     assert all(set(ins.config) == {"round", "seed"} for _, ins in instructions)
-    params, _ = strategy.aggregate_fit(1, fit_results(rng, 4), [])
+    params, _ = strategy.aggregate_fit(1, fit_results(rng, nodes), [])
     fields = strategy.take_round_fields()
     assert params is not None and fields["rejected"] == 0 and "A" not in fields
     assert strategy.state_fields(1) == {} and strategy.take_round_fields() == {}
@@ -84,16 +99,15 @@ def test_the_base_strategy_asks_no_accuracy_and_sends_no_phase():
 def test_after_the_switch_every_client_gets_phase_2():
     rng = np.random.default_rng(3)
     strategy = fedefc()
-    manager = partition_manager(10)
+    nodes, m = fleet(rng, 10)
     params = PARAMS
     phases = []
     for rnd, acc in enumerate([0.5, 0.4, 0.9, 0.9], start=1):
-        instructions = strategy.configure_fit(rnd, params, manager)
+        instructions = strategy.configure_fit(rnd, params, m)
         assert len(instructions) == 5
         phases.append({int(ins.config["phase"]) for _, ins in instructions})
-        pids = [p.partition_id for p, _ in instructions]
-        strategy.aggregate_fit(rnd, [r for r in fit_results(rng, 10, [acc] * 10)
-                                     if r[1].metrics["partition-id"] in pids], [])
+        strategy.aggregate_fit(rnd, fit_results(rng, [p for p, _ in instructions],
+                                                [acc] * 10), [])
     assert strategy.prestopper.t_e == 2
     assert phases == [{1}, {1}, {2}, {2}]
 

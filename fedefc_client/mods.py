@@ -1,0 +1,202 @@
+"""The ClientApp's mods: secure aggregation, differential privacy and the audit of every
+reply (docs/PRIVACY.md). Flower fixes a ClientApp's mods when the app is built, so each
+mod reads the run config and steps aside when its key is off.
+
+Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
+
+1. :func:`audit_mod`: records what leaves the client (``audit = true``);
+2. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``);
+3. :func:`secure_tail_mod`: moves the summed metrics into the arrays (secure rounds);
+4. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``);
+5. :func:`clipping_mod`: client-side fixed clipping, as Flower's ``fixedclipping_mod``
+   (``dp-clip``).
+
+So the update is clipped, then noised, then (with its tail) quantized and masked, and
+the audit sees the message as the server will.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context, Message
+from flwr.app.message_type import MessageType
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.compat.common import recorddict_compat as compat
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
+
+from common.config import RunConfig
+from common.methods import load_run_config
+from common.secure_means import SCALE_KEY, encode_tail
+from common.seeds import derive_seed
+
+AUDIT_DIR = "audit"
+
+
+def _config(ctxt: Context) -> RunConfig:
+    return load_run_config(ctxt.run_config)
+
+
+def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``."""
+    if not _config(ctxt).secure_aggregation:
+        return call_next(msg, ctxt)
+    return secaggplus_mod(msg, ctxt, call_next)
+
+
+def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """In a secure round's training message: append the tail of the summed metrics to the
+    reply's arrays and drop them from its clear metrics (:mod:`common.secure_means`).
+
+    Flower's quantizer rounds stochastically with NumPy's global generator; it is seeded
+    here, right before it runs, from (seed, partition, round), so a secure run stays a
+    pure function of its config (the rounding hides nothing; the masks do)."""
+    cfg = _config(ctxt)
+    if not cfg.secure_aggregation or msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, ctxt)
+    config = msg.content.config_records["fitins.config"]
+    out = call_next(msg, ctxt)
+    if out.has_error():
+        return out
+    fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
+    arrays = parameters_to_ndarrays(fitres.parameters)
+    if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
+        raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
+                         "them (the server could not detect them in the sum)")
+    tail, fitres.metrics = encode_tail(fitres.metrics, fitres.num_examples,
+                                       float(config[SCALE_KEY]))
+    fitres.parameters = ndarrays_to_parameters([*arrays, tail])
+    out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    pid = int(ctxt.node_config["partition-id"])
+    np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, int(config["round"])) % 2**32)
+    return out
+
+
+def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Client-side fixed clipping when ``dp-clip > 0``: the update (trained minus received
+    float weights) is scaled to L2 norm at most the clipping norm the server sends in the
+    fit config (Flower's protocol of DifferentialPrivacyClientSideFixedClipping and
+    ``fixedclipping_mod``, whose clipping function this is). Integer arrays (BatchNorm's
+    batch counters) are left as they are: Flower's mod scales them in place and fails."""
+    if _config(ctxt).dp_clip <= 0 or msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, ctxt)
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    norm = float(fitins.config[KEY_CLIPPING_NORM])
+    out = call_next(msg, ctxt)
+    if out.has_error():
+        return out
+    fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
+    trained = parameters_to_ndarrays(fitres.parameters)
+    floats = [i for i, a in enumerate(trained) if a.dtype.kind == "f"]
+    received = parameters_to_ndarrays(fitins.parameters)
+    clipped = [trained[i] for i in floats]
+    compute_clip_model_update(clipped, [received[i] for i in floats], norm)
+    for i, array in zip(floats, clipped):
+        trained[i] = array
+    fitres.parameters = ndarrays_to_parameters(trained)
+    out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    return out
+
+
+def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Add N(0, (z C)^2) to every float weight of a training reply, z =
+    ``dp-noise-multiplier``, C = ``dp-clip`` (docs/PRIVACY.md, "Differential privacy").
+
+    The noise comes from the operating system's entropy, not from the run's seed: noise
+    that the server could regenerate from the seed would protect nothing. A run with
+    noise is therefore not bit-reproducible."""
+    cfg = _config(ctxt)
+    if cfg.dp_noise_multiplier <= 0 or msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, ctxt)
+    out = call_next(msg, ctxt)
+    if out.has_error():
+        return out
+    fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
+    rng = np.random.default_rng()
+    std = cfg.dp_noise_multiplier * cfg.dp_clip
+    fitres.parameters = ndarrays_to_parameters([
+        a + rng.normal(0.0, std, a.shape).astype(a.dtype) if a.dtype.kind == "f" else a
+        for a in parameters_to_ndarrays(fitres.parameters)])
+    out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    return out
+
+
+def _value_type(value) -> str:
+    if isinstance(value, list):
+        inner = sorted({type(v).__name__ for v in value}) or ["empty"]
+        return f"list[{'|'.join(inner)}]"
+    return type(value).__name__
+
+
+def _value_bytes(value) -> int:
+    """Payload size of a record value: bytes and str by length, numbers 8 bytes."""
+    if isinstance(value, list):
+        return sum(_value_bytes(v) for v in value)
+    if isinstance(value, (bytes, str)):
+        return len(value)
+    return 8
+
+
+def describe_reply(msg: Message) -> dict:
+    """What a reply carries: per record its keys and value types (config and metric
+    records) or its array count and bytes (array records), and the payload bytes."""
+    entry: dict = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
+    if msg.has_error():
+        return {**entry, "error": msg.error.code, "bytes": len(msg.error.reason or "")}
+    content = msg.content
+    records: dict[str, dict] = {}
+    for name, rec in content.array_records.items():
+        records[name] = {"kind": "arrays", "arrays": len(rec),
+                         "bytes": sum(len(arr.data) for arr in rec.values())}
+    for kind, group in (("config", content.config_records), ("metrics", content.metric_records)):
+        for name, rec in group.items():
+            records[name] = {"kind": kind, "keys": {k: _value_type(v) for k, v in rec.items()},
+                             "bytes": sum(_value_bytes(v) for v in rec.values())}
+    stage = content.config_records.get(RECORD_KEY_CONFIGS, {})
+    if Key.MASKED_PARAMETERS in stage:
+        entry["stage"] = "collect_masked_vectors"
+    elif stage:
+        entry["stage"] = next(s for s, keys in _STAGE_REPLY_KEYS.items() if keys & set(stage))
+    return {**entry, "records": records, "bytes": sum(r["bytes"] for r in records.values())}
+
+
+# What a SecAgg+ client replies in each stage (flwr/client/mod/secure_aggregation).
+_STAGE_REPLY_KEYS = {"setup": {Key.PUBLIC_KEY_1}, "share_keys": {Key.CIPHERTEXT_LIST},
+                     "unmask": {Key.SHARE_LIST}}
+
+
+def audit_path(cfg: RunConfig, partition_id: int) -> Path:
+    """Where a client writes its audit log: <out-dir>/audit/partition-<id>.jsonl."""
+    return Path(cfg.out_dir or cfg.resume_from) / AUDIT_DIR / f"partition-{partition_id}.jsonl"
+
+
+def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """With ``audit = true``, append one JSON line per reply to :func:`audit_path`:
+    :func:`describe_reply` of the reply as it leaves the client (after every other mod),
+    or the exception that replaced it."""
+    cfg = _config(ctxt)
+    if not cfg.audit:
+        return call_next(msg, ctxt)
+    path = audit_path(cfg, int(ctxt.node_config["partition-id"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
+    try:
+        out = call_next(msg, ctxt)
+        entry = describe_reply(out)
+    except Exception as err:
+        entry["exception"] = type(err).__name__
+        raise
+    finally:
+        entry["time"] = time.time()
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    return out
+
+
+MODS = [audit_mod, secure_aggregation_mod, secure_tail_mod, noise_mod, clipping_mod]
