@@ -43,6 +43,8 @@ from common.disk_cache import DataCache
 from common.federation import federated_data, training_size
 from common.methods import load_run_config
 from common.models import TaskShape
+from common.runtime import initial_model
+from common.training import BatchTransform, evaluate
 from fedefc_cli.deployment import (
     DEPLOY_DIR,
     LocalDeployment,
@@ -147,7 +149,7 @@ SECURE_FAULTS = "acc=0.0@0-2@2;samples=60@0@3;pid=2@1@4"
 def secure_job(data_dir: Path, base: Path, dep: LocalDeployment) -> dict:
     run_config = job(data_dir, base / "out-secure", **{
         "client-threads": 1, "rounds": 4, "secure-aggregation": "true", "audit": "true",
-        "faults": f'"{SECURE_FAULTS}"'})
+        "evaluation": '"server"', "faults": f'"{SECURE_FAULTS}"'})
     _, status = dep.run(run_config, timeout=900)
     return {"secure": (Path(run_config["out-dir"]), status)}
 
@@ -295,10 +297,16 @@ def test_secure_aggregation_deployment_refuses_lies_before_the_sum(runs):
     insecure_run = runs["insecure"].result()
     out, status = insecure_run.extra["secure"]
     assert status == "finished:completed"
-    recs, plain = records(out), records(insecure_run.out)
+    recs = records(out)
     assert [r["phase"] for r in recs] == [1, 1, 1, 2, 2]
     assert json.loads((out / "summary.json").read_text())["t_e"] == 2
-    assert recs[1]["A"] == pytest.approx(plain[1]["A"], abs=1e-6)  # same clients, same model
+    # A(1) from the secure sum is the plain mean of the clients' accuracies of the initial
+    # model on their observed labels, computed here from the same partitions
+    cfg = load_run_config(json.loads((out / "config.json").read_text()))
+    locals_ = [partition_data(cfg, k, CPU) for k in range(NODES)]
+    model = initial_model(cfg, locals_[0].data.task)
+    accuracies = [evaluate(model, d.x, d.y, BatchTransform.of(d.spec, CPU))[1] for d in locals_]
+    assert recs[1]["A"] == pytest.approx(float(np.mean(accuracies)), abs=1e-5)
     assert all(r.get("client_acc") is None for r in recs)
     assert recs[3]["partition_ids"] == [1, 2] and recs[4]["partition_ids"] == [0, 2]
     assert recs[3]["rejected_reasons"][0]["reason"].startswith("sample count 60 outside 1..")
