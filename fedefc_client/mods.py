@@ -29,7 +29,11 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.compat.common import recorddict_compat as compat
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
+from flwr.supercore.differential_privacy import (
+    KEY_CLIPPING_NORM,
+    compute_clip_model_update,
+    get_norm,
+)
 
 from common.config import RunConfig
 from common.methods import load_run_config
@@ -96,6 +100,9 @@ def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> M
     floats = [i for i, a in enumerate(trained) if a.dtype.kind == "f"]
     received = parameters_to_ndarrays(fitins.parameters)
     clipped = [trained[i] for i in floats]
+    update = [trained[i] - received[i] for i in floats]
+    if get_norm(update) == 0.0:  # nothing to clip (a model that did not move, e.g. dead
+        return out               # ReLUs); Flower's clipping divides by the norm
     compute_clip_model_update(clipped, [received[i] for i in floats], norm)
     for i, array in zip(floats, clipped):
         trained[i] = array

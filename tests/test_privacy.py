@@ -454,6 +454,16 @@ def test_the_update_is_clipped_to_dp_clip_then_noised_with_z_times_it():
     np.testing.assert_array_equal(noisy_a[1], trained[1])  # integer arrays are left alone
 
 
+def test_a_model_that_did_not_move_passes_the_clipping_unchanged():
+    """An update of norm 0 (a client whose model did not move, e.g. with dead ReLUs under
+    heavy noise) is returned as it is; Flower's clipping would divide by its norm."""
+    received = [np.full(4, 0.5, np.float32), np.zeros(2, np.int64)]
+    msg = train_message(received, 1.0)
+    same = reply_arrays(clipping_mod(msg, dp_context(1.0, 0.0), reply_with(received)))
+    for got, want in zip(same, received):
+        np.testing.assert_array_equal(got, want)
+
+
 # -- the audit ------------------------------------------------------------------------------
 def test_the_audit_records_keys_types_and_bytes_of_every_reply(tmp_path):
     arrays = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]
