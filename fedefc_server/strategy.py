@@ -271,25 +271,42 @@ class FedAvgStrategy(FedAvg):
         with their reasons. Under secure aggregation this runs on the masked replies,
         before they are summed (:mod:`.secure_round`)."""
         seen: set[int] = set()
+        accepted, rejected = self.sort_out(
+            server_round, "reply", results,
+            lambda res, node_pid: (check_reply(res, self._expected, seen, node_pid)
+                                   or self.check_metrics(server_round, res.metrics)))
+        self.record(rejected=len(rejected), rejected_reasons=rejected)
+        return sorted(accepted, key=lambda r: int(r[1].metrics["partition-id"]))
+
+    def sort_out(self, server_round: int, what: str, results: list[tuple[ClientProxy, Any]],
+                 check: Callable[[Any, int | None], str | None],
+                 ) -> tuple[list[tuple[ClientProxy, Any]], list[dict[str, Any]]]:
+        """(accepted replies, rejections {node, partition, reason}): ``check`` gives a
+        reply's reason to reject it, given its node's registered partition; each
+        rejection is logged."""
         accepted, rejected = [], []
         for proxy, res in results:
             node_pid = self.registry.partition_of(proxy.cid)
-            reason = (check_reply(res, self._expected, seen, node_pid)
-                      or self.check_metrics(server_round, res.metrics))
+            reason = check(res, node_pid)
             if reason is None:
                 accepted.append((proxy, res))
             else:
                 rejected.append({"node": proxy.cid, "partition": node_pid, "reason": reason})
-                log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
-                    server_round, proxy.cid, node_pid, reason)
-        self.record(rejected=len(rejected), rejected_reasons=rejected)
-        return sorted(accepted, key=lambda r: int(r[1].metrics["partition-id"]))
+                log(WARNING, "round %d: rejected %s of node %s (partition %s): %s",
+                    server_round, what, proxy.cid, node_pid, reason)
+        return accepted, rejected
+
+    @staticmethod
+    def describe_failures(server_round: int, what: str, failures: list) -> list[str]:
+        """Each failure described for the round record, and logged."""
+        failed = [describe_failure(f) for f in failures]
+        for reason in failed:
+            log(WARNING, "round %d: %s failed: %s", server_round, what, reason)
+        return failed
 
     def record_failures(self, server_round: int,
                         failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> None:
-        failed = [describe_failure(f) for f in failures]
-        for reason in failed:
-            log(WARNING, "round %d: client failed: %s", server_round, reason)
+        failed = self.describe_failures(server_round, "client", failures)
         self.record(failures=len(failed), failure_reasons=failed)
 
     # -- secure aggregation -----------------------------------------------------------
@@ -348,21 +365,12 @@ class FedAvgStrategy(FedAvg):
         """The held-out loss and accuracies, averaged weighted by the held-out sample
         counts over the valid replies that hold samples (partition-id order)."""
         seen: set[int] = set()
-        valid, rejected = [], []
-        for proxy, res in results:
-            node_pid = self.registry.partition_of(proxy.cid)
-            reason = check_evaluate_reply(res, self._evaluating, seen, self.max_samples,
-                                          node_pid)
-            if reason is None:
-                valid.append(res)
-            else:
-                rejected.append({"node": proxy.cid, "partition": node_pid, "reason": reason})
-                log(WARNING, "round %d: rejected evaluation reply of node %s: %s",
-                    server_round, proxy.cid, reason)
-        failed = [describe_failure(f) for f in failures]
-        for reason in failed:
-            log(WARNING, "round %d: client evaluation failed: %s", server_round, reason)
-        held = sorted((r for r in valid if r.num_examples > 0),
+        valid, rejected = self.sort_out(
+            server_round, "evaluation reply", results,
+            lambda res, node_pid: check_evaluate_reply(res, self._evaluating, seen,
+                                                       self.max_samples, node_pid))
+        failed = self.describe_failures(server_round, "client evaluation", failures)
+        held = sorted((r for _, r in valid if r.num_examples > 0),
                       key=lambda r: int(r.metrics["partition-id"]))
         fields: dict[str, Any] = {
             "federated_acc": None, "federated_loss": None,
