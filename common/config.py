@@ -16,7 +16,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,20 +24,20 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from .faults import parse_faults
+from .models import MODELS
+from .named_datasets import DATASETS
 
-DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100", "npz", "imagefolder")
-# datasets whose files the user brings (docs/OWN-DATA.md); the others are the paper's
+# datasets whose files the user brings (docs/OWN-DATA.md); the others are registered by
+# name (common/named_datasets.py)
 OWN_DATASETS = ("npz", "imagefolder")
-MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34", "mlp", "cnn")
 # a model given by import path: "package.module:callable" (docs/OWN-DATA.md, "Your model")
 MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
-METHODS = ("fedefc", "fedavg", "fedprox", "fedditto", "forward-correction",
-           "confident-learning", "fedcorr", "fednoro", "rofl")
 # SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
 # 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
 SECAGG_MAX_CLIENTS = 1024
@@ -68,8 +68,8 @@ class RunConfig(BaseModel):
 
     model_config = FLAT_KEYS
 
-    method: Literal[METHODS] = "fedefc"  # type: ignore[valid-type]
-    dataset: Literal[DATASETS] = "mnist-embedded"  # type: ignore[valid-type]
+    method: str = "fedefc"  # a name of common/methods.py: METHODS, checked by load_run_config
+    dataset: str = "mnist-embedded"
     data_dir: str = ""
     download: bool = False
     model: str = "auto"
@@ -131,9 +131,18 @@ class RunConfig(BaseModel):
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
 
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, name: str) -> str:
+        if name not in DATASETS and name not in OWN_DATASETS:
+            raise ValueError(f"unknown dataset; use one of "
+                             f"{', '.join([*DATASETS, *OWN_DATASETS])}")
+        return name
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        if self.dataset in ("mnist", "cifar10", "cifar100") and not os.path.isabs(self.data_dir):
+        if self.dataset in DATASETS and DATASETS[self.dataset].reads_data_dir and \
+                not os.path.isabs(self.data_dir):
             raise ValueError(
                 f"data-dir={self.data_dir!r}: dataset {self.dataset!r} needs an absolute "
                 "folder in torchvision's layout (the app runs from Flower's app "
@@ -180,9 +189,11 @@ class RunConfig(BaseModel):
 
     def _check_own_data(self) -> None:
         """The keys of docs/OWN-DATA.md: paths, shapes, model, evaluation."""
-        if self.model not in MODELS and not MODEL_PATH.match(self.model):
+        if self.model != "auto" and self.model not in MODELS and \
+                not MODEL_PATH.match(self.model):
             raise ValueError(
-                f"model={self.model!r} is neither a built-in model ({', '.join(MODELS)}) nor "
+                f"model={self.model!r} is neither a built-in model (auto, "
+                f"{', '.join(MODELS)}) nor "
                 "an import path; write model=\"package.module:callable\"")
         for key, value in (("data-path", self.data_path), ("test-path", self.test_path)):
             if value and not os.path.isabs(value):
@@ -303,16 +314,14 @@ class RunConfig(BaseModel):
         return groups
 
     def resolved_model(self, input_shape: tuple[int, ...]) -> str:
-        """The model name, with ``auto`` resolved by dataset (docs/FEDEFC.md §2.2): for
-        own data ``cnn`` on images and ``mlp`` on feature vectors."""
+        """The model name, with ``auto`` resolved: a named dataset's registered model
+        (docs/FEDEFC.md §2.2); for own data ``cnn`` on images and ``mlp`` on feature
+        vectors."""
         if self.model != "auto":
             return self.model
-        return {
-            "mnist-embedded": "lenet",
-            "mnist": "cnn9",
-            "cifar10": "resnet18",
-            "cifar100": "resnet34",
-        }.get(self.dataset, "cnn" if len(input_shape) == 3 else "mlp")
+        if self.dataset in DATASETS:
+            return DATASETS[self.dataset].model
+        return "cnn" if len(input_shape) == 3 else "mlp"
 
     def settings(self, model: type[S]) -> S:
         """This run's values of a method's own keys (validated by ``model``)."""
@@ -345,11 +354,6 @@ class MethodSettings(BaseModel):
     """
 
     model_config = FLAT_KEYS
-
-    # What the method's server needs of every single client beyond sums, if anything:
-    # such a method refuses secure aggregation (the server would see only sums) and
-    # differential privacy (its per-client values would travel without noise).
-    PER_CLIENT_VALUES: ClassVar[str] = ""
 
     def check(self, cfg: RunConfig) -> None:
         """Cross-checks with the shared keys, for a run of this method (none by default)."""
@@ -428,18 +432,12 @@ def parse_run_config(flat: Mapping[str, Any],
             errors += _format_errors(err, given, known=[])
     if errors:
         raise ConfigError("; ".join(errors))
-    own = settings_of[cfg.method]
+    own = settings_of.get(cfg.method)
     if own is not None:
         try:
             settings[own].check(cfg)
         except ValueError as err:
             raise ConfigError(f"run config: {err}") from None
-        if own.PER_CLIENT_VALUES and (cfg.secure_aggregation or cfg.dp_clip):
-            raise ConfigError(
-                f"run config: method {cfg.method!r} needs every client's own values (its "
-                f"server {own.PER_CLIENT_VALUES}): secure aggregation would hide them and "
-                "differential privacy would leave them without noise; run it with "
-                "secure-aggregation=false and dp-clip=0")
     cfg._settings = settings
     return cfg
 

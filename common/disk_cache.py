@@ -2,7 +2,7 @@
 
 Used for a SuperNode's prepared data (``fedefc_client/cache.py``: a SuperNode starts a
 fresh ClientApp process per message) and for a simulation's federated data plan
-(``common/federation.py``: the launcher, the ServerApp and every Ray actor of a run
+(``common/data_plan.py``: the launcher, the ServerApp and every Ray actor of a run
 share one). A temp file + rename means a crashed writer never leaves a half-written
 entry, and two processes building the same entry both leave a whole one. An unreadable
 entry is rebuilt.

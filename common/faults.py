@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .messages import FitReply
+
 KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "samples", "acc",
          "no-acc", "pid")
 
@@ -106,10 +108,11 @@ def corrupt_reply(faults: list[Fault], pid: int, server_round: int, weights: lis
             weights = [w.astype(np.float16) for w in weights]
         elif f.kind == "samples":
             num_examples = int(f.arg)
-        elif f.kind == "acc" and "accuracy" in metrics:
-            metrics["accuracy"] = float(f.arg)
+        elif f.kind == "acc" and FitReply.ACCURACY in metrics:
+            metrics[FitReply.ACCURACY] = float(f.arg)
         elif f.kind == "no-acc":
-            metrics.pop("accuracy", None)
+            metrics.pop(FitReply.ACCURACY, None)
         elif f.kind == "pid":
-            metrics["partition-id"] = int(f.arg) if f.arg.lstrip("-").isdigit() else f.arg
+            metrics[FitReply.PARTITION_ID] = (int(f.arg) if f.arg.lstrip("-").isdigit()
+                                              else f.arg)
     return weights, num_examples, metrics

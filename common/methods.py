@@ -1,48 +1,158 @@
-"""The app's methods and the run config that selects one (docs/ARCHITECTURE.md, "A new method").
+"""The methods, each declared once (docs/ARCHITECTURE.md, "A new method"), and the run
+config that selects one.
 
-Every method has a name here, a local update in ``fedefc_client/client.py: LOCAL_UPDATES``
-and a strategy in ``fedefc_server/server_app.py: STRATEGIES``. A method with run-config
-keys of its own names their settings model here; :func:`load_run_config` validates the
-shared keys and every method's keys, so a bad ``fedcorr-beta`` fails whatever the method.
+A :class:`Method` entry names everything the rest of the project needs to know about a
+method: its server (the hooks its ServerApp adds to the round pipeline) and its local
+update (what its ClientApp trains), as import paths that each app resolves for itself
+(the two apps never import each other, and ``common`` imports neither); its own
+run-config keys (a :class:`MethodSettings` model); the metrics its training replies
+carry; whether it can run under secure aggregation and differential privacy; whether an
+interrupted run resumes exactly. The round pipeline, the reply checks, the launcher's
+preflight, the grid runner, the report and the docs' tables all read :data:`METHODS`.
+
+:func:`load_run_config` validates the shared keys and every method's keys, so a bad
+``fedcorr-beta`` fails whatever the method; a run config is validated once per process
+and the result shared (:func:`load_run_config` caches it).
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
+from dataclasses import dataclass
 from typing import Any
 
-from .baselines.fedcorr import FedCorrSettings
-from .baselines.fedditto import DittoSettings
+from .baselines.confident_learning import ConfidentLearningMessages
+from .baselines.fedcorr import FedCorrMessages, FedCorrSettings
+from .baselines.fedditto import DittoMessages, DittoSettings
 from .baselines.fednoro import FedNoRoSettings
 from .baselines.fedprox import FedProxSettings
 from .baselines.forward_correction import ForwardCorrectionSettings
-from .baselines.rofl import RoFLSettings
-from .config import MethodSettings, RunConfig, config_differences, parse_run_config
-
-# method -> the model of its own run-config keys (None: it has none)
-SETTINGS: dict[str, type[MethodSettings] | None] = {
-    "fedefc": None,
-    "fedavg": None,
-    "fedprox": FedProxSettings,
-    "fedditto": DittoSettings,
-    "forward-correction": ForwardCorrectionSettings,
-    "confident-learning": None,
-    "fedcorr": FedCorrSettings,
-    "fednoro": FedNoRoSettings,
-    "rofl": RoFLSettings,
-}
-
-# Methods whose reply counts only the samples it trained on, at most the client's size
-# (confident learning's kept count); every other reply counts exactly the client's size.
-SUBSET_COUNTS = frozenset({"confident-learning"})
+from .baselines.rofl import RoFLMessages, RoFLSettings
+from .config import ConfigError, MethodSettings, RunConfig, config_differences, parse_run_config
+from .messages import ReplyMetric
 
 
-# methods that need the model's penultimate features (common/models.py: provides_features)
-NEEDS_FEATURES = frozenset({"rofl"})
+@dataclass(frozen=True)
+class Method:
+    """One method (docs/BASELINE-METHODS.md describes every one).
+
+    ``server``: ``"module:Class"`` of its server hooks in ``fedefc_server`` (a
+    ``MethodServer``); ``local_update``: ``"module:function"`` of its local update in
+    ``fedefc_client`` (a function of a ``LocalJob``). ``reply``: the metrics its training
+    replies carry beyond the core's. ``per_client_values``: what its server needs of
+    every single client beyond sums (non-empty: the run refuses secure aggregation, which
+    would hide them, and differential privacy, which would leave them without noise).
+    ``exact_resume``: its clients keep nothing across rounds, so a run resumed from a
+    checkpoint ends as the uninterrupted run (docs/RELIABILITY.md). ``counts_subset``: a
+    reply counts only the samples it trained on (at most the declared size).
+    ``needs_features``: its local update needs the model's penultimate features."""
+
+    name: str
+    title: str
+    server: str
+    local_update: str
+    settings: type[MethodSettings] | None = None
+    reply: tuple[ReplyMetric, ...] = ()
+    per_client_values: str = ""
+    exact_resume: bool = True
+    counts_subset: bool = False
+    needs_features: bool = False
+
+    @property
+    def secure(self) -> bool:
+        """Whether the method can run under secure aggregation and DP."""
+        return not self.per_client_values
+
+
+_SERVERS = "fedefc_server"
+_CLIENTS = "fedefc_client"
+_PRESTOPPING = f"{_SERVERS}.prestopping_server:PrestoppingServer"
+_PLAIN = f"{_SERVERS}.method_server:MethodServer"
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("fedefc", "FedEFC", _PRESTOPPING, f"{_CLIENTS}.local_update:fedefc"),
+    Method("fedavg", "FedAvg", _PLAIN, f"{_CLIENTS}.local_update:fedavg"),
+    Method("fedprox", "FedProx", _PLAIN, f"{_CLIENTS}.baselines.fedprox:fedprox",
+           FedProxSettings),
+    Method("fedditto", "FedDitto", _PLAIN, f"{_CLIENTS}.baselines.fedditto:fedditto",
+           DittoSettings,
+           reply=(ReplyMetric(DittoMessages.PERSONAL_ACC),
+                  ReplyMetric(DittoMessages.PERSONAL_UPDATES, "count", ("per-client",))),
+           exact_resume=False),  # the personal models live in the nodes' state
+    Method("forward-correction", "forward correction", _PRESTOPPING,
+           f"{_CLIENTS}.baselines.forward_correction:forward_correction",
+           ForwardCorrectionSettings),
+    Method("confident-learning", "confident learning", _PRESTOPPING,
+           f"{_CLIENTS}.baselines.confident_learning:confident_learning",
+           reply=tuple(ReplyMetric(k, "count", ("sum",)) for k in (
+               ConfidentLearningMessages.KEPT, ConfidentLearningMessages.REMOVED)),
+           counts_subset=True),  # the kept count
+    Method("fedcorr", "FedCorr", f"{_SERVERS}.baselines.fedcorr:FedCorrServer",
+           f"{_CLIENTS}.baselines.fedcorr:fedcorr", FedCorrSettings,
+           reply=(ReplyMetric(FedCorrMessages.LID), ReplyMetric(FedCorrMessages.EST_NOISE)),
+           per_client_values="fits a mixture on each client's LID and keeps each client's "
+                             "noise estimate",
+           exact_resume=False),  # the corrected labels live in the nodes' state
+    Method("fednoro", "FedNoRo", f"{_SERVERS}.baselines.fednoro:FedNoRoServer",
+           f"{_CLIENTS}.baselines.fednoro:fednoro", FedNoRoSettings,
+           per_client_values="clusters each client's per-class losses and weights each "
+                             "client's model by its distance"),
+    Method("rofl", "RoFL", f"{_SERVERS}.baselines.rofl:RoFLServer",
+           f"{_CLIENTS}.baselines.rofl:rofl", RoFLSettings,
+           reply=tuple(ReplyMetric(k, "count", ("sum",))
+                       for k in (RoFLMessages.KEPT, RoFLMessages.AGREE, RoFLMessages.REPLACED)),
+           per_client_values="weights each client's class centroids by their similarity "
+                             "to the global ones",
+           needs_features=True),
+)}
+
+
+def method_of(cfg: RunConfig) -> Method:
+    """The run's method entry."""
+    return METHODS[cfg.method]
+
+
+def load_object(path: str) -> Any:
+    """The object an entry names as ``"module:attribute"`` (a method's server or local
+    update), imported in the app that runs it."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _check_method(cfg: RunConfig) -> None:
+    """The run's method against the registry: its name, and secure aggregation / DP."""
+    method = METHODS.get(cfg.method)
+    if method is None:
+        raise ConfigError(f"run-config key 'method' = {cfg.method!r}: unknown method; use one "
+                          f"of {', '.join(METHODS)}")
+    if not method.secure and (cfg.secure_aggregation or cfg.dp_clip):
+        raise ConfigError(
+            f"run config: method {cfg.method!r} needs every client's own values (its "
+            f"server {method.per_client_values}): secure aggregation would hide them and "
+            "differential privacy would leave them without noise; run it with "
+            "secure-aggregation=false and dp-clip=0")
+
+
+_PARSED: dict[tuple, RunConfig] = {}
+_LOCK = threading.Lock()
 
 
 def load_run_config(flat: dict[str, Any]) -> RunConfig:
-    """Validate Flower's flat run config; raise ConfigError naming each bad key."""
-    return parse_run_config(flat, SETTINGS)
+    """Validate Flower's flat run config; raise ConfigError naming each bad key. The
+    result is cached per process (the config is frozen), so the ClientApp and each of
+    its mods share one validation per run instead of one per message."""
+    key = tuple(sorted(flat.items()))
+    with _LOCK:
+        cached = _PARSED.get(key)
+    if cached is not None:
+        return cached
+    settings = {m.name: m.settings for m in METHODS.values()}
+    cfg = parse_run_config(flat, settings)
+    _check_method(cfg)
+    with _LOCK:
+        _PARSED[key] = cfg
+    return cfg
 
 
 def default_config() -> dict[str, Any]:

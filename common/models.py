@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -186,34 +187,77 @@ class MLP(FeatureClassifier):
         return self.body(x)
 
 
-# the smallest image side each convolutional model can take
-MIN_IMAGE_SIDE = {"lenet": 16, "cnn9": 28, "resnet18": 1, "resnet34": 1, "cnn": 1}
+@dataclass(frozen=True)
+class ModelEntry:
+    """A built-in model: its builder, and what inputs it takes (``images``: only
+    (C, H, W) images of at least ``min_side`` pixels a side; else feature vectors too)."""
+
+    name: str
+    build: Callable[[TaskShape], FeatureClassifier]
+    images: bool
+    min_side: int
 
 
-def _builtin(name: str, task: TaskShape) -> FeatureClassifier:
-    shape, k = task.input_shape, task.num_classes
-    if name == "mlp":
-        return MLP(math.prod(shape), k)
-    if len(shape) != 3:
+MODELS: dict[str, ModelEntry] = {}
+
+Builder = Callable[[TaskShape], FeatureClassifier]
+
+
+def register_model(name: str, *, images: bool = True, min_side: int = 1
+                   ) -> Callable[[Builder], Builder]:
+    """Register the decorated builder as built-in model ``name`` (docs/ARCHITECTURE.md,
+    "A new model")."""
+    def register(build: Builder) -> Builder:
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is registered twice")
+        MODELS[name] = ModelEntry(name, build, images, min_side)
+        return build
+    return register
+
+
+@register_model("lenet", min_side=16)
+def lenet(task: TaskShape) -> FeatureClassifier:
+    channels, rows, cols = task.input_shape
+    return LeNet5(channels, task.num_classes, (rows, cols))
+
+
+@register_model("cnn9", min_side=28)
+def cnn9(task: TaskShape) -> FeatureClassifier:
+    return CNN9(task.input_shape[0], task.num_classes)
+
+
+@register_model("resnet18")
+def resnet18(task: TaskShape) -> FeatureClassifier:
+    return CifarResNet((2, 2, 2, 2), task.input_shape[0], task.num_classes)
+
+
+@register_model("resnet34")
+def resnet34(task: TaskShape) -> FeatureClassifier:
+    return CifarResNet((3, 4, 6, 3), task.input_shape[0], task.num_classes)
+
+
+@register_model("mlp", images=False)
+def mlp(task: TaskShape) -> FeatureClassifier:
+    return MLP(math.prod(task.input_shape), task.num_classes)
+
+
+@register_model("cnn")
+def cnn(task: TaskShape) -> FeatureClassifier:
+    channels, rows, cols = task.input_shape
+    return SmallCNN(channels, task.num_classes, (rows, cols))
+
+
+def _builtin(entry: ModelEntry, task: TaskShape) -> FeatureClassifier:
+    """A built-in model for ``task``, after checking it takes the task's inputs."""
+    shape, name = task.input_shape, entry.name
+    if entry.images and len(shape) != 3:
         raise ModelError(f"model={name!r} takes images, but the data holds feature vectors "
                          f"of shape {shape}; use model=\"mlp\" (or \"auto\")")
-    channels, rows, cols = shape
-    if min(rows, cols) < MIN_IMAGE_SIDE[name]:
-        raise ModelError(f"model={name!r} needs images of at least {MIN_IMAGE_SIDE[name]}x"
-                         f"{MIN_IMAGE_SIDE[name]} pixels, but they are {rows}x{cols}; use "
+    if entry.images and min(shape[1:]) < entry.min_side:
+        raise ModelError(f"model={name!r} needs images of at least {entry.min_side}x"
+                         f"{entry.min_side} pixels, but they are {shape[1]}x{shape[2]}; use "
                          "model=\"cnn\" (any size) or \"mlp\"")
-    if name == "lenet":
-        return LeNet5(channels, k, (rows, cols))
-    if name == "cnn9":
-        return CNN9(channels, k)
-    if name == "resnet18":
-        return CifarResNet((2, 2, 2, 2), channels, k)
-    if name == "resnet34":
-        return CifarResNet((3, 4, 6, 3), channels, k)
-    if name == "cnn":
-        return SmallCNN(channels, k, (rows, cols))
-    raise ModelError(f"model={name!r} is unknown; use {', '.join(MIN_IMAGE_SIDE)}, mlp or "
-                     "an import path \"package.module:callable\"")
+    return entry.build(task)
 
 
 def import_model(path: str, task: TaskShape) -> nn.Module:
@@ -294,6 +338,6 @@ def build_model(name: str, task: TaskShape, seed: int) -> nn.Module:
     """A freshly initialized model; the same seed gives the same weights."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if name in MIN_IMAGE_SIDE or name == "mlp":
-            return xavier_init(_builtin(name, task))
+        if name in MODELS:
+            return xavier_init(_builtin(MODELS[name], task))
         return import_model(name, task)

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n").encode())
+
+
+def default_out_dir(method: str, dataset: str, seed: int) -> Path:
+    """Where a run writes when ``out-dir`` is empty, for the ``fedefc`` command and the
+    ServerApp alike: ``~/fedefc-runs/<method>-<dataset>-s<seed>-<time>`` (the ServerApp
+    runs from Flower's app directory, so no relative default would mean anything)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path.home() / "fedefc-runs" / f"{method}-{dataset}-s{seed}-{stamp}"
+
+
+def run_folder(out_dir: str, resume_from: str, method: str, dataset: str, seed: int) -> str:
+    """The folder a run writes to: a resumed run continues in its own folder
+    (``resume-from``), else ``out-dir``, else :func:`default_out_dir`."""
+    return resume_from or out_dir or str(default_out_dir(method, dataset, seed))
 
 
 def check_output_dir(out_dir: str | Path) -> Path:

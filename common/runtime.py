@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import RunConfig
 from .datasets import Dataset
-from .methods import NEEDS_FEATURES
+from .methods import method_of
 from .models import ModelError, TaskShape, build_model, provides_features
 from .seeds import derive_seed
 
@@ -39,7 +39,7 @@ def initial_model(cfg: RunConfig, task: TaskShape) -> nn.Module:
     A method that needs the penultimate features (RoFL) refuses a model without them."""
     name = cfg.resolved_model(task.input_shape)
     model = build_model(name, task, derive_seed(cfg.seed, "model"))
-    if cfg.method in NEEDS_FEATURES and not provides_features(model):
+    if method_of(cfg).needs_features and not provides_features(model):
         raise ModelError(
             f"method={cfg.method!r} needs the model's penultimate features, but model="
             f"{name!r} does not give them: its forward must accept return_features=True and "

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .messages import FitReply
+
 # Slot 0 counts the clients; the others are the reply metrics the server learns only
 # as a mean, with the bound B_i an honest client's value lies in.
-SLOTS = (("count", 1.0), ("accuracy", 1.0), ("train-loss", 20.0))
+SLOTS = (("count", 1.0), (FitReply.ACCURACY, 1.0), (FitReply.TRAIN_LOSS, 20.0))
 SUMMED_KEYS = tuple(name for name, _ in SLOTS[1:])
 SCALE_KEY = "secagg-scale"  # fit config: s = c * M / 2
 

@@ -45,7 +45,7 @@ import torch
 
 from common.config import ConfigError
 from common.data_files import write_npz
-from common.federation import federated_data
+from common.data_plan import data_plan
 from common.methods import load_run_config
 
 from .errors import LaunchError, UsageError
@@ -524,7 +524,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UsageError(f"cannot write to OUT_DIR {out} ({err.strerror}: {err.filename}); "
                          "choose a folder you can write to") from None
-    fed = federated_data(cfg)
+    fed = data_plan(cfg)
     for pid, (idx, path) in enumerate(zip(fed.client_indices, paths)):
         write_npz(path, fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx])
         print(f"partition {pid}: {len(idx)} samples -> {path}")

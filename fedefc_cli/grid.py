@@ -20,7 +20,7 @@ first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells
 order through :func:`.simulation.run_simulation_job` (real ``flwr run``);
 a cell whose folder holds ``summary.json`` is finished and skipped, so an interrupted
 grid resumes where it stopped. The cell that was interrupted continues from its last
-checkpoint when that is exact (:data:`EXACT_RESUME`: the methods whose clients keep no
+checkpoint when that is exact (:func:`resumable`: the methods whose clients keep no
 state across rounds, docs/RELIABILITY.md) and its checkpoint matches the cell's config;
 otherwise its partial folder is removed and it reruns from round 1. A finished cell
 whose stored config differs from the one the grid asks for now is an error (results are
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config import METHODS, ConfigError
-from common.methods import changed_keys, load_run_config
+from common.config import ConfigError
+from common.methods import METHODS, changed_keys, load_run_config
 from common.results import check_output_dir
 from fedefc_server import checkpoint
 
@@ -152,14 +152,11 @@ def check_finished(cell: Cell) -> None:
         )
 
 
-# Methods whose interrupted run resumes to exactly the uninterrupted result: fedditto and
-# fedcorr keep client state that a new Flower run starts empty (docs/RELIABILITY.md).
-EXACT_RESUME = frozenset(METHODS) - {"fedditto", "fedcorr"}
-
-
 def resumable(cell: Cell) -> bool:
-    """Whether the interrupted attempt in ``cell.out_dir`` can be continued exactly."""
-    if cell.config["method"] not in EXACT_RESUME:
+    """Whether the interrupted attempt in ``cell.out_dir`` can be continued exactly: its
+    method resumes exactly (``Method.exact_resume``: its clients keep no state that a new
+    Flower run starts empty; docs/RELIABILITY.md) and its checkpoint is this cell's."""
+    if not METHODS[cell.config["method"]].exact_resume:
         return False
     try:
         ckpt = checkpoint.load(cell.out_dir)

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.data_plan import data_plan
 from common.datasets import DatasetError
-from common.federation import federated_data
 from common.methods import load_run_config
+from common.named_datasets import DATASETS
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import estimate_transition
@@ -41,7 +42,6 @@ from .grid import Cell, Grid, slug
 from .run_configs import CONFIGS_DIR
 
 PAPER_FILE = CONFIGS_DIR / "reference" / "paper-results.toml"
-DATASET_FAMILY = {"mnist": "mnist", "cifar10": "cifar10", "cifar100": "cifar100"}
 
 
 # The paper's choices for the keys that ablations vary: a run with another value is not
@@ -59,7 +59,8 @@ def paper_weighting(family: str, p: float) -> str:
 def paper_key(config: dict[str, Any]) -> tuple | None:
     """The paper-table cell a run corresponds to, or None (e.g. the embedded dataset, or
     an ablation that changes one of the paper's choices)."""
-    family = DATASET_FAMILY.get(config["dataset"])
+    named = DATASETS.get(config["dataset"])
+    family = named.paper if named else None
     if family is None or config.get("noise-groups") or config.get("iid"):
         return None
     if any(config.get(k, v) != v for k, v in PAPER_CHOICES.items()):
@@ -280,7 +281,7 @@ def _q_heatmap(plt, cell: Cell, path: Path, col: str) -> Path | None:
         return None
     cfg = load_run_config(cell.config)
     try:
-        fed = federated_data(cfg)
+        fed = data_plan(cfg)
     except (DatasetError, OSError):
         return None
     client = int(np.argmax([len(ix) for ix in fed.client_indices]))

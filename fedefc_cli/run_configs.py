@@ -9,14 +9,13 @@ file ``flwr run --run-config`` takes.
 from __future__ import annotations
 
 import json
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
 from common.methods import load_run_config
-from common.results import check_output_dir
+from common.results import check_output_dir, run_folder
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONFIGS_DIR = APP_DIR / "configs"
@@ -73,16 +72,13 @@ def merged_config(preset: str | None, overrides: list[str]) -> dict[str, Any]:
 def resolve_run_config(preset: str | None, overrides: list[str],
                        out_dir: str | None) -> dict[str, Any]:
     """Defaults < preset < overrides, validated; ``out-dir`` made absolute and checked
-    (default ``./runs/<preset>-<time>``)."""
+    (default: :func:`common.results.run_folder`, the ServerApp's own rule)."""
     merged = merged_config(preset, overrides)
     if out_dir:
         merged["out-dir"] = str(Path(out_dir).expanduser().resolve())
-    if merged.get("resume-from") and not merged.get("out-dir"):
-        merged["out-dir"] = merged["resume-from"]  # a resumed run continues in its folder
-    if not merged.get("out-dir"):
-        name = Path(preset).stem if preset else "default"
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        merged["out-dir"] = str(Path.cwd().resolve() / "runs" / f"{name}-{stamp}")
+    cfg = load_run_config(merged)
+    merged["out-dir"] = run_folder(cfg.out_dir, cfg.resume_from, cfg.method, cfg.dataset,
+                                   cfg.seed)
     cfg = load_run_config(merged)
     if not cfg.resume_from:
         check_output_dir(cfg.out_dir)

@@ -3,7 +3,7 @@
 In order:
 
 1. :func:`preflight`, in a child process: load the data, build the partitions and the
-   noise (stored for the run's processes, ``common/federation.py``), build the model (an
+   noise (stored for the run's processes, ``common/data_plan.py``), build the model (an
    import path must import and give (N, K) logits), check a checkpoint to resume, so
    that bad data, a bad model or an unusable checkpoint fails before any Flower process
    starts, and the launcher, which waits for the whole run, never holds the data
@@ -25,13 +25,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common.baselines.fedcorr import FedCorrSettings
-from common.federation import federated_data
-from common.methods import load_run_config
+from common.data_plan import data_plan
+from common.methods import load_object, load_run_config, method_of
 from common.params import get_weights
 from common.runtime import initial_model
 from fedefc_server import checkpoint
-from fedefc_server.baselines.fedcorr import check_resume_plan
 
 from .errors import LaunchError
 from .flower import LocalSimulation
@@ -40,13 +38,12 @@ from .flower import LocalSimulation
 def preflight(run_config: dict[str, Any]) -> None:
     """Fail now, naming the problem, on anything that would fail the run before round 1."""
     cfg = load_run_config(run_config)
-    model = initial_model(cfg, federated_data(cfg).data.task)
+    model = initial_model(cfg, data_plan(cfg).data.task)
     if cfg.resume_from:
         ckpt = checkpoint.load(cfg.resume_from)
         checkpoint.check_compatible(ckpt, cfg.to_flat(), cfg.resume_from,
                                     [w.shape for w in get_weights(model)])
-        if cfg.method == "fedcorr":
-            check_resume_plan(ckpt.strategy, cfg.settings(FedCorrSettings).plan(cfg))
+        load_object(method_of(cfg).server).check_checkpoint(ckpt.strategy, cfg)
 
 
 def preflight_in_child(run_config: dict[str, Any]) -> None:

@@ -29,41 +29,26 @@ from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.faults import before_training, corrupt_reply, parse_faults
+from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
+from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
 from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
 
-from .baselines.confident_learning import confident_learning
-from .baselines.fedcorr import fedcorr
-from .baselines.fedditto import fedditto
-from .baselines.fednoro import fednoro
-from .baselines.fedprox import fedprox
-from .baselines.forward_correction import forward_correction
-from .baselines.rofl import rofl
 from .job import LocalJob
 from .local_data import LocalData
-from .local_update import Update, fedavg, fedefc
-
-# Every method's local update (docs/ARCHITECTURE.md, "A new method").
-LOCAL_UPDATES: dict[str, Callable[[LocalJob], Update]] = {
-    "fedefc": fedefc,
-    "fedavg": fedavg,
-    "fedprox": fedprox,
-    "fedditto": fedditto,
-    "forward-correction": forward_correction,
-    "confident-learning": confident_learning,
-    "fedcorr": fedcorr,
-    "fednoro": fednoro,
-    "rofl": rofl,
-}
+from .local_update import Update
 
 
-class FedEFCClient(NumPyClient):
-    """One client; built per message by the ClientApp, its data loaded lazily (cached)."""
+class MethodClient(NumPyClient):
+    """One client of the run's method; built per message by the ClientApp, its data
+    loaded lazily (cached), its local update the method's (common/methods.py)."""
 
     def __init__(self, cfg: RunConfig, partition_id: int, load: Callable[[], LocalData],
                  state=None, private_data: bool = False):
         self.cfg = cfg
+        self.local_update: Callable[[LocalJob], Update] = load_object(
+            method_of(cfg).local_update)
         self.partition_id = partition_id
         self.private_data = private_data
         self._load = load
@@ -74,8 +59,10 @@ class FedEFCClient(NumPyClient):
     # The registry asks every node once which partition it serves and how many samples
     # it holds (docs/PRIVACY.md, "Weights bound to facts"); the size bounds its replies.
     def get_properties(self, config):
-        return {"partition-id": self.partition_id, "num-examples": len(self.local),
-                "data": "private" if self.private_data else "partition"}
+        return {Declaration.PARTITION_ID: self.partition_id,
+                Declaration.NUM_EXAMPLES: len(self.local),
+                Declaration.DATA: Declaration.PRIVATE if self.private_data
+                else Declaration.PARTITION}
 
     @property
     def local(self) -> LocalData:
@@ -89,26 +76,28 @@ class FedEFCClient(NumPyClient):
         return get_weights(model_for(self.cfg, local.data.task, local.x.device))
 
     def fit(self, parameters, config):
-        before_training(self.faults, self.partition_id, int(config["round"]))
+        server_round = int(config[FitConfig.ROUND])
+        before_training(self.faults, self.partition_id, server_round)
         local = self.local  # loaded (or read from the cache) before the clock starts
         start = time.perf_counter()
         model = model_for(self.cfg, local.data.task, local.x.device)
         set_weights(model, parameters)
-        metrics: dict = {"partition-id": self.partition_id}
+        metrics: dict = {FitReply.PARTITION_ID: self.partition_id}
         if len(local) == 0:
             return get_weights(model), 0, metrics
-        phase = int(config["phase"]) if "phase" in config else None
-        job = LocalJob(self.cfg, local, model, phase, int(config["round"]),
-                       int(config["seed"]), self.state, dict(config))
-        num_examples, extra, stats = LOCAL_UPDATES[self.cfg.method](job)
+        phase = int(config[FitConfig.PHASE]) if FitConfig.PHASE in config else None
+        job = LocalJob(self.cfg, local, model, phase, server_round,
+                       int(config[FitConfig.SEED]), self.state, dict(config))
+        num_examples, extra, stats = self.local_update(job)
         metrics.update(extra)
-        if job.phase == 1:
-            metrics["accuracy"] = (job.global_accuracy() if self.cfg.accuracy_signal == "global"
-                                   else stats.mean_accuracy)
-        metrics["train-loss"] = stats.mean_loss
+        if carries_accuracy(job.phase):
+            metrics[FitReply.ACCURACY] = (job.global_accuracy()
+                                          if self.cfg.accuracy_signal == "global"
+                                          else stats.mean_accuracy)
+        metrics[FitReply.TRAIN_LOSS] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:
-            metrics["noise-rate"] = local.noise_rate
-        metrics["fit-s"] = time.perf_counter() - start  # local compute, the same everywhere
+            metrics[FitReply.NOISE_RATE] = local.noise_rate
+        metrics[FitReply.FIT_S] = time.perf_counter() - start  # local compute, everywhere alike
         if job.last_q is not None:
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
@@ -119,7 +108,7 @@ class FedEFCClient(NumPyClient):
         """The received global model's (loss, accuracy) on the held-out samples, weighted
         by their number on the server; (0.0, 0, ...) without held-out data."""
         local = self.local
-        metrics: dict = {"partition-id": self.partition_id}
+        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id}
         held = local.held_out
         if held is None or len(held) == 0:
             return 0.0, 0, metrics
@@ -127,7 +116,8 @@ class FedEFCClient(NumPyClient):
         set_weights(model, parameters)
         transform = BatchTransform.of(local.spec, local.x.device)
         batch = self.cfg.eval_batch_size
-        loss, metrics["accuracy"] = evaluate(model, held.x, held.y, transform, batch)
+        loss, metrics[EvaluateReply.ACCURACY] = evaluate(model, held.x, held.y, transform, batch)
         if self.cfg.diagnostics and held.true_y is not None:
-            metrics["true-accuracy"] = evaluate(model, held.x, held.true_y, transform, batch)[1]
+            metrics[EvaluateReply.TRUE_ACCURACY] = evaluate(model, held.x, held.true_y,
+                                                            transform, batch)[1]
         return float(loss), len(held), metrics

@@ -1,4 +1,5 @@
-"""The ClientApp: one FedEFC client per message, its data chosen by the node config.
+"""The ClientApp: one client of the run's method per message, its data chosen by the node
+config.
 
 Node config keys (docs/DEPLOYMENT.md, "Node data"): ``partition-id`` (the node's
 identity: seeds, sampling, reply order) and ``num-partitions`` (= the run's
@@ -14,44 +15,22 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from common.config import ConfigError
 from common.methods import load_run_config
 from common.training import pick_device
 
-from .client import FedEFCClient
+from .client import MethodClient
 from .local_data import DATA_PATH_KEY, check_node_config, node_data
 from .mods import MODS
-
-
-def partition_of(context: Context, num_clients: int) -> int:
-    """The node's ``partition-id``, checked against ``num-partitions`` and ``num-clients``."""
-    node = context.node_config
-    if "partition-id" not in node:
-        raise ConfigError(
-            f"node {context.node_id}: node config has no 'partition-id'; start the SuperNode "
-            "with --node-config 'partition-id=K num-partitions=N'"
-        )
-    pid = int(node["partition-id"])
-    parts = int(node.get("num-partitions", num_clients))
-    if parts != num_clients:
-        raise ConfigError(
-            f"node {context.node_id}: num-partitions={parts} differs from the run's "
-            f"num-clients={num_clients}; make them equal (simulation: num-supernodes)"
-        )
-    if not 0 <= pid < num_clients:
-        raise ConfigError(
-            f"node {context.node_id}: partition-id={pid} is outside 0..{num_clients - 1}"
-        )
-    return pid
+from .node import partition_of
 
 
 def client_fn(context: Context):
     cfg = load_run_config(context.run_config)
-    pid = partition_of(context, cfg.num_clients)
+    pid = partition_of(context, cfg)
     node = f"node {context.node_id} (partition-id {pid})"
     node_config = dict(context.node_config)
     check_node_config(node_config, node)
-    return FedEFCClient(
+    return MethodClient(
         cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
         context.state, private_data=DATA_PATH_KEY in node_config).to_client()
 

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from common.config import RunConfig
+from common.data_plan import data_plan, held_out_count
 from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
-from common.federation import federated_data, held_out_count
 from common.models import TaskShape
 from common.noise import empirical_transition
 from common.runtime import on_device
@@ -143,7 +143,7 @@ def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> L
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
-    fed = federated_data(cfg)
+    fed = data_plan(cfg)
     idx = fed.client_indices[partition_id]
     idx_t = torch.as_tensor(idx, dtype=torch.int64)
     local = make_local(cfg, partition_id, on_device(fed.data, "train", device)[idx_t.to(device)],
@@ -189,7 +189,7 @@ def node_data(cfg: RunConfig, partition_id: int, node_config: dict[str, Any], no
 
 def _partition_arrays(cfg: RunConfig, partition_id: int) -> Arrays:
     """A partition before its held-out split, with the run dataset's spec."""
-    fed = federated_data(cfg)
+    fed = data_plan(cfg)
     idx = fed.client_indices[partition_id]
     spec = fed.data.spec
     return {"x": fed.data.train_x[torch.as_tensor(idx)].numpy(),

@@ -3,7 +3,7 @@
 A local update trains ``job.model`` (the received global model) in place and returns
 ``(num_examples, metrics, stats)``: the sample count the server weights the reply by,
 the metrics the reply carries, and what training measured. The baselines' local
-updates are in ``fedefc_client/baselines/``; ``client.py: LOCAL_UPDATES`` names them all.
+updates are in ``fedefc_client/baselines/``; ``common/methods.py: METHODS`` names them all.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from common.losses import forward_corrected_loss
+from common.messages import FitReply, carries_accuracy
 from common.training import TrainStats
 from common.transition import estimate_transition, matrix_agreement
 
@@ -24,7 +25,7 @@ Update = tuple[int, dict, TrainStats]
 
 def fedavg(job: LocalJob) -> Update:
     """Cross-entropy in every round (rho=0 gives 'FedAvg without noise')."""
-    return len(job.labels), {"loss": "cross-entropy"}, job.train()
+    return len(job.labels), {FitReply.LOSS: "cross-entropy"}, job.train()
 
 
 def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
@@ -32,11 +33,11 @@ def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
     label, columns = true label; docs/FEDEFC.md §4.5). With ``diagnostics`` and the
     simulator's truth, the reply carries Q's cosine similarity and L1 distance to the
     client's true noise matrix (two scalars; docs/FEDEFC.md §5), never Q itself."""
-    metrics: dict = {"loss": "forward-corrected"}
+    metrics: dict = {FitReply.LOSS: "forward-corrected"}
     job.last_q = q
     truth = job.local.true_transition
     if job.cfg.diagnostics and truth is not None:
-        metrics["q-cos"], metrics["q-l1"] = matrix_agreement(q, truth)
+        metrics[FitReply.Q_COS], metrics[FitReply.Q_L1] = matrix_agreement(q, truth)
     q_t = torch.as_tensor(q, dtype=torch.float32, device=job.device)
     return len(job.labels), metrics, job.train(partial(forward_corrected_loss, q=q_t))
 
@@ -44,7 +45,7 @@ def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
 def fedefc(job: LocalJob) -> Update:
     """Phase 1: cross-entropy. Phase 2: Q from the received global model's predictions
     (paper eqs. (4)-(6), docs/FEDEFC.md §4) and the forward-corrected loss (eq. (12))."""
-    if job.phase == 1:
+    if carries_accuracy(job.phase):  # phase 1
         return fedavg(job)
     q = estimate_transition(job.probs, job.labels, job.cfg.count_rule, job.cfg.weighting)
     return train_forward_corrected(job, q)

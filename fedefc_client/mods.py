@@ -36,14 +36,18 @@ from flwr.supercore.differential_privacy import (
 )
 
 from common.config import RunConfig
+from common.messages import FitConfig
 from common.methods import load_run_config
 from common.secure_means import SCALE_KEY, encode_tail
 from common.seeds import derive_seed
+
+from .node import partition_of
 
 AUDIT_DIR = "audit"
 
 
 def _config(ctxt: Context) -> RunConfig:
+    """The run config, validated once per process and run (:func:`load_run_config`)."""
     return load_run_config(ctxt.run_config)
 
 
@@ -77,8 +81,9 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
                                        float(config[SCALE_KEY]))
     fitres.parameters = ndarrays_to_parameters([*arrays, tail])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
-    pid = int(ctxt.node_config["partition-id"])
-    np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, int(config["round"])) % 2**32)
+    pid = partition_of(ctxt, cfg)
+    np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid,
+                               int(config[FitConfig.ROUND])) % 2**32)
     return out
 
 
@@ -190,7 +195,7 @@ def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     cfg = _config(ctxt)
     if not cfg.audit:
         return call_next(msg, ctxt)
-    path = audit_path(cfg, int(ctxt.node_config["partition-id"]))
+    path = audit_path(cfg, partition_of(ctxt, cfg))
     path.parent.mkdir(parents=True, exist_ok=True)
     entry = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
     try:

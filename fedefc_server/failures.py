@@ -20,7 +20,8 @@ def rejection(reason: str) -> Error:
 
 
 def is_rejection(failure) -> bool:
-    """Whether a failure is a reply :meth:`FedAvgStrategy.screen` already refused."""
+    """Whether a failure is a reply the screen step already refused
+    (:meth:`.pipeline.RoundPipeline.screen`)."""
     return (isinstance(failure, Exception) and bool(failure.args)
             and isinstance(failure.args[0], Error) and failure.args[0].code == REJECTED)
 

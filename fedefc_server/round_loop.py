@@ -1,18 +1,19 @@
 """The round loop: Flower's legacy ``Server.fit``, able to start after a checkpoint, and the
 owner of everything a run writes.
 
-Per round: ``fit_round`` (the strategy's configure / aggregate; under secure
-aggregation a :class:`.secure_round.SecureRound`, the same strategy driven by Flower's
-SecAgg+ workflow, so both modes share this loop), then the central evaluation (the
-strategy's ``evaluate`` hook: the server's test set, if any), then, with federated
-evaluation, Flower's ``evaluate_round`` (the clients' held-out data,
-:meth:`.strategy.FedAvgStrategy.configure_evaluate`), then the round's record in
+Per round (docs/ARCHITECTURE.md, "One round"): the pipeline's plan step
+(:meth:`.pipeline.RoundPipeline.plan`), a :class:`.strategy.RoundStrategy` over that
+plan, Flower's ``fit_round`` with it (under secure aggregation a
+:class:`.secure_round.SecureRound`: the same strategy driven by Flower's SecAgg+
+workflow, so both modes share this loop), then the central evaluation (the strategy's
+``evaluate``: the server's test set, if any), then, with federated evaluation, Flower's
+``evaluate_round`` (the clients' held-out data), then the round's record in
 ``metrics.jsonl``, its log line and ``checkpoint.pt``. Round 0 evaluates the initial
 model both ways. After the last round: ``model.pt`` and ``summary.json``, whose
 accuracies come from the server's test set when the run has one, else from the
-federated evaluation (``accuracy_source`` says which). The strategy contributes fields
-through its hooks (:class:`.strategy.FedAvgStrategy`); nothing here depends on the
-method.
+federated evaluation (``accuracy_source`` says which). The method contributes fields
+through its server hooks (:class:`.method_server.MethodServer`); nothing here depends
+on the method.
 
 The strategy sees absolute round numbers, so sampling and client seeds, which are pure
 functions of (seed, round), continue exactly where an interrupted run stopped.
@@ -38,22 +39,29 @@ from common.params import state_dict_of
 from common.results import RunRecorder
 
 from . import checkpoint
-from .strategy import FedAvgStrategy
+from .pipeline import RoundOutcome, RoundPipeline
+from .strategy import RoundStrategy
+
+SecureRoundFn = Callable[[RoundStrategy, Parameters], RoundOutcome]
 
 
 class RoundLoop(Server):
-    """``Server.fit`` from round ``first_round`` on, recording every round."""
+    """``Server.fit`` from round ``first_round`` on, recording every round. Flower's
+    ``Server`` drives one strategy: here ``self.strategy`` is the current round's."""
 
-    def __init__(self, *, client_manager: ClientManager, strategy: FedAvgStrategy,
-                 cfg: RunConfig, recorder: RunRecorder, model: nn.Module,
-                 run_info: dict[str, Any], first_round: int = 1, elapsed_before: float = 0.0,
-                 secure_round: Callable[[int, Parameters], Parameters | None] | None = None):
-        """``model`` gives the architecture that ``model.pt`` is saved as; ``run_info``
-        (the data's facts) opens the summary; ``elapsed_before`` is the wall time of
-        the interrupted run(s) this one resumes; ``secure_round`` replaces
-        ``fit_round`` when the run uses secure aggregation."""
-        super().__init__(client_manager=client_manager, strategy=strategy)
-        self.strategy: FedAvgStrategy = strategy
+    def __init__(self, *, client_manager: ClientManager, pipeline: RoundPipeline,
+                 parameters: Parameters, cfg: RunConfig, recorder: RunRecorder,
+                 model: nn.Module, run_info: dict[str, Any], first_round: int = 1,
+                 elapsed_before: float = 0.0, secure_round: SecureRoundFn | None = None):
+        """``parameters``: the global model to start from; ``model`` gives the
+        architecture that ``model.pt`` is saved as; ``run_info`` (the data's facts)
+        opens the summary; ``elapsed_before`` is the wall time of the interrupted
+        run(s) this one resumes; ``secure_round`` replaces ``fit_round`` when the run
+        uses secure aggregation."""
+        super().__init__(client_manager=client_manager,
+                         strategy=RoundStrategy(pipeline, None))  # round 0: evaluation
+        self.pipeline = pipeline
+        self.parameters = parameters
         self.cfg = cfg
         self.recorder = recorder
         self.model = model
@@ -69,31 +77,36 @@ class RoundLoop(Server):
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         history = History()
-        self.parameters = self._get_initial_parameters(self.first_round - 1, timeout)
         if self.first_round == 1:
-            self._end_round(0, history, time.monotonic(), timeout)
+            self._end_round(0, history, time.monotonic(), timeout, {})
         else:
             log(INFO, "resuming at round %d of %d", self.first_round, num_rounds)
         start = time.monotonic()
         for server_round in range(self.first_round, num_rounds + 1):
             round_start = time.monotonic()
-            new = self.train_round(server_round, timeout)
-            if new is not None:
-                self.parameters = new
-            self._end_round(server_round, history, round_start, timeout)
+            outcome = self.train_round(server_round, timeout)
+            if outcome.parameters is not None:
+                self.parameters = outcome.parameters
+            self._end_round(server_round, history, round_start, timeout, outcome.record)
         self._finish(parameters_to_ndarrays(self.parameters))
         return history, time.monotonic() - start
 
-    def train_round(self, server_round: int, timeout: float | None) -> Parameters | None:
-        """One round's training: the new global parameters, or None to keep them."""
+    def train_round(self, server_round: int, timeout: float | None) -> RoundOutcome:
+        """One round's training: plan, send, screen, aggregate. The outcome's record
+        holds the plan's fields and the aggregation's."""
+        plan = self.pipeline.plan(server_round, self.parameters, self._client_manager)
+        self.strategy = RoundStrategy(self.pipeline, plan)
         if self.secure_round is not None:
-            return self.secure_round(server_round, self.parameters)
-        result = self.fit_round(server_round=server_round, timeout=timeout)
-        return None if result is None else result[0]
+            outcome = self.secure_round(self.strategy, self.parameters)
+        else:
+            self.fit_round(server_round=server_round, timeout=timeout)
+            outcome = self.strategy.outcome or RoundOutcome(None, {"n_clients": 0})
+        return RoundOutcome(outcome.parameters, {**plan.record, **outcome.record})
 
     def _end_round(self, server_round: int, history: History, round_start: float,
-                   timeout: float | None) -> None:
-        """Evaluate, record, log and checkpoint round ``server_round`` (0: the initial model)."""
+                   timeout: float | None, fields: dict[str, Any]) -> None:
+        """Evaluate, record, log and checkpoint round ``server_round`` (0: the initial
+        model); ``fields``: the round's training record."""
         evaluated = self.strategy.evaluate(server_round, parameters=self.parameters)
         record: dict[str, Any] = {"round": server_round}
         if evaluated is not None:
@@ -107,20 +120,19 @@ class RoundLoop(Server):
                 history.add_loss_distributed(server_round=server_round, loss=federated[0])
                 history.add_metrics_distributed(server_round=server_round,
                                                 metrics=federated[1])
-            record.update(self.strategy.take_federated_fields())
-        record.update(self.strategy.state_fields(server_round), elapsed_s=self.elapsed())
+            record.update(self.strategy.federated)
+        record.update(self.pipeline.server.state_fields(server_round), elapsed_s=self.elapsed())
         if server_round == 0:
             record["n_clients"] = 0
         else:
-            record.update(self.strategy.take_round_fields(),
-                          round_s=time.monotonic() - round_start)
+            record.update(fields, round_s=time.monotonic() - round_start)
         self.recorder.write_round(record)
         log(INFO, "[round %d/%d] %s", server_round, self.cfg.rounds,
-            self.strategy.describe(record))
+            self.pipeline.describe(record))
         if server_round > 0:
             checkpoint.save(self.recorder.out_dir, checkpoint.Checkpoint(
                 server_round, parameters_to_ndarrays(self.parameters),
-                self.strategy.server_state(), self.cfg.to_flat(), self.elapsed()))
+                self.pipeline.state(), self.cfg.to_flat(), self.elapsed()))
 
     def _finish(self, weights: list[np.ndarray]) -> dict[str, Any]:
         """Write model.pt and summary.json, and log the summary. A run whose clients failed
@@ -130,7 +142,8 @@ class RoundLoop(Server):
         rounds = self.recorder.rounds
         summary = self.recorder.write_summary({
             **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
-            "seed": self.cfg.seed, "rounds": self.cfg.rounds, **self.strategy.summary_fields(),
+            "seed": self.cfg.seed, "rounds": self.cfg.rounds,
+            **self.pipeline.server.summary_fields(),
             "client_failures": sum(int(r.get("failures") or 0) for r in rounds),
             "rejected_replies": sum(int(r.get("rejected") or 0) for r in rounds),
             "rounds_with_failures": [r["round"] for r in rounds

@@ -1,4 +1,5 @@
-"""The ServerApp: the method's strategy and the round loop, built from the run config.
+"""The ServerApp: the method's server hooks, the round pipeline and the round loop, built
+from the run config.
 
 Everything is validated before round 1 (config, data, model, output folder,
 checkpoint), so a bad run fails at once. A run with ``resume-from`` continues after its
@@ -20,7 +21,6 @@ go through Flower's SecAgg+ workflow (:mod:`.secure_round`). One loop, both mode
 
 from __future__ import annotations
 
-import time
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -34,74 +34,53 @@ from flwr.serverapp.grid import Grid
 
 from common.config import ConfigError, RunConfig
 from common.data_files import shape_text
+from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
-from common.federation import federated_data, training_size
-from common.methods import load_run_config
+from common.methods import load_object, load_run_config, method_of
 from common.models import classifier_shape
 from common.params import get_weights
-from common.results import RunRecorder, atomic_write_json
+from common.results import RunRecorder, atomic_write_json, run_folder
 from common.runtime import initial_model
 from common.training import configure_threads
 
 from . import checkpoint
-from .baselines.fedcorr import FedCorrStrategy
-from .baselines.fednoro import FedNoRoStrategy
-from .baselines.rofl import RoFLStrategy
+from .declarations import SizeRule
 from .evaluation import TestSetEvaluator
-from .fedefc_strategy import FedEFCStrategy
+from .method_server import MethodServer
+from .pipeline import RoundPipeline
+from .registry import PartitionRegistry
 from .round_loop import RoundLoop
 from .secure_round import SecureRound
-from .strategy import FedAvgStrategy
-
-# Every method's server (docs/ARCHITECTURE.md, "A new method"). Forward correction and
-# confident learning switch their local update at FedEFC's prestopping point.
-STRATEGIES: dict[str, type[FedAvgStrategy]] = {
-    "fedefc": FedEFCStrategy,
-    "fedavg": FedAvgStrategy,
-    "fedprox": FedAvgStrategy,
-    "fedditto": FedAvgStrategy,
-    "forward-correction": FedEFCStrategy,
-    "confident-learning": FedEFCStrategy,
-    "fedcorr": FedCorrStrategy,
-    "fednoro": FedNoRoStrategy,
-    "rofl": RoFLStrategy,
-}
-
-
-def default_out_dir(cfg: RunConfig) -> Path:
-    """Where results go when ``out-dir`` is empty:
-    ~/fedefc-runs/<method>-<dataset>-s<seed>-<time>."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path.home() / "fedefc-runs" / f"{cfg.method}-{cfg.dataset}-s{cfg.seed}-{stamp}"
 
 
 def data_summary(cfg: RunConfig) -> dict[str, Any]:
     """The realized noise and partition sizes (the simulator knows the true labels)."""
-    fed = federated_data(cfg)
-    sizes = [len(ix) for ix in fed.client_indices]
-    return {"realized_noise_rate": fed.realized_noise_rate, "train_samples": len(fed.true_labels),
+    plan = data_plan(cfg)
+    sizes = [len(ix) for ix in plan.client_indices]
+    return {"realized_noise_rate": plan.realized_noise_rate, "train_samples": len(plan.true_labels),
             "client_sizes_min": min(sizes), "client_sizes_max": max(sizes),
-            "noise_matrices": [m.tolist() for m in fed.noise_matrices]}
+            "noise_matrices": [m.tolist() for m in plan.noise_matrices]}
 
 
 def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
-    """Validate everything before round 1, then build the method's strategy and a round
-    loop that starts at round 1 or after the checkpoint's round."""
+    """Validate everything before round 1, then build the method's server hooks, the
+    round pipeline and a round loop that starts at round 1 or after the checkpoint's
+    round."""
     cfg = load_run_config(context.run_config)
+    method = method_of(cfg)
     configure_threads(cfg.client_threads)
-    plan_sizes = None
     if cfg.server_evaluation:
         # the noise the run config puts on the dataset's partitions; a deployed node with
         # its own data-path keeps its own labels, whose noise the server cannot know
         data = load_dataset(cfg)
         task, info = data.task, data_summary(cfg)
-        evaluator, max_samples = TestSetEvaluator(cfg, data), len(data.train_y)
-        plan_sizes = [training_size(cfg, len(ix)) for ix in federated_data(cfg).client_indices]
+        evaluator, rule = TestSetEvaluator(cfg, data), SizeRule.for_run(cfg, data_plan(cfg))
         source = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
                   f"realized noise rate {info['realized_noise_rate']:.4f} on the simulated "
                   "partitions")
     else:  # the clients hold the data: nothing is read here but the shape and K
-        task, info, evaluator, max_samples = task_shape(cfg, "the server"), {}, None, 10**8
+        task, info, evaluator = task_shape(cfg, "the server"), {}, None
+        rule = SizeRule.for_run(cfg, None)
         source = (f"{cfg.dataset} (held by the clients: {shape_text(task.input_shape)} "
                   f"inputs, K={task.num_classes})")
     info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
@@ -116,7 +95,7 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
             raise ConfigError(f"out-dir={cfg.out_dir!r} differs from resume-from="
                               f"{cfg.resume_from!r}: a resumed run continues in its own folder; "
                               "leave out-dir empty or equal to resume-from")
-    out_dir = cfg.resume_from or cfg.out_dir or str(default_out_dir(cfg))
+    out_dir = run_folder(cfg.out_dir, cfg.resume_from, cfg.method, cfg.dataset, cfg.seed)
     if ckpt:
         log(INFO, "resuming %s after round %d", out_dir, ckpt.round)
     recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
@@ -124,20 +103,20 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     log(INFO, "FedEFC run | method %s | %s | %d clients, %d per round | %d rounds | "
         "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
-    strategy = STRATEGIES[cfg.method](
-        cfg, ndarrays_to_parameters(ckpt.weights if ckpt else init), evaluator=evaluator,
-        max_samples=max_samples, plan_sizes=plan_sizes,
-        model_shape=classifier_shape(model, task))
+    server_hooks: type[MethodServer] = load_object(method.server)
+    pipeline = RoundPipeline(cfg, method, server_hooks(cfg, classifier_shape(model, task)),
+                             PartitionRegistry(rule), evaluator)
     if ckpt:
-        strategy.load_server_state(ckpt.strategy)
+        pipeline.load_state(ckpt.strategy)
     atomic_write_json(Path(out_dir) / "data.json", info)
     manager = SimpleClientManager()
-    loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
-                     recorder=recorder, model=model,
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(ckpt.weights if ckpt else init),
+                     cfg=cfg, recorder=recorder, model=model,
                      run_info={k: v for k, v in info.items() if k != "noise_matrices"},
                      first_round=ckpt.round + 1 if ckpt else 1,
                      elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
-                     secure_round=(SecureRound(grid, context, strategy, manager, cfg)
+                     secure_round=(SecureRound(grid, context, manager, cfg)
                                    if cfg.secure_aggregation else None))
     return loop, ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None)
 

@@ -1,17 +1,16 @@
-"""Server-side checks of each client reply before it is aggregated.
+"""Server-side checks of each client reply before it is aggregated (the screen step).
 
 A reply is rejected (with its reason logged and counted in the round's record) when its
 partition id is missing, malformed, not the one its node registered with (whatever
-the order of arrival), not one this round asked for, or repeated; its sample count is
-not the size its partition declared (docs/PRIVACY.md, "Weights bound to facts"; for a
-method that trains on a subset, such as confident learning: not in 1..that size);
-its arrays do not match the global model (count, shapes, dtypes) or hold NaN or Inf;
-its accuracy (when the round asks for one: FedEFC's phase 1) is missing or not a
-number in [0, 1]; or a metric the round record averages or sums (:data:`MEAN_METRICS`,
-:data:`PER_CLIENT_METRICS`, :data:`SUM_METRICS`) is there but is not a finite number (a
-count: not an integer >= 0). bool, str and bytes are not numbers here: ``float()``
-would take True or "0.9", or raise. A method strategy adds checks of its own metrics
-(``FedAvgStrategy.check_metrics``). The other replies aggregate normally.
+the order of arrival), not one this round asked for, or repeated; its sample count
+breaks the declared-size rule (:mod:`.declarations`); its arrays do not match the
+global model (count, shapes, dtypes) or hold NaN or Inf; its accuracy (when the round
+asks for one: FedEFC's phase 1, :func:`common.messages.carries_accuracy`) is missing or
+not a number in [0, 1]; or a metric the round's schema declares (the core's and the
+method's :class:`common.messages.ReplyMetric` values) is there but is not a finite
+number (a count: not an integer >= 0). bool, str and bytes are not numbers here:
+``float()`` would take True or "0.9", or raise. A method's server adds checks of its own
+metrics (``MethodServer.check_metrics``). The other replies aggregate normally.
 
 Under secure aggregation the replies are screened before they are summed, with their
 arrays masked: then the arrays must be integer arrays of the masked vector's shapes
@@ -33,18 +32,18 @@ from typing import Any
 import numpy as np
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
-# Client metrics the round record averages (simulation diagnostics, Ditto), keeps per
-# client, or sums (counts).
-MEAN_METRICS = ("q-cos", "q-l1", "noise-rate", "personal-acc", "train-loss")
-PER_CLIENT_METRICS = ("personal-updates", "fit-s")
-SUM_METRICS = ("kept", "removed")
+from common.messages import EvaluateReply, FitReply, ReplyMetric
+
+from .declarations import bad_count
 
 
 @dataclass(frozen=True)
 class Expected:
     """What every reply of a round must look like: ``sizes`` holds the declared size of
     each partition asked to train (``subset``: a reply may count fewer samples);
-    ``masked``: the arrays are a SecAgg+ masked vector (integers, no dtypes to match)."""
+    ``masked``: the arrays are a SecAgg+ masked vector (integers, no dtypes to match:
+    ``dtypes`` are then the global model's, which the decoded sum takes); ``schema``:
+    the metrics a reply may carry."""
 
     shapes: list[tuple[int, ...]]
     dtypes: list[np.dtype]
@@ -52,6 +51,7 @@ class Expected:
     needs_accuracy: bool
     subset: bool = False
     masked: bool = False
+    schema: tuple[ReplyMetric, ...] = ()
 
 
 def bad_number(key: str, value: Any, low: float = -math.inf, high: float = math.inf,
@@ -67,23 +67,15 @@ def bad_number(key: str, value: Any, low: float = -math.inf, high: float = math.
     return None
 
 
-def bad_metrics(metrics: dict[str, Any]) -> str | None:
-    """Why a record metric present in ``metrics`` is unusable, or None."""
-    for key in MEAN_METRICS + PER_CLIENT_METRICS:
-        if key in metrics and (reason := bad_number(key, metrics[key])):
-            return reason
-    for key in SUM_METRICS:
-        if key in metrics and (reason := bad_number(key, metrics[key], 0, integer=True)):
-            return reason
-    return None
-
-
-def bad_count(n: Any, size: int, subset: bool) -> str | None:
-    """Why sample count ``n`` does not fit a partition of declared ``size``, or None."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= size:
-        return f"sample count {n!r:.40} outside 1..{size}, the partition's declared size"
-    if not subset and n != size:
-        return f"sample count {n} differs from the {size} samples the partition declared"
+def bad_metrics(metrics: dict[str, Any], schema: tuple[ReplyMetric, ...]) -> str | None:
+    """Why a metric of ``schema`` present in ``metrics`` is unusable, or None."""
+    for metric in schema:
+        if metric.key in metrics:
+            value = metrics[metric.key]
+            reason = (bad_number(metric.key, value, 0, integer=True) if metric.kind == "count"
+                      else bad_number(metric.key, value))
+            if reason:
+                return reason
     return None
 
 
@@ -91,7 +83,7 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int],
                 node_partition: int | None) -> str | None:
     """The reason to reject ``res`` of a node registered with ``node_partition``, or None
     when it is acceptable (``seen`` is updated)."""
-    pid = res.metrics.get("partition-id")
+    pid = res.metrics.get(FitReply.PARTITION_ID)
     if isinstance(pid, bool) or not isinstance(pid, int):
         return f"malformed partition id {pid!r:.40}"
     if pid != node_partition:
@@ -105,10 +97,10 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int],
     if reason:
         return reason
     if expected.needs_accuracy:
-        reason = bad_number("phase-1 accuracy", res.metrics.get("accuracy"), 0.0, 1.0)
+        reason = bad_number("phase-1 accuracy", res.metrics.get(FitReply.ACCURACY), 0.0, 1.0)
         if reason:
             return reason
-    reason = bad_metrics(res.metrics)
+    reason = bad_metrics(res.metrics, expected.schema)
     if reason:
         return reason
     try:
@@ -135,7 +127,7 @@ def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set
                          max_samples: int, node_partition: int | None) -> str | None:
     """The reason to reject an evaluation reply of a node registered with
     ``node_partition``, or None (``seen`` is updated)."""
-    pid = res.metrics.get("partition-id")
+    pid = res.metrics.get(EvaluateReply.PARTITION_ID)
     if isinstance(pid, bool) or not isinstance(pid, int):
         return f"malformed partition id {pid!r:.40}"
     if pid != node_partition:
@@ -151,7 +143,7 @@ def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set
     if n == 0:
         return None
     reason = bad_number("held-out loss", res.loss, 0.0)
-    for key in ("accuracy", "true-accuracy"):
-        if reason is None and (key == "accuracy" or key in res.metrics):
+    for key in (EvaluateReply.ACCURACY, EvaluateReply.TRUE_ACCURACY):
+        if reason is None and (key == EvaluateReply.ACCURACY or key in res.metrics):
             reason = bad_number(f"held-out {key}", res.metrics.get(key), 0.0, 1.0)
     return reason

@@ -5,7 +5,9 @@
   metrics computed from the message config.
 - :class:`InProcessGrid`: a Flower grid whose nodes are the real ClientApp (with its
   mods) in this process, keeping every reply the server received; for secure rounds.
-- :func:`make_strategy`: a strategy whose central evaluation is a stub.
+- :func:`make_driver`: a round pipeline (the run's method, a stub central evaluation)
+  driven through Flower's Strategy calls the way the round loop drives it
+  (:class:`RoundDriver`).
 - Small real jobs through ``flwr run`` (:func:`simulate`, :func:`small_job`) and their
   records (:func:`records`); the tests that run them carry the ``flower`` marker.
 """
@@ -32,10 +34,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.supercore.task_identity import TaskIdentity
 
-from common.methods import load_run_config
+from common.methods import load_object, load_run_config, method_of
 from common.models import ClassifierShape
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_cli.simulation import run_simulation_job
+from fedefc_server.declarations import SizeRule
+from fedefc_server.pipeline import RoundPipeline
+from fedefc_server.registry import PartitionRegistry
+from fedefc_server.strategy import RoundStrategy
 
 OK = Status(code=Code.OK, message="")
 GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]  # a "model": K=3, D=4
@@ -143,13 +149,55 @@ class InProcessGrid:
         return replies
 
 
-def make_strategy(cls, **overrides: Any):
-    """A strategy of class ``cls`` for the run config ``overrides`` (prestopping off
-    unless given), with the 2-array model :data:`GLOBAL` (K = 3 classes, 4 features)
-    and a stub evaluation."""
-    cfg = load_run_config({"prestopping": False, **overrides})
-    return cls(cfg, PARAMS, evaluator=lambda weights: (0.0, 0.0), max_samples=4000,
-               model_shape=ClassifierShape(3, 4))
+SHAPE = ClassifierShape(3, 4)  # the K x D of GLOBAL
+
+
+def make_pipeline(cfg, plan_sizes: list[int] | None = None, max_private: int = 4000,
+                  shape: ClassifierShape = SHAPE,
+                  evaluator=lambda weights: (0.0, 0.0)) -> RoundPipeline:
+    """The round pipeline of run config ``cfg`` (its method's server hooks)."""
+    server = load_object(method_of(cfg).server)(cfg, shape)
+    return RoundPipeline(cfg, method_of(cfg), server,
+                         PartitionRegistry(SizeRule(cfg.num_clients, plan_sizes, max_private)),
+                         evaluator)
+
+
+class RoundDriver:
+    """Drives a pipeline through Flower's Strategy calls as the round loop does:
+    ``configure_fit`` plans round t and builds its :class:`RoundStrategy`,
+    ``aggregate_fit`` goes to that strategy, :meth:`fields` is the round's record."""
+
+    def __init__(self, pipeline: RoundPipeline):
+        self.pipeline = pipeline
+        self.strategy: RoundStrategy | None = None
+
+    @property
+    def server(self):
+        return self.pipeline.server
+
+    @property
+    def registry(self):
+        return self.pipeline.registry
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        plan = self.pipeline.plan(server_round, parameters, client_manager)
+        self.strategy = RoundStrategy(self.pipeline, plan)
+        return self.strategy.configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):
+        return self.strategy.aggregate_fit(server_round, results, failures)
+
+    def fields(self) -> dict[str, Any]:
+        """The last round's record fields: the plan's and the aggregation's."""
+        outcome = self.strategy.outcome
+        return {**self.strategy.plan.record, **(outcome.record if outcome else {})}
+
+
+def make_driver(**overrides: Any) -> RoundDriver:
+    """A :class:`RoundDriver` for the run config ``overrides`` (prestopping off unless
+    given), with the 2-array model :data:`GLOBAL` (K = 3 classes, 4 features), private
+    data bounded by 4,000 samples and a stub evaluation."""
+    return RoundDriver(make_pipeline(load_run_config({"prestopping": False, **overrides})))
 
 
 def trained_reply(node: FakeProxy, arrays: list[np.ndarray], num_examples: int | None = None,

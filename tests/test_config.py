@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 
 from common.baselines.fedcorr import FedCorrSettings
-from common.config import METHODS, ConfigError, RunConfig
-from common.methods import SETTINGS, default_config, load_run_config
+from common.config import ConfigError, RunConfig
+from common.methods import METHODS, default_config, load_object, load_run_config
 from fedefc_cli.main import main
 from fedefc_cli.run_configs import parse_overrides, read_preset, resolve_run_config
-from fedefc_client.client import LOCAL_UPDATES
-from fedefc_server.server_app import STRATEGIES
+from fedefc_server.method_server import MethodServer
+
+SETTINGS = {m.name: m.settings for m in METHODS.values()}
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +23,22 @@ def test_pyproject_declares_every_key_with_the_model_defaults():
     assert declared == default_config()
 
 
-def test_every_method_has_a_local_update_a_strategy_and_a_settings_entry():
-    assert tuple(SETTINGS) == tuple(LOCAL_UPDATES) == tuple(STRATEGIES) == METHODS
+def test_every_methods_entry_names_a_server_in_the_server_app_and_an_update_in_the_client():
+    """Each app resolves its half of every registry entry, and only its own package."""
+    for method in METHODS.values():
+        assert method.server.startswith("fedefc_server.")
+        assert issubclass(load_object(method.server), MethodServer)
+        assert method.local_update.startswith("fedefc_client.")
+        assert callable(load_object(method.local_update))
+
+
+def test_the_docs_method_table_says_what_the_registry_says():
+    rows = {}
+    for line in (ROOT / "docs" / "BASELINE-METHODS.md").read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 4:
+            rows[cells[0]] = (cells[1], cells[2])
+    assert rows == {m.name: (m.server, m.local_update) for m in METHODS.values()}
 
 
 def test_a_methods_keys_are_validated_by_its_own_model_not_by_the_shared_config():

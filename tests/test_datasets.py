@@ -9,8 +9,8 @@ import pytest
 import torch
 from torchvision.datasets import MNIST
 
+from common.data_plan import build_federated_data
 from common.datasets import DatasetError, load_dataset
-from common.federation import build_federated_data
 from common.methods import load_run_config
 
 
@@ -73,10 +73,10 @@ def test_mnist_is_read_from_its_idx_files_as_torchvision_reads_them(tiny_mnist_d
 
 PLAN_CHILD = """
 import sys, numpy as np
-from common.federation import federated_data
+from common.data_plan import data_plan
 from common.methods import load_run_config
 cfg = load_run_config({"rho": 0.4, "zeta": 0.4, "num-clients": 7})
-fed = federated_data(cfg)
+fed = data_plan(cfg)
 np.save(sys.argv[1], np.concatenate([fed.noisy_labels, *fed.client_indices]))
 print("cleanlab" in sys.modules)
 """

@@ -39,8 +39,8 @@ import torch
 import yaml
 
 from common.data_files import write_npz
+from common.data_plan import data_plan, training_size
 from common.disk_cache import DataCache
-from common.federation import federated_data, training_size
 from common.methods import load_run_config
 from common.models import TaskShape
 from common.runtime import initial_model
@@ -241,7 +241,7 @@ def held_out_total(data: Path) -> int:
     """The held-out samples of all clients of the job: round(0.2 n_k) each."""
     cfg = load_run_config(job(data, data / "unused-out"))
     return sum(round(cfg.local_test_fraction * len(ix))
-               for ix in federated_data(cfg).client_indices)
+               for ix in data_plan(cfg).client_indices)
 
 
 def check_phase_2_job(out: Path, diagnostics: bool, held_out: int) -> None:

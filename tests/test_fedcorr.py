@@ -23,16 +23,15 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from fedefc_cli.main import main
-from fedefc_client.client import FedEFCClient
+from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
 from fedefc_server import checkpoint
-from fedefc_server.baselines.fedcorr import FedCorrStrategy
 from fedefc_server.checkpoint import CheckpointError
 from tests.helpers import (
     GLOBAL,
     PARAMS,
     FakeNode,
-    make_strategy,
+    make_driver,
     manager,
     simulate,
     trained_reply,
@@ -171,7 +170,7 @@ def test_corrected_labels_persist_in_client_state():
                            "iid": True, "local-epochs": 1, "rho": 0.4, "zeta": 0.4})
     local = partition_data(cfg, 1, torch.device("cpu"))
     state = RecordDict()
-    client = FedEFCClient(cfg, 1, lambda: local, state)
+    client = MethodClient(cfg, 1, lambda: local, state)
     model = initial_model(cfg, local.data.task)  # not the process cache, which it edits below
     base = {"phase": 1, "seed": 1, "fedcorr-stage": 1}
     weights, n, m = client.fit(get_weights(model), {**base, "round": 1, "fedcorr-mu": 0.2})
@@ -230,7 +229,7 @@ def test_strategy_flags_corrects_and_restricts_stage_2_in_process():
     nodes = [FakeNode(p, lambda config: {"fedcorr-relabelled": 3, "fedcorr-corrected": 5})
              for p in range(4)]
     m = manager(nodes)
-    s = make_strategy(FedCorrStrategy, **{
+    s = make_driver(**{
         "method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4,
         "fedcorr-iterations": 2})
     lids, est = [1.0, 1.1, 0.9, 5.0], [0.05, 0.02, 0.5, 0.4]
@@ -246,19 +245,20 @@ def test_strategy_flags_corrects_and_restricts_stage_2_in_process():
     configs = stage1_round(1)
     assert {c["fedcorr-stage"] for c in configs.values()} == {1}
     assert {c["fedcorr-mu"] for c in configs.values()} == {0.0}
-    assert s.noisy == [3] and s.est_noise == {3: 0.4}  # client 2's 0.5 is not kept: clean
+    # client 2's 0.5 is not kept: clean
+    assert s.server.noisy == [3] and s.server.est_noise == {3: 0.4}
     configs = stage1_round(2)
     assert [n.tasks[0]["fedcorr-task"] for n in nodes if n.tasks] == ["relabel-highest-loss"]
     assert nodes[3].tasks[0]["fedcorr-relabel-fraction"] == pytest.approx(0.4 * 0.5)
-    assert s.take_round_fields()["fedcorr_relabel_highest_loss"] == {3: 3}
+    assert s.fields()["fedcorr_relabel_highest_loss"] == {3: 3}
     assert configs[3]["fedcorr-mu"] == 0.4 and configs[0]["fedcorr-mu"] == 0.0
-    assert s.lid_sum == {p: 2 * v for p, v in enumerate(lids)}
-    restored = make_strategy(FedCorrStrategy, **{
+    assert s.server.lid_sum == {p: 2 * v for p, v in enumerate(lids)}
+    restored = make_driver(**{
         "method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4,
         "fedcorr-iterations": 2})
-    restored.load_server_state(json.loads(json.dumps(s.server_state())))
-    assert (restored.lid_sum, restored.est_noise, restored.noisy) == (s.lid_sum, s.est_noise,
-                                                                      s.noisy)
+    restored.server.load_state(json.loads(json.dumps(s.server.state())))
+    a, b = restored.server, s.server
+    assert (a.lid_sum, a.est_noise, a.noisy) == (b.lid_sum, b.est_noise, b.noisy)
     stage2 = s.configure_fit(3, PARAMS, m)  # stage 2: the clients with est noise <= 0.1
     assert sorted(node.pid for node, _ in stage2) == [0, 1, 2]
     assert len(nodes[3].tasks) == 2  # the second iteration's correction
@@ -274,25 +274,24 @@ FEDCORR_4 = {"method": "fedcorr", "num-clients": 4, "fraction": 1.0, "rounds": 4
 def test_the_plan_survives_a_checkpoint_and_a_resume_with_another_plan_is_refused():
     # 4 clients in one sub-round, 2 iterations: stage 1 = rounds 1-2; stage 2 gets
     # floor(0.5 x (4 - 2) + 0.5) = 1 round; stage 3 the last one.
-    s = make_strategy(FedCorrStrategy, **FEDCORR_4)
-    s.lid_sum, s.est_noise, s.noisy = {0: 1.0, 3: 5.0}, {3: 0.4}, [3]
-    state = json.loads(json.dumps(s.server_state()))
+    s = make_driver(**FEDCORR_4)
+    s.server.lid_sum, s.server.est_noise, s.server.noisy = {0: 1.0, 3: 5.0}, {3: 0.4}, [3]
+    state = json.loads(json.dumps(s.server.state()))
     assert state["fedcorr"]["plan"] == {"rounds": 4, "num_clients": 4, "per_subround": 4,
                                         "iterations": 2, "finetune_rounds": 1}
-    restored = make_strategy(FedCorrStrategy, **FEDCORR_4)
-    restored.load_server_state(state)
-    assert restored.plan == s.plan
-    assert json.loads(json.dumps(restored.server_state()))["fedcorr"] == state["fedcorr"]
+    restored = make_driver(**FEDCORR_4)
+    restored.server.load_state(state)
+    assert restored.server.plan == s.server.plan
+    assert json.loads(json.dumps(restored.server.state()))["fedcorr"] == state["fedcorr"]
     # rounds=6 would give stage 2 floor(0.5 x 4 + 0.5) = 2 rounds: round 4, stage 3 in
     # the interrupted run, would become stage 2. Refused, naming the key.
-    longer = make_strategy(FedCorrStrategy, **{**FEDCORR_4, "rounds": 6})
+    longer = make_driver(**{**FEDCORR_4, "rounds": 6})
     with pytest.raises(CheckpointError, match=r"finetune_rounds: 1 -> 2.*rounds=4"):
-        longer.load_server_state(state)
+        longer.server.load_state(state)
     # Without stage 2 more rounds only lengthen stage 3: the same plan, accepted.
     share0 = {**FEDCORR_4, "fedcorr-finetune-share": 0.0}
-    state0 = make_strategy(FedCorrStrategy, **share0).server_state()
-    make_strategy(FedCorrStrategy, **{**share0, "rounds": 8}) \
-        .load_server_state(json.loads(json.dumps(state0)))
+    state0 = make_driver(**share0).server.state()
+    make_driver(**{**share0, "rounds": 8}).server.load_state(json.loads(json.dumps(state0)))
 
 
 @pytest.mark.parametrize("bad", ["3", -1, 2.5, True, None])
@@ -301,16 +300,16 @@ def test_a_correction_reply_with_a_bad_count_is_left_out_of_the_record(bad):
                3: {"fedcorr-relabelled": bad, "fedcorr-corrected": 5}}
     nodes = [FakeNode(p, lambda config, p=p: answers.get(p, {})) for p in range(4)]
     m = manager(nodes)
-    s = make_strategy(FedCorrStrategy, **FEDCORR_4)
+    s = make_driver(**FEDCORR_4)
     instructions = s.configure_fit(1, PARAMS, m)
     lids, est = [1.0, 1.1, 5.0, 5.0], [0.05, 0.02, 0.3, 0.4]
     s.aggregate_fit(1, [trained_reply(node, GLOBAL, **{"fedcorr-lid": lids[node.pid],
                                                            "fedcorr-est-noise": est[node.pid]})
                         for node, _ in instructions], [])
-    assert s.noisy == [2, 3]
+    assert s.server.noisy == [2, 3]
     s.configure_fit(2, PARAMS, m)  # the first iteration's correction goes to 2 and 3
     assert nodes[2].tasks and nodes[3].tasks
-    fields = s.take_round_fields()
+    fields = s.fields()
     assert fields["fedcorr_relabel_highest_loss"] == {2: 4}
     assert fields["fedcorr_relabel_highest_loss_corrected"] == {2: 6}
 
@@ -321,7 +320,7 @@ def test_a_resume_with_another_plan_fails_before_any_flower_process(tmp_path, ca
     out = tmp_path / "run"
     out.mkdir()
     cfg = load_run_config({**FEDCORR_4, "prestopping": False, "out-dir": str(out)})
-    state = make_strategy(FedCorrStrategy, **FEDCORR_4).server_state()
+    state = make_driver(**FEDCORR_4).pipeline.state()
     weights = get_weights(initial_model(cfg, load_dataset(cfg).task))
     checkpoint.save(out, checkpoint.Checkpoint(2, weights, state, cfg.to_flat()))
     (out / "config.json").write_text(json.dumps(cfg.to_flat()))

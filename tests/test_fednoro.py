@@ -19,11 +19,11 @@ from common.baselines.fednoro import (
 )
 from common.baselines.noisy_clients import fednoro_noisy_clients, normalized_class_losses
 from common.exchange import pack_array
-from fedefc_server.baselines.fednoro import FedNoRoStrategy, read_class_losses
+from fedefc_server.baselines.fednoro import read_class_losses
 from tests.helpers import (
     PARAMS,
     FakeNode,
-    make_strategy,
+    make_driver,
     manager,
     simulate,
     trained_reply,
@@ -119,12 +119,12 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
     m = manager(nodes)
     keys = {"method": "fednoro", "num-clients": 6, "fraction": 1.0, "rounds": 3,
             "fednoro-warmup": 1}
-    s = make_strategy(FedNoRoStrategy, **keys)
+    s = make_driver(**keys)
     first = s.configure_fit(1, PARAMS, m)
     assert not any(n.tasks for n in nodes) and "fednoro-noisy" not in first[0][1].config
     instructions = s.configure_fit(2, PARAMS, m)
     assert all([t["fednoro-task"] for t in n.tasks] == ["class-losses"] for n in nodes)
-    assert s.noisy == noisy
+    assert s.server.noisy == noisy
     assert {node.pid: ins.config["fednoro-noisy"] for node, ins in instructions} == \
         {p: int(p in noisy) for p in range(6)}
     rng = np.random.default_rng(0)
@@ -138,10 +138,10 @@ def test_strategy_detects_on_every_client_then_aggregates_with_daagg_in_process(
                           daagg_distances(ordered, flags))
     for got, want in zip(parameters_to_ndarrays(params), weighted_average(ordered, coefs)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert s.take_round_fields()["daagg_weights"] == pytest.approx(dict(enumerate(coefs)))
-    restored = make_strategy(FedNoRoStrategy, **keys)
-    restored.load_server_state(json.loads(json.dumps(s.server_state())))
-    assert restored.noisy == noisy
+    assert s.fields()["daagg_weights"] == pytest.approx(dict(enumerate(coefs)))
+    restored = make_driver(**keys)
+    restored.pipeline.load_state(json.loads(json.dumps(s.pipeline.state())))
+    assert restored.server.noisy == noisy
 
 
 BAD_CLASS_LOSSES = {  # case: (the reply's metrics without the partition id, reason)
@@ -176,12 +176,12 @@ def test_detection_leaves_out_a_reply_without_a_valid_class_loss_vector(case):
         return {"fednoro-class-losses": pack_array(losses)}
 
     nodes = [FakeNode(p, lambda config, p=p: answer(p)) for p in range(6)]
-    s = make_strategy(FedNoRoStrategy, **{
+    s = make_driver(**{
         "method": "fednoro", "num-clients": 6, "fraction": 1.0, "rounds": 3,
         "fednoro-warmup": 1})
     s.configure_fit(2, PARAMS, manager(nodes))
-    assert s.noisy == noisy
-    info = s.take_round_fields()
+    assert s.server.noisy == noisy
+    info = s.fields()
     assert info["fednoro_detection_clients"] == [0, 1, 2, 3, 4]
     assert list(info["fednoro_detection_skipped"]) == [5]
     assert BAD_CLASS_LOSSES[case][1] in info["fednoro_detection_skipped"][5]

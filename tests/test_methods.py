@@ -13,7 +13,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
-from fedefc_client.client import FedEFCClient
+from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
 
 
@@ -82,7 +82,7 @@ def _client(method, state, **extra):
     cfg = load_run_config({"method": method, "num-clients": 20, "fraction": 0.5, "iid": True,
                            "local-epochs": 1, "start-round": 0, "gamma-thr": 1, **extra})
     local = partition_data(cfg, 1, torch.device("cpu"))
-    return cfg, FedEFCClient(cfg, 1, lambda: local, state)
+    return cfg, MethodClient(cfg, 1, lambda: local, state)
 
 
 def test_ditto_personal_model_persists_in_client_state():

@@ -8,7 +8,7 @@ from cleanlab.benchmarking.noise_generation import (
 )
 
 from common.config import ConfigError
-from common.federation import build_federated_data
+from common.data_plan import build_federated_data
 from common.methods import load_run_config
 from common.noise import (
     NoiseError,

@@ -19,9 +19,9 @@ from common.baselines.fedcorr import FedCorrMessages
 from common.baselines.fednoro import FedNoRoMessages
 from common.config import ConfigError
 from common.data_files import DatasetError, read_header
+from common.data_plan import data_plan
 from common.datasets import fit_normalization, load_dataset, task_shape
 from common.exchange import unpack_array
-from common.federation import federated_data
 from common.methods import load_run_config
 from common.models import ClassifierShape, ModelError, TaskShape, classifier_shape
 from common.params import get_weights
@@ -29,12 +29,12 @@ from common.results import RunRecorder
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_logits
 from fedefc_cli.main import main
-from fedefc_client.client import FedEFCClient
+from fedefc_client.client import MethodClient
 from fedefc_client.local_data import held_out_positions, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from fedefc_server import server_app
-from fedefc_server.strategy import FedAvgStrategy
-from tests.helpers import PARAMS, make_strategy, partition_manager
+from fedefc_server.strategy import RoundStrategy
+from tests.helpers import PARAMS, make_driver, partition_manager
 
 CPU = torch.device("cpu")
 NODE = "node 9 (partition-id 2)"
@@ -147,13 +147,13 @@ def test_k_classes_through_noise_partition_training_and_federated_evaluation(tmp
               **{"num-clients": 3, "iid": True, "local-epochs": 1, "rho": 0.2,
                  "start-round": 0, "gamma-thr": 1, **keys})
     assert cfg.evaluation_mode == "federated"  # no test-path
-    fed = federated_data(cfg)
+    fed = data_plan(cfg)
     assert fed.noise_matrices[0].shape == (k, k) and 0 < fed.realized_noise_rate < 0.5
     assert sorted(np.concatenate(fed.client_indices).tolist()) == list(range(12 * k))
     local = partition_data(cfg, 1, CPU)
     n = len(fed.client_indices[1])
     assert len(local.held_out) == round(0.2 * n) and len(local) + len(local.held_out) == n
-    client = FedEFCClient(cfg, 1, lambda: local, RecordDict())
+    client = MethodClient(cfg, 1, lambda: local, RecordDict())
     model = initial_model(cfg, local.data.task)
     weights = get_weights(model)
     out1, n1, m1 = client.fit(weights, {"phase": 1, "round": 1, "seed": 1})
@@ -254,7 +254,7 @@ def test_every_method_but_rofl_trains_a_model_without_features_or_classifier(tmp
                         "test-path": test, "num-clients": 2, "iid": True, "local-epochs": 1,
                         "rho": 0.2, "zeta": 0.5, "start-round": 0, "gamma-thr": 1})
     local = partition_data(cfg, 0, CPU)
-    client = FedEFCClient(cfg, 0, lambda: local, RecordDict())
+    client = MethodClient(cfg, 0, lambda: local, RecordDict())
     weights = get_weights(initial_model(cfg, local.data.task))
     out, n, metrics = client.fit(weights, {"round": 1, "seed": 1, **METHOD_CONFIGS[method]})
     assert [a.shape for a in out] == [w.shape for w in weights]
@@ -412,7 +412,9 @@ def evaluate_reply(proxy, pid: int, n: int, loss: float, acc, **metrics):
 
 
 def test_federated_evaluation_asks_every_partition_and_weights_by_held_out_samples():
-    strategy = make_strategy(FedAvgStrategy, **{"num-clients": 5, "evaluation": "federated"})
+    pipeline = make_driver(**{"method": "fedavg", "num-clients": 5,
+                              "evaluation": "federated"}).pipeline
+    strategy = RoundStrategy(pipeline, None)
     asked = strategy.configure_evaluate(3, PARAMS, partition_manager(5))
     assert [int(p.cid) for p, _ in asked] == [7_000_000 + 13 * pid for pid in range(5)]
     assert all(ins.config == {"round": 3} for _, ins in asked)
@@ -427,7 +429,7 @@ def test_federated_evaluation_asks_every_partition_and_weights_by_held_out_sampl
     assert loss == pytest.approx((30 * 0.5 + 10 * 2.0) / 40)
     assert metrics == {"accuracy": pytest.approx((30 * 0.9 + 10 * 0.1) / 40),
                        "true_accuracy": pytest.approx((30 * 1.0 + 10 * 0.5) / 40)}
-    fields = strategy.take_federated_fields()
+    fields = strategy.federated
     assert fields["federated_acc"] == metrics["accuracy"] and fields["federated_loss"] == loss
     assert (fields["federated_clients"], fields["federated_samples"]) == (2, 40)
     assert fields["federated_failures"] == 1 and fields["federated_rejected"] == 3
@@ -435,9 +437,9 @@ def test_federated_evaluation_asks_every_partition_and_weights_by_held_out_sampl
     assert reasons == ["held-out loss nan outside [0, inf]",
                        "held-out accuracy 1.5 outside [0, 1]",
                        "partition id 0 is not its node's registered partition 4"]
-    assert strategy.take_federated_fields() == {}
-    server_only = make_strategy(FedAvgStrategy, **{"num-clients": 5})
+    server_only = RoundStrategy(make_driver(**{"num-clients": 5}).pipeline, None)
     assert server_only.configure_evaluate(3, PARAMS, partition_manager(5)) == []
+    assert server_only.federated == {}
 
 
 def test_the_summary_uses_the_federated_evaluation_when_there_is_no_test_set(tmp_path):
@@ -467,7 +469,8 @@ def test_a_federated_only_server_reads_no_data(tmp_path, monkeypatch):
     loop, _ = server_app.build(server_context(
         tmp_path, **{"num-classes": 37, "input-shape": "3x12x20",
                      "model": "tests.own_models:tiny_cnn"}), None)
-    assert loop.strategy.evaluator is None and loop.strategy.model_shape.num_classes == 37
+    assert loop.pipeline.evaluator is None
+    assert loop.pipeline.server.model_shape.num_classes == 37
     assert loop.model(torch.zeros(2, 3, 12, 20)).shape == (2, 37)
     info = json.loads((tmp_path / "out" / "data.json").read_text())
     assert info == {"evaluation": "federated", "input_shape": [3, 12, 20], "num_classes": 37}
@@ -483,7 +486,7 @@ def test_a_server_with_the_file_reads_only_its_header_and_without_it_names_the_k
 
     monkeypatch.setattr("common.datasets.read_samples", refuse)
     loop, _ = server_app.build(server_context(tmp_path, **{"data-path": path}), None)
-    assert loop.strategy.model_shape.num_classes == 5
+    assert loop.pipeline.server.model_shape.num_classes == 5
     assert loop.model(torch.zeros(2, 3, 12, 20)).shape == (2, 5)
     with pytest.raises(DatasetError) as err:
         task_shape(own(str(tmp_path / "elsewhere.npz"), evaluation="federated"), "the server")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.federation import federated_data
+from common.data_plan import data_plan
 from common.methods import load_run_config
 from fedefc_cli.main import main
 from fedefc_cli.run_configs import resolve_run_config
@@ -74,7 +74,7 @@ def test_fedefc_run_on_k3_feature_vectors_with_a_test_set_and_the_mlp(runs):
 def test_a_run_without_test_set_reports_the_federated_accuracy(runs):
     out = runs["federated"]
     cfg = load_run_config(runs["federated_config"])
-    sizes = [len(ix) for ix in federated_data(cfg).client_indices]
+    sizes = [len(ix) for ix in data_plan(cfg).client_indices]
     held_out = [round(0.2 * n) for n in sizes]
     recs = records(out)
     assert [r["round"] for r in recs] == [0, 1, 2, 3]

@@ -29,7 +29,7 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from common.config import ConfigError
-from common.federation import federated_data, training_size
+from common.data_plan import data_plan, training_size
 from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
@@ -39,18 +39,20 @@ from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_client.mods import audit_mod, audit_path, clipping_mod, describe_reply, noise_mod
 from fedefc_server import checkpoint, server_app
-from fedefc_server.fedefc_strategy import FedEFCStrategy
+from fedefc_server.declarations import SizeRule
 from fedefc_server.registry import PartitionRegistry
 from fedefc_server.round_loop import RoundLoop
 from fedefc_server.secure_round import SecureRound
-from fedefc_server.strategy import FedAvgStrategy
+from fedefc_server.strategy import RoundStrategy
 from tests.helpers import (
     GLOBAL,
     OK,
     PARAMS,
     FakeProxy,
     InProcessGrid,
-    make_strategy,
+    RoundDriver,
+    make_driver,
+    make_pipeline,
     manager,
     partition_nodes,
     records,
@@ -62,7 +64,7 @@ CPU = torch.device("cpu")
 
 # -- weights bound to facts -------------------------------------------------------------
 def test_a_declaration_is_fixed_for_the_run_and_a_changed_one_is_refused():
-    registry = PartitionRegistry()
+    registry = PartitionRegistry(SizeRule(10, None, 10**8))
     first = FakeProxy("a", 3, 120)
     registry.refresh(manager([first]), 1)
     assert registry.declared == {3: 120}
@@ -93,25 +95,24 @@ def test_a_declaration_is_fixed_for_the_run_and_a_changed_one_is_refused():
     ({"partition-id": 7, "num-examples": 5, "data": "private"}, "partition id 7 outside 0..3"),
 ], ids=["no-size", "pid-text", "size-bool", "data-kind", "not-the-plan", "private-too-big",
         "pid-range"])
-def test_the_strategy_vets_every_declaration(props, reason):
-    strategy = FedAvgStrategy(load_run_config({"num-clients": 4}), PARAMS, max_samples=4000,
-                              plan_sizes=[10, 10, 10, 10])
-    assert reason in strategy.registry.admit("node", props)
-    assert strategy.registry.declared == {}
+def test_the_registry_vets_every_declaration(props, reason):
+    registry = PartitionRegistry(SizeRule(4, [10, 10, 10, 10], 4000))
+    assert reason in registry.admit("node", props)
+    assert registry.declared == {}
     private = {"partition-id": 1, "num-examples": 4000, "data": "private"}
-    assert strategy.registry.admit("node", private) is None  # own data: its own size
+    assert registry.admit("node", private) is None  # own data: its own size
 
 
 @pytest.mark.parametrize("order", ["liar-first", "liar-last"])
 def test_a_reply_claiming_another_nodes_partition_is_rejected_whatever_the_order(order):
-    strategy = make_strategy(FedAvgStrategy, **{"num-clients": 3, "fraction": 1.0})
+    strategy = make_driver(**{"method": "fedavg", "num-clients": 3, "fraction": 1.0})
     nodes = partition_nodes(3)
     strategy.configure_fit(1, PARAMS, manager(nodes))
     honest = [trained_reply(n, [w + n.partition_id for w in GLOBAL]) for n in nodes]
     liar = trained_reply(nodes[0], GLOBAL, **{"partition-id": 2})  # node 0 claims 2
     replies = [liar, *honest[1:]] if order == "liar-first" else [*honest[1:], liar]
     params, _ = strategy.aggregate_fit(1, replies, [])
-    fields = strategy.take_round_fields()
+    fields = strategy.fields()
     assert fields["partition_ids"] == [1, 2] and fields["rejected"] == 1
     assert fields["rejected_reasons"][0]["reason"] == (
         "partition id 2 is not its node's registered partition 0")
@@ -119,25 +120,25 @@ def test_a_reply_claiming_another_nodes_partition_is_rejected_whatever_the_order
 
 
 def test_confident_learning_may_count_fewer_samples_but_never_more():
-    strategy = make_strategy(FedEFCStrategy, **{"method": "confident-learning",
-                                                "num-clients": 3, "fraction": 1.0})
+    strategy = make_driver(**{"method": "confident-learning", "num-clients": 3,
+                              "fraction": 1.0})
     nodes = partition_nodes(3, sizes=[10, 10, 10])
     strategy.configure_fit(1, PARAMS, manager(nodes))
     replies = [trained_reply(nodes[0], GLOBAL, 7, accuracy=0.5),
                trained_reply(nodes[1], GLOBAL, 10, accuracy=0.5),
                trained_reply(nodes[2], GLOBAL, 11, accuracy=0.5)]
     strategy.aggregate_fit(1, replies, [])
-    fields = strategy.take_round_fields()
+    fields = strategy.fields()
     assert fields["num_examples"] == [7, 10]
     assert "sample count 11 outside 1..10" in fields["rejected_reasons"][0]["reason"]
 
 
 def test_declared_sizes_survive_a_checkpoint():
-    strategy = make_strategy(FedEFCStrategy, **{"num-clients": 4, "prestopping": True})
+    strategy = make_driver(**{"num-clients": 4, "prestopping": True})
     strategy.registry.refresh(manager(partition_nodes(4, sizes=[5, 6, 7, 8])), 1)
-    state = json.loads(json.dumps(strategy.server_state()))
-    resumed = make_strategy(FedEFCStrategy, **{"num-clients": 4, "prestopping": True})
-    resumed.load_server_state(state)
+    state = json.loads(json.dumps(strategy.pipeline.state()))
+    resumed = make_driver(**{"num-clients": 4, "prestopping": True})
+    resumed.pipeline.load_state(state)
     assert resumed.registry.declared == {0: 5, 1: 6, 2: 7, 3: 8}
     serving = resumed.registry.refresh(manager(partition_nodes(4, base=9, sizes=[5, 6, 7, 80])),
                                        7)
@@ -186,30 +187,34 @@ def micro_config(data_dir, out, n_nodes=4, **extra) -> dict:
 
 
 def server(flat: dict, grid: InProcessGrid):
-    """FedEFC's strategy (stub evaluation) and the client manager over ``grid``'s nodes."""
+    """FedEFC's round pipeline (stub evaluation) and the client manager over ``grid``'s
+    nodes."""
     cfg = load_run_config(flat)
     data = partition_data(cfg, 0, CPU).data
     init = get_weights(initial_model(cfg, data.task))
     sizes = [len(partition_data(cfg, k, CPU))
              for k in range(cfg.num_clients)]
-    strategy = FedEFCStrategy(cfg, ndarrays_to_parameters(init), max_samples=10**6,
-                              plan_sizes=sizes)
-    return cfg, strategy, grid.manager(), init
+    return cfg, make_pipeline(cfg, plan_sizes=sizes, max_private=10**6), grid.manager(), init
 
 
 def secure_round(flat: dict, grid: InProcessGrid):
-    cfg, strategy, mgr, init = server(flat, grid)
-    round_ = SecureRound(grid, Context(1, 0, {}, RecordDict(), flat), strategy, mgr, cfg)
-    params = round_(1, ndarrays_to_parameters(init))
-    return strategy, params
+    """Round 1 under secure aggregation: (its record fields, the new parameters)."""
+    cfg, pipeline, mgr, init = server(flat, grid)
+    params = ndarrays_to_parameters(init)
+    plan = pipeline.plan(1, params, mgr)
+    outcome = SecureRound(grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
+        RoundStrategy(pipeline, plan), params)
+    return {**plan.record, **outcome.record}, outcome.parameters
 
 
 def plain_round(flat: dict, grid: InProcessGrid):
-    cfg, strategy, mgr, init = server(flat, grid)
-    instructions = strategy.configure_fit(1, ndarrays_to_parameters(init), mgr)
+    """Round 1 without it: (its record fields, the new parameters)."""
+    cfg, pipeline, mgr, init = server(flat, grid)
+    driver = RoundDriver(pipeline)
+    instructions = driver.configure_fit(1, ndarrays_to_parameters(init), mgr)
     results = [(proxy, proxy.fit(ins, None, 1)) for proxy, ins in instructions]
-    params, _ = strategy.aggregate_fit(1, results, [])
-    return strategy, params
+    params, _ = driver.aggregate_fit(1, results, [])
+    return driver.fields(), params
 
 
 @pytest.fixture(scope="module")
@@ -239,10 +244,8 @@ def scalars(msg: Message):
 
 
 def test_the_server_learns_a_t_and_never_a_clients_accuracy(rounds):
-    plain_strategy, plain_params, plain_grid = rounds["plain"]
-    secure_strategy, secure_params, secure_grid = rounds["secure"]
-    plain_fields = plain_strategy.take_round_fields()
-    fields = secure_strategy.take_round_fields()
+    plain_fields, plain_params, plain_grid = rounds["plain"]
+    fields, secure_params, secure_grid = rounds["secure"]
     accuracies = plain_fields["client_acc"]  # the same model, seeds and data in both
     assert len(accuracies) == 4 and len(set(accuracies)) > 1
     # the server obtains A(t) ...
@@ -291,18 +294,17 @@ def secure_loop(flat: dict, out, ckpt: checkpoint.Checkpoint | None = None) -> N
     """The round loop with secure rounds over a fresh in-process federation (a new Flower
     run: empty node state), from round 1 or after ``ckpt``, as the ServerApp builds it."""
     grid = InProcessGrid(client_app, flat, 4)
-    cfg, strategy, mgr, init = server(flat, grid)
+    cfg, pipeline, mgr, init = server(flat, grid)
     if ckpt:
-        strategy = FedEFCStrategy(cfg, ndarrays_to_parameters(ckpt.weights),
-                                  max_samples=10**6, plan_sizes=strategy.plan_sizes)
-        strategy.load_server_state(ckpt.strategy)
-    strategy.evaluator = lambda weights: (0.0, float(weights[-1][0]))
+        pipeline.load_state(ckpt.strategy)
+    pipeline.evaluator = lambda weights: (0.0, float(weights[-1][0]))
     model = initial_model(cfg, partition_data(cfg, 0, CPU).data.task)
-    loop = RoundLoop(client_manager=mgr, strategy=strategy, cfg=cfg,
+    loop = RoundLoop(client_manager=mgr, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(ckpt.weights if ckpt else init), cfg=cfg,
                      recorder=RunRecorder(out, flat, resume_round=ckpt.round if ckpt else None),
                      model=model, run_info={}, first_round=ckpt.round + 1 if ckpt else 1,
                      secure_round=SecureRound(grid, Context(1, 0, {}, RecordDict(), flat),
-                                              strategy, mgr, cfg))
+                                              mgr, cfg))
     loop.fit(cfg.rounds, None)
 
 
@@ -339,16 +341,13 @@ def test_a_refused_reply_is_dropped_before_the_sum(micro_mnist_dir, tmp_path):
     faults = {"faults": "samples=17@1@1;pid=2@3@1"}
     flat = micro_config(micro_mnist_dir, tmp_path / "s", 5, **{"secure-aggregation": True},
                         **faults)
-    strategy, params = secure_round(flat, InProcessGrid(client_app, flat, 5))
-    fields = strategy.take_round_fields()
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 5))
     assert fields["partition_ids"] == [0, 2, 4] and fields["failures"] == 0
     reasons = sorted(r["reason"] for r in fields["rejected_reasons"])
     assert reasons == ["partition id 2 is not its node's registered partition 3",
                        "sample count 17 outside 1..16, the partition's declared size"]
     reference_flat = micro_config(micro_mnist_dir, tmp_path / "p", 5, **faults)
-    ref_strategy, ref_params = plain_round(reference_flat,
-                                           InProcessGrid(client_app, reference_flat, 5))
-    ref = ref_strategy.take_round_fields()
+    ref, ref_params = plain_round(reference_flat, InProcessGrid(client_app, reference_flat, 5))
     assert ref["partition_ids"] == [0, 2, 4]
     assert fields["A"] == pytest.approx(ref["A"], abs=1e-6)
     for got, want in zip(parameters_to_ndarrays(params), parameters_to_ndarrays(ref_params)):
@@ -358,8 +357,7 @@ def test_a_refused_reply_is_dropped_before_the_sum(micro_mnist_dir, tmp_path):
 def test_a_client_failing_in_training_is_a_dropout_the_sum_survives(micro_mnist_dir, tmp_path):
     flat = micro_config(micro_mnist_dir, tmp_path / "s", 5, **{"secure-aggregation": True,
                                                                "faults": "raise@4@1"})
-    strategy, params = secure_round(flat, InProcessGrid(client_app, flat, 5))
-    fields = strategy.take_round_fields()
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 5))
     assert fields["partition_ids"] == [0, 1, 2, 3] and fields["failures"] == 1
     assert "InjectedFault" in fields["failure_reasons"][0]
     assert params is not None and 0 <= fields["A"] <= 1
@@ -374,8 +372,7 @@ def test_a_broken_update_never_enters_the_sum(micro_mnist_dir, tmp_path, fault, 
     non-finite weights refuses to mask them (it fails: a dropout)."""
     flat = micro_config(micro_mnist_dir, tmp_path, **{"secure-aggregation": True,
                                                       "faults": fault})
-    strategy, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
-    fields = strategy.take_round_fields()
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
     assert fields["partition_ids"] == [1, 2, 3]
     assert reason in (fields[field][0] if field == "failure_reasons"
                       else fields[field][0]["reason"])
@@ -387,8 +384,7 @@ def test_a_round_below_the_reconstruction_threshold_keeps_the_model(micro_mnist_
     """Two of four clients fail: two shares per secret, three needed (0.67 x 4)."""
     flat = micro_config(micro_mnist_dir, tmp_path, **{"secure-aggregation": True,
                                                       "faults": "raise@0-1@1"})
-    strategy, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
-    fields = strategy.take_round_fields()
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
     assert params is None and fields["secure_aggregation_halted"] and fields["skipped"]
 
 
@@ -499,8 +495,9 @@ def test_a_partition_declares_what_it_trains_on_after_holding_out_its_test_part(
                         **{"local-test-fraction": 0.25})
     loop, _ = server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
     cfg = load_run_config(flat)
-    for pid, idx in enumerate(federated_data(cfg).client_indices):
+    sizes = loop.pipeline.registry.rule.plan_sizes
+    for pid, idx in enumerate(data_plan(cfg).client_indices):
         held = round(0.25 * len(idx))
         assert held > 0
-        assert loop.strategy.plan_sizes[pid] == len(partition_data(cfg, pid, CPU)) == \
-            len(idx) - held == training_size(cfg, len(idx))
+        assert sizes[pid] == len(partition_data(cfg, pid, CPU)) == len(idx) - held == \
+            training_size(cfg, len(idx))

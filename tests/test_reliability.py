@@ -24,16 +24,12 @@ from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
 from fedefc_server.accuracy import aggregate_accuracy
 from fedefc_server.baselines.extra_messages import send_tasks
-from fedefc_server.baselines.fedcorr import FedCorrStrategy
-from fedefc_server.baselines.fednoro import FedNoRoStrategy
-from fedefc_server.baselines.rofl import RoFLStrategy
-from fedefc_server.fedefc_strategy import FedEFCStrategy
 from tests.helpers import (
     GLOBAL,
     OK,
     PARAMS,
     FakeNode,
-    make_strategy,
+    make_driver,
     manager,
     partition_nodes,
     records,
@@ -73,10 +69,6 @@ BAD = {
     "train loss as text": lambda w, n, m: (w, n, {**m, "train-loss": "0.3"}),
     "noise rate as bool": lambda w, n, m: (w, n, {**m, "noise-rate": True}),
     "fit time as bytes": lambda w, n, m: (w, n, {**m, "fit-s": b"1.0"}),
-    "personal accuracy Inf": lambda w, n, m: (w, n, {**m, "personal-acc": float("inf")}),
-    "kept count as bytes": lambda w, n, m: (w, n, {**m, "kept": b"3"}),
-    "kept count as float": lambda w, n, m: (w, n, {**m, "kept": 3.5}),
-    "removed count negative": lambda w, n, m: (w, n, {**m, "removed": -1}),
 }
 REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expected",
           "wrong shape": "shape", "wrong dtype": "dtype", "NaN": "NaN", "Inf": "NaN or Inf",
@@ -94,17 +86,13 @@ REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expe
           "samples as text": "sample count '100'",
           "train loss as text": "train-loss missing or not a number",
           "noise rate as bool": "noise-rate missing or not a number",
-          "fit time as bytes": "fit-s missing or not a number",
-          "personal accuracy Inf": "personal-acc inf outside",
-          "kept count as bytes": "kept missing or not an integer",
-          "kept count as float": "kept missing or not an integer",
-          "removed count negative": "removed -1 outside [0, inf]"}
+          "fit time as bytes": "fit-s missing or not a number"}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(case):
-    strategy = make_strategy(FedEFCStrategy, **{"num-clients": 6, "fraction": 1.0, "rounds": 5,
-                                                "start-round": 0, "prestopping": True})
+    strategy = make_driver(**{"method": "fedefc", "num-clients": 6, "fraction": 1.0,
+                              "rounds": 5, "start-round": 0, "prestopping": True})
     nodes = partition_nodes(6, sizes=[100] * 6)
     strategy.configure_fit(1, PARAMS, manager(nodes))
     rng = np.random.default_rng(0)
@@ -113,7 +101,7 @@ def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(case):
     results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
-    info = strategy.take_round_fields()
+    info = strategy.fields()
     assert info["rejected"] == 1 and REASON[case] in info["rejected_reasons"][0]["reason"]
     assert info["partition_ids"] == [0, 1, 2, 3, 4]
     good = [w for w, _, _ in replies[:5]]
@@ -125,10 +113,13 @@ def test_bad_payload_is_rejected_and_the_round_aggregates_the_others(case):
 
 
 def method_metrics(method, pid, rng):
-    """What a valid stage-1 FedCorr or RoFL reply adds (RoFL: K x D = GLOBAL's 3 x 4)."""
-    if method == "fedcorr":
-        return {"fedcorr-lid": 1.0 + pid, "fedcorr-est-noise": 0.1}
-    return {"rofl-local-centroids": pack_array(rng.random((3, 4)).astype(np.float32))}
+    """What a valid round-1 reply of a method adds (a stage-1 FedCorr reply; RoFL's K x D
+    = GLOBAL's 3 x 4 centroids): the metrics its registry entry declares."""
+    return {"fedcorr": {"fedcorr-lid": 1.0 + pid, "fedcorr-est-noise": 0.1},
+            "fedditto": {"personal-acc": 0.5, "personal-updates": 2},
+            "confident-learning": {"kept": 100, "removed": 0},
+            "rofl": {"rofl-local-centroids": pack_array(rng.random((3, 4)).astype(np.float32))},
+            }[method]
 
 
 METHOD_BAD = {  # case: (method, metric, bad value or None to leave it out, reason)
@@ -158,15 +149,23 @@ METHOD_BAD = {  # case: (method, metric, bad value or None to leave it out, reas
                            pack_array(np.full((3, 4), np.nan, np.float32)), "NaN or Inf"),
     "rofl kept count as text": ("rofl", "rofl-kept", "10", "rofl-kept missing or not an int"),
     "rofl agree count negative": ("rofl", "rofl-agree", -2, "rofl-agree -2 outside"),
+    "ditto personal accuracy Inf": ("fedditto", "personal-acc", float("inf"),
+                                    "personal-acc inf outside"),
+    "ditto updates as float": ("fedditto", "personal-updates", 2.5,
+                               "personal-updates missing or not an integer"),
+    "kept count as bytes": ("confident-learning", "kept", b"3",
+                            "kept missing or not an integer"),
+    "kept count as float": ("confident-learning", "kept", 3.5, "kept missing or not an integer"),
+    "removed count negative": ("confident-learning", "removed", -1,
+                               "removed -1 outside [0, inf]"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(METHOD_BAD))
 def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(case):
     method, key, value, reason = METHOD_BAD[case]
-    cls = {"fedcorr": FedCorrStrategy, "rofl": RoFLStrategy}[method]
-    strategy = make_strategy(cls, **{"method": method, "num-clients": 6, "fraction": 1.0,
-                                     "rounds": 5, "fedcorr-iterations": 1})
+    strategy = make_driver(**{"method": method, "num-clients": 6, "fraction": 1.0,
+                              "rounds": 5, "fedcorr-iterations": 1})
     nodes = partition_nodes(6, sizes=[100] * 6)
     assert [p.partition_id for p, _ in strategy.configure_fit(1, PARAMS, manager(nodes))
             ] == list(range(6))
@@ -178,7 +177,7 @@ def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(cas
     results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(replies)]
     params, _ = strategy.aggregate_fit(1, results, [])
-    info = strategy.take_round_fields()
+    info = strategy.fields()
     assert info["rejected"] == 1 and reason in info["rejected_reasons"][0]["reason"]
     assert info["partition_ids"] == [0, 1, 2, 3, 4]
     good = [w for w, _, _ in replies[:5]]
@@ -186,10 +185,15 @@ def test_bad_method_metrics_are_rejected_and_the_round_aggregates_the_others(cas
         np.testing.assert_allclose(got, np.mean([g[layer] for g in good], axis=0), rtol=1e-5,
                                    atol=1e-6)
     if method == "fedcorr":  # only the accepted clients' LIDs enter the detection
-        assert strategy.lid_sum == {p: 1.0 + p for p in range(5)}
-    else:  # round 1: f_G is the plain mean of the accepted clients' f_k
+        assert strategy.server.lid_sum == {p: 1.0 + p for p in range(5)}
+    elif method == "rofl":  # round 1: f_G is the plain mean of the accepted clients' f_k
         local = [np.load(io.BytesIO(m["rofl-local-centroids"])) for _, _, m in replies[:5]]
-        np.testing.assert_allclose(strategy.centroids, np.mean(local, axis=0), rtol=1e-6)
+        np.testing.assert_allclose(strategy.server.centroids, np.mean(local, axis=0),
+                                   rtol=1e-6)
+    elif method == "fedditto":  # the record folds the accepted replies' values only
+        assert info["personal_acc"] == 0.5 and info["personal_updates"] == [2] * 5
+    else:
+        assert info["kept"] == 500 and info["removed"] == 0
 
 
 class HangingNode(FakeNode):
@@ -246,11 +250,12 @@ def test_strategy_extra_messages_use_the_client_timeout(client_timeout, expected
     if expected is None:  # no timeout: the exchange waits for the hung node (released below)
         nodes[3].release = threading.Event()
         nodes[3].release.set()
-    s = make_strategy(FedNoRoStrategy, **{"method": "fednoro", "num-clients": 5,
-                                          "fraction": 1.0, "rounds": 3, "fednoro-warmup": 1,
-                                          "client-timeout": client_timeout})
+    pipeline = make_driver(**{"method": "fednoro", "num-clients": 5, "fraction": 1.0,
+                              "rounds": 3, "fednoro-warmup": 1,
+                              "client-timeout": client_timeout}).pipeline
     try:
-        replies = s.send_tasks(manager(nodes), PARAMS, {p: {"task": "t"} for p in range(5)}, 2)
+        serving = pipeline.registry.refresh(manager(nodes), 2)
+        replies = pipeline.task_sender(serving, PARAMS, 2)({p: {"task": "t"} for p in range(5)})
         assert sorted(replies) == [0, 1, 3]
         assert all(n.timeouts == [expected] for n in nodes[:3])
     finally:
@@ -258,18 +263,18 @@ def test_strategy_extra_messages_use_the_client_timeout(client_timeout, expected
 
 
 def test_round_below_min_fit_clients_keeps_the_model():
-    strategy = make_strategy(FedEFCStrategy, **{"num-clients": 4, "fraction": 1.0, "rounds": 5,
-                                                "start-round": 0, "min-fit-clients": 3,
-                                                "prestopping": True})
+    strategy = make_driver(**{"method": "fedefc", "num-clients": 4, "fraction": 1.0,
+                              "rounds": 5, "start-round": 0, "min-fit-clients": 3,
+                              "prestopping": True})
     nodes = partition_nodes(4, sizes=[100] * 4)
     strategy.configure_fit(1, PARAMS, manager(nodes))
     rng = np.random.default_rng(1)
     results = [(nodes[i], FitRes(OK, ndarrays_to_parameters(w), n, m))
                for i, (w, n, m) in enumerate(good_reply(p, rng) for p in range(2))]
     params, _ = strategy.aggregate_fit(1, results, [RuntimeError("boom"), RuntimeError("x")])
-    fields = strategy.take_round_fields()
+    fields = strategy.fields()
     assert params is None and fields["skipped"] and fields["failures"] == 2
-    assert strategy.prestopper.history == []  # no A(t) from a skipped round
+    assert strategy.server.prestopper.history == []  # no A(t) from a skipped round
 
 
 # -- robust accuracy aggregation -----------------------------------------------------

@@ -22,12 +22,11 @@ from common.baselines.rofl import (
 from common.exchange import pack_array, unpack_array
 from common.models import ClassifierShape, TaskShape, build_model, classifier_shape
 from common.params import get_weights
-from fedefc_server.baselines.rofl import RoFLStrategy
 from tests.helpers import (
     GLOBAL,
     PARAMS,
     FakeNode,
-    make_strategy,
+    make_driver,
     manager,
     simulate,
     trained_reply,
@@ -124,7 +123,7 @@ def test_the_centroid_shape_is_the_models_classes_and_feature_width(name, width)
 
 def test_strategy_aggregates_and_sends_the_global_centroids_in_process():
     keys = {"method": "rofl", "num-clients": 4, "fraction": 1.0, "rounds": 3}
-    s = make_strategy(RoFLStrategy, **keys)
+    s = make_driver(**keys)
     m = manager([FakeNode(p) for p in range(4)])
     rng = np.random.default_rng(0)
     previous = None
@@ -141,11 +140,11 @@ def test_strategy_aggregates_and_sends_the_global_centroids_in_process():
         s.aggregate_fit(rnd, [trained_reply(node, GLOBAL, **{
             "rofl-local-centroids": pack_array(local[node.pid])}) for node, _ in instructions], [])
         expected = aggregate_centroids(previous, [local[p] for p in range(4)])
-        np.testing.assert_allclose(s.centroids, expected)
+        np.testing.assert_allclose(s.server.centroids, expected)
         previous = expected
-    restored = make_strategy(RoFLStrategy, **keys)
-    restored.load_server_state(json.loads(json.dumps(s.server_state())))
-    np.testing.assert_array_equal(restored.centroids, s.centroids)
+    restored = make_driver(**keys)
+    restored.pipeline.load_state(json.loads(json.dumps(s.pipeline.state())))
+    np.testing.assert_array_equal(restored.server.centroids, s.server.centroids)
 
 
 @pytest.fixture(scope="module")

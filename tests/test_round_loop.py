@@ -18,10 +18,8 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
 from fedefc_server import checkpoint
-from fedefc_server.fedefc_strategy import FedEFCStrategy
 from fedefc_server.round_loop import RoundLoop
-from fedefc_server.strategy import FedAvgStrategy
-from tests.helpers import OK, FakeProxy, records
+from tests.helpers import OK, FakeProxy, make_pipeline, records
 
 SIZES = {0: 10, 1: 20, 2: 30, 3: 40}
 ACCURACY = {1: 0.5, 2: 0.6, 3: 0.6, 4: 0.6}  # A(t): no gain in round 3, T_e = 3 (gamma 1)
@@ -68,9 +66,9 @@ class LyingNode(TrainingNode):
         return res
 
 
-def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, node_class=None,
+def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_class=None,
              **keys):
-    cfg = load_run_config({"method": "fedefc" if cls is FedEFCStrategy else "fedavg",
+    cfg = load_run_config({"method": method,
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
                            **keys})
@@ -82,11 +80,13 @@ def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, node_clas
         evaluated.append(weights)
         return 1.0, float(weights[1][0])
 
-    strategy = cls(cfg, ndarrays_to_parameters(init), evaluator=evaluator if central else None)
+    pipeline = make_pipeline(cfg, max_private=10**8,
+                             evaluator=evaluator if central else None)
     manager = SimpleClientManager()
     for pid in SIZES:
         manager.register((node_class or {}).get(pid, node)(f"node-{pid}", pid, SIZES[pid]))
-    loop = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(init), cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
                      run_info={"train_samples": 100})
     loop.set_max_workers(1)
@@ -95,7 +95,7 @@ def run_loop(tmp_path, cls, rounds=4, node=TrainingNode, central=True, node_clas
 
 
 def test_fedefc_records_every_round_its_checkpoint_and_the_summary(tmp_path):
-    init, evaluated = run_loop(tmp_path, FedEFCStrategy)
+    init, evaluated = run_loop(tmp_path, "fedefc")
     # each round adds the size-weighted mean partition id: (10*0+20*1+30*2+40*3)/100 = 2
     step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
     recs = records(tmp_path)
@@ -122,7 +122,7 @@ def test_fedefc_records_every_round_its_checkpoint_and_the_summary(tmp_path):
 
 
 def test_fedavg_records_carry_no_phase_and_no_prestopping(tmp_path):
-    run_loop(tmp_path, FedAvgStrategy, rounds=2)
+    run_loop(tmp_path, "fedavg", rounds=2)
     recs = records(tmp_path)
     assert [r["round"] for r in recs] == [0, 1, 2]
     for r in recs:
@@ -134,7 +134,7 @@ def test_fedavg_records_carry_no_phase_and_no_prestopping(tmp_path):
 def test_federated_evaluation_is_recorded_every_round_and_summarized(tmp_path):
     """Flower's evaluate round through the loop: every node evaluates the global model of
     every round (round 0 included); the record holds the held-out-weighted averages."""
-    run_loop(tmp_path, FedAvgStrategy, rounds=3, node=EvaluatingNode, central=False,
+    run_loop(tmp_path, "fedavg", rounds=3, node=EvaluatingNode, central=False,
              **{"dataset": "npz", "data-path": "/d.npz", "evaluation": "federated"})
     recs = records(tmp_path)
     n = sum(count for count, _ in HELD_OUT.values())
@@ -158,7 +158,7 @@ def test_summary_counts_the_client_failures_and_rejections_of_a_completed_run(tm
     handler.emit = lambda record: lines.append(record.getMessage())
     logging.getLogger("flwr").addHandler(handler)
     try:
-        run_loop(tmp_path, FedAvgStrategy, rounds=3, node_class={3: BrokenNode, 1: LyingNode})
+        run_loop(tmp_path, "fedavg", rounds=3, node_class={3: BrokenNode, 1: LyingNode})
     finally:
         logging.getLogger("flwr").removeHandler(handler)
     recs = records(tmp_path)
@@ -172,7 +172,7 @@ def test_summary_counts_the_client_failures_and_rejections_of_a_completed_run(tm
 
 
 def test_summary_of_a_clean_run_counts_no_failures(tmp_path):
-    run_loop(tmp_path, FedAvgStrategy, rounds=2)
+    run_loop(tmp_path, "fedavg", rounds=2)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
     assert summary["rounds_with_failures"] == []

@@ -1,4 +1,5 @@
-"""The base strategy against Flower's own FedAvg, and FedEFC's phase switch."""
+"""The round pipeline against Flower's own FedAvg, and FedEFC's phase switch, driven
+through Flower's Strategy calls (one RoundStrategy per round)."""
 
 import numpy as np
 import pytest
@@ -6,12 +7,10 @@ from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
-from fedefc_server.fedefc_strategy import FedEFCStrategy
-from fedefc_server.strategy import FedAvgStrategy
 from tests.helpers import (
     PARAMS,
     FakeProxy,
-    make_strategy,
+    make_driver,
     manager,
     partition_manager,
     partition_nodes,
@@ -21,9 +20,9 @@ from tests.helpers import (
 
 def fedefc(**overrides):
     """FedEFC on 10 clients, 5 per round, switching at the first round without gain."""
-    return make_strategy(FedEFCStrategy, **{"num-clients": 10, "fraction": 0.5,
-                                            "start-round": 0, "gamma-thr": 1, "rounds": 10,
-                                            "prestopping": True, **overrides})
+    return make_driver(**{"method": "fedefc", "num-clients": 10, "fraction": 0.5,
+                          "start-round": 0, "gamma-thr": 1, "rounds": 10, "prestopping": True,
+                          **overrides})
 
 
 def fleet(rng, n_nodes):
@@ -41,12 +40,12 @@ def fit_results(rng, nodes, accuracies=None):
     return results
 
 
-@pytest.mark.parametrize("cls", [FedAvgStrategy, FedEFCStrategy])
-def test_aggregation_equals_flower_fedavg(cls):
+@pytest.mark.parametrize("method", ["fedavg", "fedefc"])
+def test_aggregation_equals_flower_fedavg(method):
     rng = np.random.default_rng(0)
     nodes, m = fleet(rng, 10)
     results = fit_results(rng, nodes[:6], accuracies=[0.5] * 6)
-    strategy = make_strategy(cls, **{"num-clients": 10, "fraction": 1.0})
+    strategy = make_driver(**{"method": method, "num-clients": 10, "fraction": 1.0})
     strategy.configure_fit(1, PARAMS, m)
     ours, _ = strategy.aggregate_fit(1, list(results), [])
     theirs, _ = FedAvg().aggregate_fit(1, list(results), [])
@@ -67,6 +66,8 @@ def test_reply_order_does_not_change_the_aggregate():
     strategy = fedefc(fraction=1.0)
     strategy.configure_fit(1, PARAMS, m)
     first, _ = strategy.aggregate_fit(1, list(results), [])
+    strategy = fedefc(fraction=1.0)
+    strategy.configure_fit(1, PARAMS, m)
     shuffled = [results[i] for i in rng.permutation(len(results))]
     second, _ = strategy.aggregate_fit(1, shuffled, [])
     assert first.tensors == second.tensors
@@ -78,22 +79,40 @@ def test_accuracy_is_unweighted_mean():
     strategy = fedefc(fraction=1.0)
     strategy.configure_fit(1, PARAMS, m)
     strategy.aggregate_fit(1, fit_results(rng, nodes[:4], accuracies=[0.1, 0.2, 0.3, 1.0]), [])
-    assert strategy.prestopper.history == [(1, pytest.approx(0.4))]
-    assert strategy.take_round_fields()["A"] == pytest.approx(0.4)
+    assert strategy.server.prestopper.history == [(1, pytest.approx(0.4))]
+    assert strategy.fields()["A"] == pytest.approx(0.4)
 
 
-def test_the_base_strategy_asks_no_accuracy_and_sends_no_phase():
+def test_fedavg_asks_no_accuracy_and_sends_no_phase():
     """FedAvg's replies need no accuracy (nothing beyond the weights is asked of a
     client), and its round config is the round and the client's seed only."""
     rng = np.random.default_rng(4)
     nodes, m = fleet(rng, 4)
-    strategy = make_strategy(FedAvgStrategy, **{"num-clients": 4, "fraction": 1.0})
+    strategy = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0})
     instructions = strategy.configure_fit(1, PARAMS, m)
     assert all(set(ins.config) == {"round", "seed"} for _, ins in instructions)
     params, _ = strategy.aggregate_fit(1, fit_results(rng, nodes), [])
-    fields = strategy.take_round_fields()
+    fields = strategy.fields()
     assert params is not None and fields["rejected"] == 0 and "A" not in fields
-    assert strategy.state_fields(1) == {} and strategy.take_round_fields() == {}
+    assert strategy.server.state_fields(1) == {}
+
+
+def test_no_round_state_carries_over_to_the_next_round():
+    """Each round's record starts from its own plan: a refused reply of round 1 is not
+    counted again in round 2, and a strategy answers for its own round only."""
+    rng = np.random.default_rng(5)
+    nodes, m = fleet(rng, 4)
+    strategy = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0})
+    strategy.configure_fit(1, PARAMS, m)
+    round_1 = strategy.strategy
+    bad = trained_reply(nodes[0], [np.zeros((2, 2), np.float32)])
+    strategy.aggregate_fit(1, [bad, *fit_results(rng, nodes[1:])], [])
+    assert strategy.fields()["rejected"] == 1
+    strategy.configure_fit(2, PARAMS, m)
+    assert set(strategy.fields()) == {"sampled"}  # the plan's fields only, so far
+    strategy.aggregate_fit(2, fit_results(rng, nodes), [])
+    assert strategy.fields()["rejected"] == 0 and strategy.strategy is not round_1
+    assert round_1.outcome.record["rejected"] == 1
 
 
 def test_after_the_switch_every_client_gets_phase_2():
@@ -108,7 +127,7 @@ def test_after_the_switch_every_client_gets_phase_2():
         phases.append({int(ins.config["phase"]) for _, ins in instructions})
         strategy.aggregate_fit(rnd, fit_results(rng, [p for p, _ in instructions],
                                                 [acc] * 10), [])
-    assert strategy.prestopper.t_e == 2
+    assert strategy.server.prestopper.t_e == 2
     assert phases == [{1}, {1}, {2}, {2}]
 
 

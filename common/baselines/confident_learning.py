@@ -7,6 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 
+class ConfidentLearningMessages:
+    """What confident learning's phase-2 replies add (docs/BASELINE-METHODS.md)."""
+
+    KEPT = "kept"  # int: samples trained on (also the reply's sample count)
+    REMOVED = "removed"  # int: samples cleanlab flagged
+
+
 def label_issue_mask(labels: np.ndarray, probs: np.ndarray) -> np.ndarray:
     """True for the samples cleanlab flags with ``filter_by="both"`` (single process).
 

@@ -37,9 +37,6 @@ class FedCorrSettings(MethodSettings):
     """FedCorr's keys, with the reference code's defaults (``fedcorr-frac1`` = 0: the
     run's fraction, so a stage-1 sub-round holds one round's clients)."""
 
-    PER_CLIENT_VALUES = ("fits a mixture on each client's LID and keeps each client's noise "
-                         "estimate")
-
     fedcorr_iterations: int = Field(5, ge=1, le=1000)
     fedcorr_frac1: float = Field(0.0, ge=0.0, le=1.0)
     fedcorr_beta: float = Field(5.0, ge=0.0, le=1e4)

@@ -9,6 +9,13 @@ from pydantic import Field
 from ..config import MethodSettings
 
 
+class DittoMessages:
+    """What Ditto's training replies add (docs/BASELINE-METHODS.md)."""
+
+    PERSONAL_ACC = "personal-acc"  # float: v's label-weighted test accuracy (simulation)
+    PERSONAL_UPDATES = "personal-updates"  # int: how often this client's v was trained
+
+
 class DittoSettings(MethodSettings):
     """Ditto's key: lambda, the weight of the personal model's proximal term."""
 

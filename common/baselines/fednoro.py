@@ -27,9 +27,6 @@ class FedNoRoSettings(MethodSettings):
     """FedNoRo's keys, with the reference code's defaults (the optimizer excepted: the
     project's SGD unless ``fednoro-optimizer=adam``)."""
 
-    PER_CLIENT_VALUES = ("clusters each client's per-class losses and weights each client's "
-                         "model by its distance")
-
     fednoro_warmup: int = Field(10, ge=1, le=100_000)
     fednoro_kd_begin: int = Field(10, ge=0, le=100_000)
     fednoro_kd_end: int = Field(49, ge=0, le=100_000)

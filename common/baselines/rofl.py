@@ -40,9 +40,6 @@ class RoFLSettings(MethodSettings):
     """RoFL's keys, with the reimplementation's defaults; ``rofl-detach-centroid-feature
     = true`` reproduces its no-gradient centroid term (module docstring, step 3)."""
 
-    PER_CLIENT_VALUES = ("weights each client's class centroids by their similarity to the "
-                         "global ones")
-
     rofl_forget_rate: float = Field(0.2, ge=0.0, lt=1.0)
     rofl_num_gradual: int = Field(10, ge=1, le=100_000)
     rofl_t_pl: int = Field(100, ge=1, le=100_000)

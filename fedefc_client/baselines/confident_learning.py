@@ -4,7 +4,9 @@ cleanlab does not flag."""
 
 from __future__ import annotations
 
+from common.baselines.confident_learning import ConfidentLearningMessages as M
 from common.baselines.confident_learning import label_issue_mask
+from common.messages import FitReply
 from common.training import TrainStats
 
 from ..job import LocalJob
@@ -17,7 +19,8 @@ def confident_learning(job: LocalJob) -> Update:
     if job.phase == 1:
         return fedavg(job)
     keep = ~label_issue_mask(job.labels, job.probs)
-    metrics = {"loss": "cross-entropy", "kept": int(keep.sum()), "removed": int((~keep).sum())}
+    metrics = {FitReply.LOSS: "cross-entropy", M.KEPT: int(keep.sum()),
+               M.REMOVED: int((~keep).sum())}
     if not keep.any():
         return 0, metrics, TrainStats(0.0, 0.0)
     return int(keep.sum()), metrics, job.train(keep=keep)

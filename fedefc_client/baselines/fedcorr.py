@@ -31,6 +31,7 @@ from common.baselines.fedcorr import (
 from common.baselines.lid import client_lid
 from common.baselines.noisy_clients import loss_noise_level
 from common.losses import cross_entropy
+from common.messages import FitReply
 from common.training import TrainStats, predict_logits
 
 from ..job import LocalJob
@@ -60,7 +61,8 @@ def fedcorr(job: LocalJob) -> Update:
         return coefficient * proximal_norm(model, anchor)
     stats = job.train(cross_entropy, regularizer=prox if coefficient > 0 else None,
                       labels=labels)
-    metrics: dict = {"loss": "cross-entropy+prox-norm" if coefficient > 0 else "cross-entropy"}
+    metrics: dict = {FitReply.LOSS: ("cross-entropy+prox-norm" if coefficient > 0
+                                     else "cross-entropy")}
     if int(job.config[M.STAGE]) == 1:
         logits = predict_logits(job.model, job.local.x, job.transform, job.cfg.eval_batch_size)
         log_p = torch.log_softmax(logits.double(), dim=1)
@@ -88,7 +90,7 @@ def _correct(job: LocalJob, labels: np.ndarray, task: str) -> Update:
         raise ValueError(f"{M.TASK}={task!r} is unknown; expected {M.RELABEL_HIGHEST_LOSS!r} "
                          f"or {M.RELABEL_CONFIDENT!r}")
     save_vector(job.state, LABELS, new.astype(np.int16))
-    metrics: dict = {"loss": "none (label correction)"}
+    metrics: dict = {FitReply.LOSS: "none (label correction)"}
     if job.cfg.diagnostics:
         metrics[M.RELABELLED] = int((new != labels).sum())
         metrics[M.CORRECTED] = int((new != job.labels).sum())

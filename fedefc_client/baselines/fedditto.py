@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, ConfigRecord
 
+from common.baselines.fedditto import DittoMessages as M
 from common.baselines.fedditto import DittoSettings, label_weighted_accuracy
 from common.baselines.fedprox import proximal_term
+from common.messages import FitReply
 from common.runtime import model_for
 from common.training import evaluate_per_class
 
@@ -37,11 +39,11 @@ def fedditto(job: LocalJob) -> Update:
         torch_state_dict={k: v.detach().cpu() for k, v in personal.state_dict().items()})
     updates = int(job.state[UPDATES]["updates"]) + 1 if UPDATES in job.state else 1
     job.state[UPDATES] = ConfigRecord({"updates": updates})
-    metrics = {"loss": "cross-entropy", "personal-updates": updates}
+    metrics = {FitReply.LOSS: "cross-entropy", M.PERSONAL_UPDATES: updates}
     test = job.local.test_split()
     if test is not None:
         per_class = evaluate_per_class(personal, *test, job.transform,
                                        job.local.data.num_classes, job.cfg.eval_batch_size)
-        metrics["personal-acc"] = label_weighted_accuracy(per_class, job.labels)
+        metrics[M.PERSONAL_ACC] = label_weighted_accuracy(per_class, job.labels)
     return len(job.labels), metrics, job.train()
 

@@ -26,6 +26,7 @@ from common.baselines.fednoro import (
     per_class_mean_loss,
 )
 from common.exchange import pack_array
+from common.messages import FitReply
 from common.runtime import model_for
 from common.training import TrainStats, make_optimizer, predict_logits
 
@@ -62,7 +63,7 @@ def fednoro(job: LocalJob) -> Update:
                                    settings.fednoro_adam_weight_decay)
     else:
         optimizer = make_optimizer(job.model, "sgd", cfg.lr, cfg.momentum, cfg.weight_decay)
-    return len(job.labels), {"loss": name}, job.train_batches(batch_loss, optimizer)
+    return len(job.labels), {FitReply.LOSS: name}, job.train_batches(batch_loss, optimizer)
 
 
 def _class_losses(job: LocalJob) -> Update:
@@ -73,5 +74,5 @@ def _class_losses(job: LocalJob) -> Update:
     logits = predict_logits(job.model, job.local.x, job.transform, job.cfg.eval_batch_size)
     losses = F.cross_entropy(logits.double(), job.local.y, reduction="none").cpu().numpy()
     per_class = per_class_mean_loss(losses, job.labels, job.local.data.num_classes)
-    return 0, {"loss": "none (detection)", M.CLASS_LOSSES: pack_array(per_class)}, \
+    return 0, {FitReply.LOSS: "none (detection)", M.CLASS_LOSSES: pack_array(per_class)}, \
         TrainStats(0.0, 0.0)

@@ -30,6 +30,7 @@ from common.baselines.rofl import (
     update_centroids,
 )
 from common.exchange import pack_array, unpack_array
+from common.messages import FitReply
 from common.training import make_optimizer, predict_logits_features
 
 from ..job import LocalJob
@@ -73,7 +74,7 @@ def rofl(job: LocalJob) -> Update:
 
     optimizer = make_optimizer(job.model, "sgd", cfg.lr, cfg.momentum, cfg.weight_decay)
     stats = job.train_batches(batch_loss, optimizer)
-    metrics: dict = {"loss": "rofl",
+    metrics: dict = {FitReply.LOSS: "rofl",
                      M.LOCAL_CENTROIDS: pack_array(f_k.cpu().numpy().astype(np.float32))}
     if cfg.diagnostics:
         metrics.update({M.KEPT: counts["kept"], M.AGREE: counts["agree"],

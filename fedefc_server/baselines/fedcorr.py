@@ -18,7 +18,7 @@ and rules in :mod:`common.baselines.fedcorr`, detectors in
 
 A stage-1 reply must carry a finite LID >= 0 (the estimator's range; 0 for a client
 whose outputs coincide) and an estimated noise in [0, 1], else it is rejected
-(:meth:`FedCorrStrategy.check_metrics`). The checkpoint keeps the plan: a resumed run
+(:meth:`FedCorrServer.check_metrics`). The checkpoint keeps the plan: a resumed run
 whose config gives other stage boundaries (e.g. another ``rounds``, which sets the
 stage-2 length) is refused.
 
@@ -33,19 +33,20 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar
+from flwr.common import Parameters, Scalar
 from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from common.baselines.fedcorr import FedCorrMessages as M
 from common.baselines.fedcorr import FedCorrPlan, FedCorrSettings
 from common.baselines.noisy_clients import lid_noisy_clients
+from common.config import RunConfig
+from common.models import ClassifierShape
 
 from ..checkpoint import CheckpointError
-from ..strategy import sample_round
+from ..method_server import Aggregated, TaskSender
+from ..plan import sample_round
 from ..validation import bad_number
-from .noise_robust import NoiseRobustStrategy, detection_truth, int_keys, truth_note
+from .noise_robust import NoiseRobustServer, detection_truth, int_keys, truth_note
 
 
 def plan_differences(stored: dict[str, int], plan: FedCorrPlan) -> dict[str, tuple[int, int]]:
@@ -70,11 +71,11 @@ def check_resume_plan(state: dict[str, Any], plan: FedCorrPlan) -> None:
             f"rounds; resume with rounds={stored['rounds']}, the interrupted run's value")
 
 
-class FedCorrStrategy(NoiseRobustStrategy):
-    """FedCorr's three stages on top of the project's FedAvg strategy."""
+class FedCorrServer(NoiseRobustServer):
+    """FedCorr's three stages as server hooks."""
 
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
+    def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
+        super().__init__(cfg, model_shape)
         self.settings = cfg.settings(FedCorrSettings)
         self.plan = self.settings.plan(cfg)
         self.lid_sum: dict[int, float] = {}  # cumulative LID over iterations
@@ -82,76 +83,80 @@ class FedCorrStrategy(NoiseRobustStrategy):
         self.est_noise: dict[int, float] = {}  # after the last detection; 0 = clean
         self.noisy: list[int] = []
         self._correct_before_next = False
-        self._clean_pool_size: int | None = None  # stage 2: clients eligible this round
         log(INFO, "FedCorr plan: %s", self.plan.describe())
 
     def summary_fields(self) -> dict[str, Any]:
-        return {**super().summary_fields(), "fedcorr_plan": self.plan.describe(),
-                "fedcorr_noisy": self.noisy}
+        return {"fedcorr_plan": self.plan.describe(), "fedcorr_noisy": self.noisy}
 
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "fedcorr": {
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "fedcorr": {
             "plan": asdict(self.plan),
             "lid_sum": self.lid_sum, "reported_noise": self.reported_noise,
             "est_noise": self.est_noise, "noisy": self.noisy,
             "correct_before_next": self._correct_before_next}}
 
-    def load_server_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any]) -> None:
         """Restore the detection state; refuse (CheckpointError naming the keys) a
         checkpoint whose run followed other stage boundaries than this config gives."""
-        super().load_server_state(state)
-        check_resume_plan(state, self.plan)
+        super().load_state(state)
+        self.check_checkpoint(state, self.cfg)
         s = state["fedcorr"]
         self.lid_sum, self.reported_noise, self.est_noise = (
             int_keys(s[k]) for k in ("lid_sum", "reported_noise", "est_noise"))
         self.noisy = [int(p) for p in s["noisy"]]
         self._correct_before_next = bool(s["correct_before_next"])
 
+    @classmethod
+    def check_checkpoint(cls, state: dict[str, Any], cfg: RunConfig) -> None:
+        check_resume_plan(state, cfg.settings(FedCorrSettings).plan(cfg))
+
     # -- sampling and per-client config ---------------------------------------------
-    def sample_partitions(self, available: list[int], server_round: int) -> list[int]:
+    def clean_pool(self, available: list[int]) -> list[int]:
+        """Stage 2's clients: estimated noise <= fedcorr-clean-set-thres."""
+        thres = self.settings.fedcorr_clean_set_thres
+        return [p for p in available if self.est_noise.get(p, 0.0) <= thres]
+
+    def sample(self, server_round: int, available: list[int]) -> list[int]:
         stage = self.plan.stage(server_round)
         if stage == 1:
             serving = set(available)
             return [p for p in self.plan.subround_clients(self.cfg.seed, server_round)
                     if p in serving]
         if stage == 2:
-            thres = self.settings.fedcorr_clean_set_thres
-            pool = [p for p in available if self.est_noise.get(p, 0.0) <= thres]
-            if not pool:
-                log(WARNING, "FedCorr stage 2: no client with estimated noise <= %s; "
-                    "fine-tuning on all clients", thres)
-                pool = list(available)
-            self._clean_pool_size = len(pool)
-            return sample_round(self.cfg, pool, server_round)
-        return super().sample_partitions(available, server_round)
+            return sample_round(self.cfg, self.clean_pool(available) or available, server_round)
+        return super().sample(server_round, available)
 
-    def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
-        config = super().client_config(partition_id, server_round)
+    def client_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
         stage = self.plan.stage(server_round)
-        config[M.STAGE] = stage
-        config[M.MU] = self.est_noise.get(partition_id, 0.0) if stage == 1 else 0.0
-        return config
+        return {M.STAGE: stage,
+                M.MU: self.est_noise.get(partition_id, 0.0) if stage == 1 else 0.0}
 
     # -- corrections between rounds -------------------------------------------------
-    def before_round(self, server_round: int, parameters: Parameters,
-                     client_manager: ClientManager) -> dict[str, Any]:
+    def before_round(self, server_round: int, send_tasks: TaskSender,
+                     partitions: list[int]) -> dict[str, Any]:
         info: dict[str, Any] = {}
         if self._correct_before_next and self.noisy:
             ratio = self.settings.fedcorr_relabel_ratio
             tasks = {p: {M.TASK: M.RELABEL_HIGHEST_LOSS,
                          M.RELABEL_FRACTION: self.est_noise[p] * ratio} for p in self.noisy}
-            info.update(self._correct(tasks, client_manager, parameters, server_round,
+            info.update(self._correct(tasks, send_tasks, server_round,
                                       "fedcorr_relabel_highest_loss"))
         self._correct_before_next = False
         if server_round == self.plan.stage2_end + 1 and self.noisy:
             tasks = {p: {M.TASK: M.RELABEL_CONFIDENT} for p in self.noisy}
-            info.update(self._correct(tasks, client_manager, parameters, server_round,
+            info.update(self._correct(tasks, send_tasks, server_round,
                                       "fedcorr_relabel_confident"))
+        if self.plan.stage(server_round) == 2:
+            pool = self.clean_pool(partitions)
+            if not pool:
+                log(WARNING, "FedCorr stage 2: no client with estimated noise <= %s; "
+                    "fine-tuning on all clients", self.settings.fedcorr_clean_set_thres)
+            info["fedcorr_clean_pool"] = len(pool or partitions)
         return info
 
-    def _correct(self, tasks: dict[int, dict[str, Scalar]], client_manager: ClientManager,
-                 parameters: Parameters, server_round: int, name: str) -> dict[str, Any]:
-        replies = self.send_tasks(client_manager, parameters, tasks, server_round)
+    def _correct(self, tasks: dict[int, dict[str, Scalar]], send_tasks: TaskSender,
+                 server_round: int, name: str) -> dict[str, Any]:
+        replies = self.send(send_tasks, tasks)
         for pid in list(replies):
             counts = (bad_number(key, replies[pid].metrics.get(key), 0, integer=True)
                       for key in (M.RELABELLED, M.CORRECTED))
@@ -176,15 +181,12 @@ class FedCorrStrategy(NoiseRobustStrategy):
         return (bad_number(M.LID, metrics.get(M.LID), 0.0)
                 or bad_number(M.EST_NOISE, metrics.get(M.EST_NOISE), 0.0, 1.0))
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
-        params, metrics = super().aggregate_fit(server_round, results, failures)
+    def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
+        server_round = result.round
         stage = self.plan.stage(server_round)
         info: dict[str, Any] = {"fedcorr_stage": stage}
-        if stage == 2:
-            info["fedcorr_clean_pool"] = self._clean_pool_size
         lids = {}
-        for pid, res in self.accepted_replies():
+        for pid, res in result.replies:
             self.note_truth(pid, res.metrics)
             if stage == 1:  # check_metrics made sure both values are there and usable
                 lids[pid] = float(res.metrics[M.LID])
@@ -195,8 +197,7 @@ class FedCorrStrategy(NoiseRobustStrategy):
             info["fedcorr_lid"] = lids
         if self.plan.ends_iteration(server_round):
             info.update(self._detect(server_round))
-        self.record(**info)
-        return params, metrics
+        return result.parameters, info
 
     def _detect(self, server_round: int) -> dict[str, Any]:
         """End of an iteration: flag noisy clients and keep their noise estimates."""

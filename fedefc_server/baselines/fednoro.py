@@ -29,18 +29,19 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from common.baselines.daagg import daagg_distances, daagg_weights, weighted_average
 from common.baselines.fednoro import FedNoRoMessages as M
 from common.baselines.fednoro import FedNoRoSettings
 from common.baselines.noisy_clients import fednoro_noisy_clients
+from common.config import RunConfig
 from common.exchange import unpack_array
+from common.models import ClassifierShape
 
-from .noise_robust import NoiseRobustStrategy, detection_truth, truth_note
+from ..method_server import Aggregated, TaskSender
+from .noise_robust import NoiseRobustServer, detection_truth, truth_note
 
 
 def read_class_losses(metrics: dict[str, Scalar], num_classes: int) -> np.ndarray:
@@ -64,42 +65,38 @@ def read_class_losses(metrics: dict[str, Scalar], num_classes: int) -> np.ndarra
     return losses.astype(np.float64)
 
 
-class FedNoRoStrategy(NoiseRobustStrategy):
+class FedNoRoServer(NoiseRobustServer):
     """Warm-up, one-off noisy-client detection, then distillation and DaAgg."""
 
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
+    def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
+        super().__init__(cfg, model_shape)
         self.settings = cfg.settings(FedNoRoSettings)
         self.noisy: set[int] = set()
 
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "fednoro": {"noisy": sorted(self.noisy)}}
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "fednoro": {"noisy": sorted(self.noisy)}}
 
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        super().load_server_state(state)
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
         self.noisy = {int(p) for p in state["fednoro"]["noisy"]}
 
     def summary_fields(self) -> dict[str, Any]:
-        return {**super().summary_fields(), "fednoro_noisy": sorted(self.noisy)}
+        return {"fednoro_noisy": sorted(self.noisy)}
 
     def after_warmup(self, server_round: int) -> bool:
         return server_round > self.settings.fednoro_warmup
 
-    def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
-        config = super().client_config(partition_id, server_round)
-        if self.after_warmup(server_round):
-            config[M.NOISY] = int(partition_id in self.noisy)
-            config[M.KD_WEIGHT] = self.settings.kd_weight(server_round)
-        return config
+    def client_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        if not self.after_warmup(server_round):
+            return {}
+        return {M.NOISY: int(partition_id in self.noisy),
+                M.KD_WEIGHT: self.settings.kd_weight(server_round)}
 
-    def before_round(self, server_round: int, parameters: Parameters,
-                     client_manager: ClientManager) -> dict[str, Any]:
+    def before_round(self, server_round: int, send_tasks: TaskSender,
+                     partitions: list[int]) -> dict[str, Any]:
         if server_round != self.settings.fednoro_warmup + 1:
             return {}
-        serving = self.registry.refresh(client_manager, server_round)
-        replies = self.send_tasks(client_manager, parameters,
-                                  {p: {M.TASK: M.CLASS_LOSSES_TASK} for p in serving},
-                                  server_round)
+        replies = self.send(send_tasks, {p: {M.TASK: M.CLASS_LOSSES_TASK} for p in partitions})
         num_classes = self.model_shape.num_classes  # from the run's data, not the arrays
         losses, skipped = {}, {}
         for pid, res in replies.items():
@@ -116,25 +113,22 @@ class FedNoRoStrategy(NoiseRobustStrategy):
         noisy = sorted(self.noisy)
         truth = detection_truth(noisy, self.true_noise)
         log(INFO, "FedNoRo detection before round %d: %d/%d clients answered, %d left out, "
-            "%d flagged noisy%s", server_round, len(replies), len(serving), len(skipped),
+            "%d flagged noisy%s", server_round, len(replies), len(partitions), len(skipped),
             len(noisy), truth_note(truth))
         return {"fednoro_detection_clients": pids, "fednoro_detection_skipped": skipped,
                 "fednoro_noisy": noisy, "fednoro_true_noise": dict(self.true_noise), **truth}
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
-        params, metrics = super().aggregate_fit(server_round, results, failures)
-        if params is None or not self.after_warmup(server_round):
-            return params, metrics
-        replies = self.accepted_replies()
-        pids = [p for p, _ in replies]
-        models = [parameters_to_ndarrays(res.parameters) for _, res in replies]
-        sizes = np.array([res.num_examples for _, res in replies], dtype=np.float64)
+    def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
+        """DaAgg instead of FedAvg after warm-up (the accepted replies' own models)."""
+        if result.parameters is None or not self.after_warmup(result.round):
+            return result.parameters, {}
+        pids = [p for p, _ in result.replies]
+        models = [parameters_to_ndarrays(res.parameters) for _, res in result.replies]
+        sizes = np.array([res.num_examples for _, res in result.replies], dtype=np.float64)
         flags = np.array([p in self.noisy for p in pids])
         coefs = daagg_weights(sizes, daagg_distances(models, flags))
-        self.record(
-            fednoro_kd_weight=self.settings.kd_weight(server_round),
-            fednoro_noisy_sampled=[p for p, f in zip(pids, flags) if f],
-            daagg_weights=dict(zip(pids, coefs.tolist())),
-            fedavg_weights=dict(zip(pids, (sizes / sizes.sum()).tolist())))
-        return ndarrays_to_parameters(weighted_average(models, coefs)), metrics
+        return ndarrays_to_parameters(weighted_average(models, coefs)), {
+            "fednoro_kd_weight": self.settings.kd_weight(result.round),
+            "fednoro_noisy_sampled": [p for p, f in zip(pids, flags) if f],
+            "daagg_weights": dict(zip(pids, coefs.tolist())),
+            "fedavg_weights": dict(zip(pids, (sizes / sizes.sum()).tolist()))}

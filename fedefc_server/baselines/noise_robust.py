@@ -1,31 +1,26 @@
-"""Plumbing shared by the FedCorr, FedNoRo and RoFL strategies (docs/BASELINE-METHODS.md).
+"""Plumbing shared by the servers of FedCorr, FedNoRo and RoFL (docs/BASELINE-METHODS.md).
 
-Each is a :class:`.FedAvgStrategy` (same seeded sampling, screened replies, FedAvg in
-partition-id order, records and summary) that adds, per round:
-
-- :meth:`before_round`: work between two rounds with the current global model, such as
-  extra task messages to clients (:mod:`.extra_messages`), recorded in the round;
-- in ``aggregate_fit`` (overridden by each), its own server step and record fields,
-  on the replies the base strategy accepted (:meth:`accepted_replies`);
-- in ``server_state`` / ``load_server_state``, what a checkpoint must keep of it.
+Each is a :class:`.MethodServer` (the pipeline's seeded sampling, screened replies,
+FedAvg in partition-id order, records and summary) whose hooks add work between rounds
+(task messages to clients, :mod:`.extra_messages`) and a server step after FedAvg.
 
 The simulator's truth: a simulated client reports its true noise rate (``noise-rate``,
-``diagnostics=true``); :meth:`note_truth` keeps the latest per partition so a detector's
-flags can be set beside it (:func:`detection_truth`).
+``diagnostics=true``); :meth:`NoiseRobustServer.note_truth` keeps the latest per
+partition so a detector's flags can be set beside it (:func:`detection_truth`).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import FitRes, Scalar
 
-from ..strategy import FedAvgStrategy
-from .extra_messages import send_tasks
+from common.config import RunConfig
+from common.messages import FitReply
+from common.models import ClassifierShape
+
+from ..method_server import MethodServer, TaskSender
 
 
 def detection_truth(flagged: list[int], true_noise: dict[int, float]) -> dict[str, Any]:
@@ -48,56 +43,30 @@ def truth_note(truth: dict[str, Any]) -> str:
     return f" | true noise rate: flagged {flagged}, others {others}"
 
 
-class NoiseRobustStrategy(FedAvgStrategy):
-    """A FedAvgStrategy with a between-rounds hook and task messages."""
+class NoiseRobustServer(MethodServer):
+    """A method's server that keeps the simulator's truth beside its detections."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
+        super().__init__(cfg, model_shape)
         self.true_noise: dict[int, float] = {}
 
-    def before_round(self, server_round: int, parameters: Parameters,
-                     client_manager: ClientManager) -> dict[str, Any]:
-        """Work before ``server_round`` is configured; returns fields for its record."""
-        return {}
-
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        start = time.monotonic()
-        extra = self.before_round(server_round, parameters, client_manager)
-        if extra:
-            extra["extra_messages_s"] = time.monotonic() - start
-        instructions = super().configure_fit(server_round, parameters, client_manager)
-        self.record(**extra)
-        return instructions
-
-    def send_tasks(self, client_manager: ClientManager, parameters: Parameters,
-                   tasks: dict[int, dict[str, Scalar]], server_round: int) -> dict[int, FitRes]:
-        """Send each partition in ``tasks`` the round config (round, seed) plus its task
-        keys; return the replies by partition id. Each call is bounded by
-        ``client-timeout`` (0: none), as a round's training calls are."""
-        serving = self.registry.refresh(client_manager, server_round)
-        configs = {pid: {**self.round_config(pid, server_round), **task}
-                   for pid, task in tasks.items()}
-        replies = send_tasks(serving, parameters, configs, server_round,
-                             timeout=self.cfg.client_timeout or None)
+    def send(self, send_tasks: TaskSender, tasks: dict[int, dict[str, Scalar]]
+             ) -> dict[int, FitRes]:
+        """Task messages (:data:`.method_server.TaskSender`), noting the truth their
+        replies carry."""
+        replies = send_tasks(tasks)
         for pid, res in replies.items():
             self.note_truth(pid, res.metrics)
         return replies
 
     def note_truth(self, pid: int, metrics: dict[str, Scalar]) -> None:
-        if "noise-rate" in metrics:
-            self.true_noise[pid] = float(metrics["noise-rate"])
+        if FitReply.NOISE_RATE in metrics:
+            self.true_noise[pid] = float(metrics[FitReply.NOISE_RATE])
 
-    def accepted_replies(self) -> list[tuple[int, FitRes]]:
-        """(partition id, reply) of this round's valid replies (screened by the base
-        ``aggregate_fit``: trained, well-formed, finite), in id order."""
-        return [(int(res.metrics["partition-id"]), res) for _, res in self.accepted]
+    def state(self) -> dict[str, Any]:
+        return {"true_noise": self.true_noise}
 
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "true_noise": self.true_noise}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        super().load_server_state(state)
+    def load_state(self, state: dict[str, Any]) -> None:
         self.true_noise = int_keys(state["true_noise"])
 
 

@@ -7,8 +7,8 @@ them by the cosine-weighted average of the clients' returned centroids (round 1:
 plain mean). The model is aggregated with the project's FedAvg.
 
 A reply whose f_k is missing, undecodable, not a finite float K x D matrix of this
-model's shape, or whose counts are not integers >= 0, is rejected
-(:meth:`RoFLStrategy.check_metrics`), like any invalid reply.
+model's shape (:meth:`RoFLServer.check_metrics`), or whose counts are not integers >= 0
+(its declared reply metrics, common/methods.py), is rejected like any invalid reply.
 
 Records per round: the forget rate, lambda_cen and whether pseudo-labels are active,
 the clients' summed counts (kept samples, nearest-centroid agreement, replaced
@@ -20,15 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import Parameters, Scalar
 
 from common.baselines.rofl import RoFLMessages as M
 from common.baselines.rofl import RoFLSettings, aggregate_centroids
+from common.config import RunConfig
 from common.exchange import pack_array, unpack_array
+from common.models import ClassifierShape
 
-from ..validation import bad_number
-from .noise_robust import NoiseRobustStrategy
+from ..method_server import Aggregated
+from .noise_robust import NoiseRobustServer
 
 
 def bad_centroids(value: Any, shape: tuple[int, int]) -> str | None:
@@ -46,46 +47,35 @@ def bad_centroids(value: Any, shape: tuple[int, int]) -> str | None:
     return None
 
 
-class RoFLStrategy(NoiseRobustStrategy):
+class RoFLServer(NoiseRobustServer):
     """FedAvg plus RoFL's global class centroids."""
 
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
-        if self.model_shape is None or self.model_shape.feature_dim is None:
+    def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
+        super().__init__(cfg, model_shape)
+        if model_shape.feature_dim is None:
             raise ValueError("RoFL's server needs the model's K and feature width "
                              "(model_shape with a feature_dim)")
         self.centroids: np.ndarray | None = None
-        self._centroid_bytes: bytes | None = None  # f_G as sent, packed once per round
+        self._centroid_bytes: bytes | None = None  # f_G as sent, packed once per change
 
-    def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
-        config = super().client_config(partition_id, server_round)
-        if self._centroid_bytes is not None:
-            config[M.CENTROIDS] = self._centroid_bytes
-        return config
+    def client_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        return {} if self._centroid_bytes is None else {M.CENTROIDS: self._centroid_bytes}
 
     def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
         """Every RoFL reply's f_k (:func:`bad_centroids`, K x D of the model's
-        features) and, when reported, its counts."""
+        features); its counts are checked as the method's declared reply metrics."""
         shape = (self.model_shape.num_classes, self.model_shape.feature_dim)
-        reason = bad_centroids(metrics.get(M.LOCAL_CENTROIDS), shape)
-        for key in (M.KEPT, M.AGREE, M.REPLACED):
-            if reason is None and key in metrics:
-                reason = bad_number(key, metrics[key], 0, integer=True)
-        return reason
+        return bad_centroids(metrics.get(M.LOCAL_CENTROIDS), shape)
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
-        params, metrics = super().aggregate_fit(server_round, results, failures)
-        replies = [(p, r.metrics) for p, r in self.accepted_replies()]
-        rate, lambda_cen, pseudo = self.cfg.settings(RoFLSettings).schedule(server_round)
+    def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
+        replies = [(p, r.metrics) for p, r in result.replies]
+        rate, lambda_cen, pseudo = self.cfg.settings(RoFLSettings).schedule(result.round)
         info: dict[str, Any] = {"rofl_forget_rate": rate, "rofl_lambda_cen": lambda_cen,
                                 "rofl_pseudo_labels": pseudo}
-        for key in (M.KEPT, M.AGREE, M.REPLACED):
-            if any(key in m for _, m in replies):
-                info[key.replace("-", "_")] = int(sum(int(m.get(key, 0)) for _, m in replies))
-        if info.get("rofl_kept"):
-            info["rofl_agree_rate"] = info["rofl_agree"] / info["rofl_kept"]
-        if replies and params is not None:  # a skipped round keeps f_G with the model
+        kept, agree = (sum(int(m.get(k, 0)) for _, m in replies) for k in (M.KEPT, M.AGREE))
+        if kept:
+            info["rofl_agree_rate"] = agree / kept
+        if replies and result.parameters is not None:  # a skipped round keeps f_G too
             new = aggregate_centroids(self.centroids, [unpack_array(m[M.LOCAL_CENTROIDS])
                                                        for _, m in replies])
             if self.centroids is not None:
@@ -93,19 +83,18 @@ class RoFLStrategy(NoiseRobustStrategy):
                                                     .mean())
             info["rofl_centroid_norm"] = float(np.linalg.norm(new, axis=1).mean())
             self._set_centroids(new)
-        self.record(**info)
-        return params, metrics
+        return result.parameters, info
 
     def _set_centroids(self, centroids: np.ndarray) -> None:
         self.centroids = centroids
         self._centroid_bytes = pack_array(centroids.astype(np.float32))
 
-    def server_state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         f_g = None if self.centroids is None else self.centroids.tolist()
-        return {**super().server_state(), "rofl": {"centroids": f_g}}
+        return {**super().state(), "rofl": {"centroids": f_g}}
 
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        super().load_server_state(state)
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
         f_g = state["rofl"]["centroids"]
         if f_g is not None:
             self._set_centroids(np.array(f_g, dtype=np.float64))

@@ -1,6 +1,6 @@
 """Benchmark: the same FL job through Flower's simulation vs a plain single-process loop.
 
-Both sides run the same clients (FedEFCClient.fit), model, data plan, client sampling,
+Both sides run the same clients (MethodClient.fit), model, data plan, client sampling,
 per-client seeds, prestopping and test evaluation; the plain loop just calls the client
 objects one after another in one process and averages weights with NumPy, with no
 Flower, no Ray and no SuperLink. Each side is timed as a whole process (interpreter
@@ -30,20 +30,20 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import RecordDict
-from flwr.common import ndarrays_to_parameters
 
-from common.federation import federated_data
+from common.data_plan import data_plan
 from common.methods import load_run_config
+from common.models import classifier_shape
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import configure_threads, pick_device
 from fedefc_cli.flower import LocalSimulation
 from fedefc_cli.run_configs import resolve_run_config
-from fedefc_client.client import FedEFCClient
+from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
 from fedefc_server.evaluation import TestSetEvaluator
-from fedefc_server.fedefc_strategy import FedEFCStrategy
-from fedefc_server.strategy import sample_round
+from fedefc_server.plan import round_config, sample_round
+from fedefc_server.prestopping_server import PrestoppingServer
 
 
 def plain_loop(run_config: dict) -> dict:
@@ -51,12 +51,13 @@ def plain_loop(run_config: dict) -> dict:
     start = time.monotonic()
     cfg = load_run_config(run_config)
     configure_threads(cfg.client_threads)
-    fed = federated_data(cfg)
+    fed = data_plan(cfg)
     device = pick_device(cfg.device)
     evaluator = TestSetEvaluator(cfg, fed.data)
     weights = get_weights(initial_model(cfg, fed.data.task))
-    strategy = FedEFCStrategy(cfg, ndarrays_to_parameters(weights))  # its config and prestopper
-    stopper = strategy.prestopper
+    server = PrestoppingServer(cfg, classifier_shape(initial_model(cfg, fed.data.task),
+                                                     fed.data.task))
+    stopper = server.prestopper
     states = {pid: RecordDict() for pid in range(cfg.num_clients)}
     accs, round_s = [], []
     for rnd in range(1, cfg.rounds + 1):
@@ -64,9 +65,10 @@ def plain_loop(run_config: dict) -> dict:
         phase = stopper.phase(rnd)
         replies = []
         for pid in sample_round(cfg, list(range(cfg.num_clients)), rnd):
-            client = FedEFCClient(cfg, pid, lambda p=pid: partition_data(cfg, p, device),
+            client = MethodClient(cfg, pid, lambda p=pid: partition_data(cfg, p, device),
                                   states[pid])
-            replies.append(client.fit(weights, strategy.client_config(pid, rnd)))
+            replies.append(client.fit(weights, {**round_config(cfg, pid, rnd),
+                                                **server.client_config(rnd, pid)}))
         total = sum(n for _, n, _ in replies)
         weights = [sum(w[i] * (n / total) for w, n, _ in replies).astype(weights[i].dtype)
                    for i in range(len(weights))]

@@ -1,8 +1,8 @@
 """CUDA check: every method's real strategy and clients on a GPU, plus throughputs.
 
 For machines without Ray (or to debug), the federation runs in one process: the method's
-real Strategy inside the app's round loop (:class:`RoundLoop`), and real
-FedEFCClient objects behind in-process ClientProxies (each with its own persistent
+real server hooks and round pipeline inside the app's round loop (:class:`RoundLoop`), and real
+MethodClient objects behind in-process ClientProxies (each with its own persistent
 ``context.state``). Everything trains on ``cuda``. Then it times local training of
 the paper's models (9-conv CNN on MNIST; ResNet-18 / ResNet-34 at batch 10 on
 CIFAR-shaped data) and extrapolates the wall time of a paper-scale run.
@@ -27,35 +27,37 @@ from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from common.federation import federated_data
+from common.data_plan import data_plan
 from common.losses import cross_entropy
-from common.methods import load_run_config
+from common.methods import load_object, load_run_config, method_of
 from common.models import TaskShape, build_model, classifier_shape
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
 from common.training import BatchTransform, SGDSettings, TrainingSet, train
 from fedefc_cli.run_configs import read_app_defaults, read_preset
-from fedefc_client.client import FedEFCClient
+from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
+from fedefc_server.declarations import SizeRule
 from fedefc_server.evaluation import TestSetEvaluator
+from fedefc_server.pipeline import RoundPipeline
+from fedefc_server.registry import PartitionRegistry
 from fedefc_server.round_loop import RoundLoop
-from fedefc_server.server_app import STRATEGIES
 
 
 class InProcessProxy(ClientProxy):
-    """A node served by a FedEFCClient in this process (state kept across rounds)."""
+    """A node served by a MethodClient in this process (state kept across rounds)."""
 
     def __init__(self, cfg, pid: int, device):
         super().__init__(f"node-{pid}")
         self.cfg, self.pid, self.device, self.state = cfg, pid, device, RecordDict()
 
     def _client(self):
-        return FedEFCClient(self.cfg, self.pid, lambda: partition_data(self.cfg, self.pid,
+        return MethodClient(self.cfg, self.pid, lambda: partition_data(self.cfg, self.pid,
                                                                        self.device), self.state)
 
     def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": self.pid})
+        return GetPropertiesRes(Status(Code.OK, ""), self._client().get_properties({}))
 
     def fit(self, ins, timeout, group_id):
         return self._client().to_client().fit(ins)
@@ -76,12 +78,15 @@ def run_in_process(flat: dict) -> dict:
     manager = SimpleClientManager()
     for pid in range(cfg.num_clients):
         manager.register(InProcessProxy(cfg, pid, device))
-    data = federated_data(cfg).data
+    plan = data_plan(cfg)
+    data = plan.data
     model = initial_model(cfg, data.task)
-    strategy = STRATEGIES[cfg.method](
-        cfg, ndarrays_to_parameters(get_weights(model)), evaluator=TestSetEvaluator(cfg, data),
-        max_samples=len(data.train_y), model_shape=classifier_shape(model, data.task))
-    server = RoundLoop(client_manager=manager, strategy=strategy, cfg=cfg,
+    hooks = load_object(method_of(cfg).server)(cfg, classifier_shape(model, data.task))
+    pipeline = RoundPipeline(cfg, method_of(cfg), hooks,
+                             PartitionRegistry(SizeRule.for_run(cfg, plan)),
+                             TestSetEvaluator(cfg, data))
+    server = RoundLoop(client_manager=manager, pipeline=pipeline,
+                       parameters=ndarrays_to_parameters(get_weights(model)), cfg=cfg,
                        recorder=RunRecorder(cfg.out_dir, cfg.to_flat()), model=model,
                        run_info={})
     server.set_max_workers(1)  # clients share the process's model cache: one at a time

@@ -1,17 +1,15 @@
-"""FedEFC's server: accuracy aggregation, prestopping and the phase switch.
+"""The server hooks of FedEFC and of the methods that switch at its prestopping point
+(forward correction, confident learning): A(t), prestopping and the phase switch.
 
-Per round (paper Algorithm 1, docs/FEDEFC.md §3), on top of :class:`.FedAvgStrategy`:
+Per round (paper Algorithm 1, docs/FEDEFC.md §3):
 
 - every client is told its phase (1 up to and including T_e, 2 afterwards); in phase 1
-  its reply must carry A_k, its accuracy (docs/FEDEFC.md §3.1);
+  its reply must carry A_k, its accuracy (:func:`common.messages.carries_accuracy`);
 - after a phase-1 round's weights are averaged, the accuracies of the valid replies are
   averaged WITHOUT weights (paper eq. (2); ``median`` / ``trimmed-mean`` bound lying
   clients, :mod:`.accuracy`) into A(t), which the :class:`.Prestopper` turns into T_e.
   Under secure aggregation the accuracies travel inside the secure sum and the server
   learns only their mean A(t) (docs/PRIVACY.md; ``client_acc`` is then not recorded).
-
-Forward correction and confident learning use this strategy too: like FedEFC, they
-change their local update once prestopping has switched to phase 2.
 """
 
 from __future__ import annotations
@@ -20,48 +18,50 @@ from dataclasses import asdict
 from logging import INFO
 from typing import Any
 
-from flwr.common import FitRes, Parameters, Scalar
+from flwr.common import Parameters, Scalar
 from flwr.common.logger import log
-from flwr.server.client_proxy import ClientProxy
+
+from common.config import RunConfig
+from common.messages import FitConfig, FitReply, carries_accuracy
+from common.models import ClassifierShape
 
 from .accuracy import aggregate_accuracy
+from .method_server import Aggregated, MethodServer
+from .pipeline import evaluation_text
 from .prestopping import Prestopper
-from .strategy import FedAvgStrategy, evaluation_text
 
 
-class FedEFCStrategy(FedAvgStrategy):
+class PrestoppingServer(MethodServer):
     """FedAvg with FedEFC's prestopping detection and phase switch."""
 
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
+    def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
+        super().__init__(cfg, model_shape)
         self.prestopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
 
     def phase(self, server_round: int) -> int:
         return self.prestopper.phase(server_round)
 
-    def client_config(self, partition_id: int, server_round: int) -> dict[str, Scalar]:
-        return {**super().client_config(partition_id, server_round),
-                "phase": self.phase(server_round)}
+    def client_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        return {FitConfig.PHASE: self.phase(server_round)}
 
     def asks_accuracy(self, server_round: int) -> bool:
-        return self.phase(server_round) == 1
+        return carries_accuracy(self.phase(server_round))
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
-        params, metrics = super().aggregate_fit(server_round, results, failures)
-        if params is None or self.phase(server_round) != 1:
-            return params, metrics
-        if self.secure:  # only the sum reached the server (docs/PRIVACY.md)
-            accs, a_t = None, self.secure_means.get("accuracy")
+    def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
+        """A(t) of a phase-1 round that was aggregated, fed to the prestopping rule."""
+        t = result.round
+        if result.parameters is None or not self.asks_accuracy(t):
+            return result.parameters, {}
+        if result.secure:  # only the sum reached the server (docs/PRIVACY.md)
+            accs, a_t = None, result.secure_means.get(FitReply.ACCURACY)
         else:
-            accs = [float(res.metrics["accuracy"]) for _, res in self.accepted]
+            accs = [float(res.metrics[FitReply.ACCURACY]) for _, res in result.replies]
             a_t = aggregate_accuracy(accs, self.cfg.accuracy_aggregation, self.cfg.trim_fraction)
-        self.record(client_acc=accs, A=a_t)
-        if a_t is not None and self.prestopper.observe(server_round, a_t):
+        if a_t is not None and self.prestopper.observe(t, a_t):
             log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
-                "phase 2 from round %d", server_round, self.prestopper.a_max,
-                self.prestopper.patience, server_round + 1)
-        return params, metrics
+                "phase 2 from round %d", t, self.prestopper.a_max, self.prestopper.patience,
+                t + 1)
+        return result.parameters, {"client_acc": accs, "A": a_t}
 
     # -- records, checkpoint, summary ---------------------------------------------------
     def state_fields(self, server_round: int) -> dict[str, Any]:
@@ -70,23 +70,21 @@ class FedEFCStrategy(FedAvgStrategy):
         return {"phase": p.phase(server_round), "A_max": p.a_max, "patience": p.patience,
                 "t_e": p.t_e}
 
-    def server_state(self) -> dict[str, Any]:
-        return {**super().server_state(), "prestopper": asdict(self.prestopper)}
+    def state(self) -> dict[str, Any]:
+        return {"prestopper": asdict(self.prestopper)}
 
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        super().load_server_state(state)
+    def load_state(self, state: dict[str, Any]) -> None:
         stopper = dict(state["prestopper"])
         stopper["history"] = [tuple(h) for h in stopper["history"]]
         self.prestopper = Prestopper(**stopper)
 
     def summary_fields(self) -> dict[str, Any]:
-        return {**super().summary_fields(), "t_e": self.prestopper.t_e,
-                "A_max": self.prestopper.a_max}
+        return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max}
 
     def describe(self, record: dict[str, Any]) -> str:
         head = f"phase {record['phase']}"
         if record["round"] == 0:
-            return f"{head} | {super().describe(record)}"
+            return f"{head} | initial model: {evaluation_text(record)}"
         if record["phase"] == 1:
             a = record.get("A")
             return (f"{head} | A(t) {'n/a' if a is None else f'{a:.4f}'}  A_max "

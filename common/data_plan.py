@@ -39,7 +39,7 @@ REFERENCE_SEED = 42  # the reference code's noise seed, the same for every trial
 
 
 @dataclass(frozen=True)
-class FederatedData:
+class DataPlan:
     """Every client's sample indices into the train set, and the observed labels."""
 
     data: Dataset
@@ -65,7 +65,7 @@ class FederatedData:
                                     self.data.num_classes)
 
 
-_CACHE: dict[str, FederatedData] = {}
+_CACHE: dict[str, DataPlan] = {}
 _LOCK = threading.Lock()
 
 
@@ -76,7 +76,7 @@ def plan_cache_dir() -> Path:
     return Path(root) / "plans"
 
 
-def federated_data(cfg: RunConfig) -> FederatedData:
+def data_plan(cfg: RunConfig) -> DataPlan:
     """The data plan of ``cfg``: from this process's cache, else from the disk cache,
     else built (and stored for the run's other processes)."""
     key = cfg.data_key()
@@ -96,7 +96,7 @@ def _plan_key(data: Dataset, cfg: RunConfig) -> str:
     return f"plan-{digest.hexdigest()[:24]}"
 
 
-def _cached_plan(data: Dataset, cfg: RunConfig) -> FederatedData:
+def _cached_plan(data: Dataset, cfg: RunConfig) -> DataPlan:
     cache, key = DataCache(plan_cache_dir()), _plan_key(data, cfg)
     arrays = cache.load(key)
     if arrays is not None:
@@ -109,16 +109,16 @@ def _cached_plan(data: Dataset, cfg: RunConfig) -> FederatedData:
     return fed
 
 
-def _plan_arrays(fed: FederatedData) -> Arrays:
+def _plan_arrays(fed: DataPlan) -> Arrays:
     sizes = np.array([len(ix) for ix in fed.client_indices], dtype=np.int64)
     return {"indices": np.concatenate(fed.client_indices).astype(np.int64), "sizes": sizes,
             "noisy_labels": fed.noisy_labels, "group_of_client": fed.group_of_client,
             "noise_matrices": np.stack(fed.noise_matrices)}
 
 
-def _plan_from_arrays(data: Dataset, arrays: Arrays) -> FederatedData:
+def _plan_from_arrays(data: Dataset, arrays: Arrays) -> DataPlan:
     bounds = np.cumsum(arrays["sizes"])[:-1]
-    return FederatedData(data=data, client_indices=np.split(arrays["indices"], bounds),
+    return DataPlan(data=data, client_indices=np.split(arrays["indices"], bounds),
                          noisy_labels=arrays["noisy_labels"], true_labels=data.train_y.numpy(),
                          group_of_client=arrays["group_of_client"],
                          noise_matrices=list(arrays["noise_matrices"]))
@@ -139,7 +139,7 @@ def training_size(cfg: RunConfig, n: int) -> int:
     return n - held_out_count(cfg, n)
 
 
-def build_federated_data(data: Dataset, cfg: RunConfig) -> FederatedData:
+def build_federated_data(data: Dataset, cfg: RunConfig) -> DataPlan:
     """Partition on true labels, then draw each noise group's observed labels."""
     true = data.train_y.numpy()
     k = data.num_classes
@@ -155,7 +155,7 @@ def build_federated_data(data: Dataset, cfg: RunConfig) -> FederatedData:
     if cfg.noise_draw == "reference":  # one group (checked by RunConfig)
         nm, noisy = reference_noise(true, k, cfg.rho, cfg.zeta, prior,
                                     REFERENCE_SEED if cfg.noise_seed < 0 else cfg.noise_seed)
-        return FederatedData(data=data, client_indices=parts, noisy_labels=noisy,
+        return DataPlan(data=data, client_indices=parts, noisy_labels=noisy,
                              true_labels=true, group_of_client=group_of_client,
                              noise_matrices=[nm])
     noisy = true.copy()
@@ -167,5 +167,5 @@ def build_federated_data(data: Dataset, cfg: RunConfig) -> FederatedData:
         idx = np.concatenate([parts[c] for c in members]) if len(members) else np.zeros(0, int)
         idx = np.sort(idx)
         noisy[idx] = apply_noise(true[idx], nm, derive_seed(noise_seed, "noise-labels", g))
-    return FederatedData(data=data, client_indices=parts, noisy_labels=noisy, true_labels=true,
+    return DataPlan(data=data, client_indices=parts, noisy_labels=noisy, true_labels=true,
                          group_of_client=group_of_client, noise_matrices=matrices)

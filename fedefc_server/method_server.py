@@ -1,0 +1,124 @@
+"""What a method adds to the round pipeline: the server hooks (docs/ARCHITECTURE.md,
+"A method's server").
+
+The pipeline (:mod:`.pipeline`) runs every round the same way: plan -> send -> screen
+-> aggregate -> evaluate -> record. A method changes it only through these hooks, each
+called with explicit values and returning explicit values; a hook never reads what
+another call left behind. The defaults add nothing: FedAvg, FedProx and FedDitto use
+:class:`MethodServer` as it is (their differences are on the clients).
+
+| step | hook | default |
+| --- | --- | --- |
+| plan | :meth:`before_round` (work between rounds, task messages) | nothing |
+| plan | :meth:`sample` (which partitions train) | :func:`.plan.sample_round` |
+| plan | :meth:`client_config` (keys of a client's fit config) | none |
+| plan | :meth:`asks_accuracy` (phase-1 replies carry A_k) | never |
+| screen | :meth:`check_metrics` (the method's own reply checks) | none |
+| aggregate | :meth:`after_aggregate` (its server step, record fields) | FedAvg's model |
+| record | :meth:`state_fields`, :meth:`describe`, :meth:`summary_fields` | none |
+| checkpoint | :meth:`state`, :meth:`load_state`, :meth:`check_checkpoint` | nothing |
+
+Whatever a hook must remember across rounds (FedEFC's prestopping rule, FedCorr's noise
+estimates, RoFL's centroids) is the method's run state: it lives in the hooks object,
+is returned by :meth:`state` for every checkpoint and restored by :meth:`load_state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.common import FitRes, Parameters, Scalar
+
+from common.config import RunConfig
+from common.models import ClassifierShape
+
+from .plan import sample_round
+
+# Send partitions task messages between rounds: {pid: task config} -> {pid: reply}
+# (:mod:`.baselines.extra_messages`), bound to the round's nodes and global model.
+TaskSender = Callable[[dict[int, dict[str, Scalar]]], dict[int, FitRes]]
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    """What a round's aggregation gives the method: the accepted replies as (partition
+    id, reply) in id order, the new global parameters (None: the round was skipped and
+    the global model is kept) and the means of the metrics the clients summed under
+    secure aggregation (docs/PRIVACY.md; empty in plain rounds)."""
+
+    round: int
+    replies: list[tuple[int, FitRes]]
+    parameters: Parameters | None
+    secure_means: dict[str, float]
+    secure: bool
+
+
+class MethodServer:
+    """A method's server hooks; every default adds nothing (module docstring)."""
+
+    def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
+        """``model_shape``: K and the feature width of the run's model (the methods that
+        exchange per-class data need them)."""
+        self.cfg = cfg
+        self.model_shape = model_shape
+
+    # -- plan --------------------------------------------------------------------------
+    def before_round(self, server_round: int, send_tasks: TaskSender,
+                     partitions: list[int]) -> dict[str, Any]:
+        """Work before ``server_round`` is sampled (``partitions``: those served now);
+        returns fields for the round's record."""
+        return {}
+
+    def sample(self, server_round: int, available: list[int]) -> list[int]:
+        """The partitions that train in ``server_round``, sorted."""
+        return sample_round(self.cfg, available, server_round)
+
+    def client_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        """Keys the method adds to a client's fit config (beyond round and seed)."""
+        return {}
+
+    def asks_accuracy(self, server_round: int) -> bool:
+        """Whether the replies of ``server_round`` must carry A_k (docs/FEDEFC.md §3.1)."""
+        return False
+
+    # -- screen ------------------------------------------------------------------------
+    def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
+        """Why the method cannot use a reply's metrics (None: it can); asked after the
+        pipeline's own checks passed, a reason refuses the reply like theirs."""
+        return None
+
+    # -- aggregate ---------------------------------------------------------------------
+    def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
+        """The method's server step after FedAvg (called for every round that reached
+        aggregation, skipped ones included): the global parameters to keep (by default
+        FedAvg's, ``result.parameters``) and fields for the round's record."""
+        return result.parameters, {}
+
+    # -- record ------------------------------------------------------------------------
+    def state_fields(self, server_round: int) -> dict[str, Any]:
+        """Fields of the method's state that every record shows (round 0 included)."""
+        return {}
+
+    def describe(self, record: dict[str, Any]) -> str | None:
+        """The round's log line after ``[round t/T]`` (None: the pipeline's)."""
+        return None
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What summary.json adds about the method."""
+        return {}
+
+    # -- checkpoint --------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything the method must remember to continue the run (JSON-serializable)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state` from a checkpoint."""
+
+    @classmethod
+    def check_checkpoint(cls, state: dict[str, Any], cfg: RunConfig) -> None:
+        """Refuse (``CheckpointError`` naming the keys) a checkpoint's method state that
+        this config cannot continue; the launcher's preflight calls it before any Flower
+        process starts, and :meth:`load_state` should too."""

@@ -1,0 +1,51 @@
+"""Planning a round at scale: round 1 (the registry learns every node) beside round 2.
+
+Runs FedAvg on mnist-lite's data (full MNIST, LeNet, one local epoch) with 10 clients
+per round and 100, 1,000 and 10,000 simulated nodes through ``fedefc run``, and prints
+the seconds of round 1 and round 2 (``round_s`` of metrics.jsonl) and their ratio. Round 1
+includes the registry's one ``get_properties`` message per node (docs/BENCHMARKS.md,
+"Planning a round"); round 2 asks nothing new.
+
+    python tests/benchmarks/bench_planning.py --data-dir /tmp/mnist [--nodes 100,1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from fedefc_cli.run_configs import resolve_run_config
+from fedefc_cli.simulation import run_simulation_job
+
+
+def one(data_dir: str, nodes: int, out: Path) -> dict:
+    overrides = [f"{k}={v}" for k, v in {
+        "method": '"fedavg"', "dataset": '"mnist"', "data-dir": f'"{data_dir}"',
+        "model": '"lenet"', "num-clients": nodes, "fraction": 10 / nodes, "rounds": 2,
+        "local-epochs": 1, "batch-size": 64, "client-threads": 1}.items()]
+    start = time.monotonic()
+    run_simulation_job(resolve_run_config(None, overrides, str(out)),
+                       log_path=out.with_suffix(".log"))
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"nodes": nodes, "round_1_s": records[1]["round_s"],
+            "round_2_s": records[2]["round_s"], "job_s": time.monotonic() - start}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", required=True, help="absolute folder holding MNIST/raw")
+    ap.add_argument("--nodes", default="100,1000,10000")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.nodes.split(",")):
+            row = one(args.data_dir, n, Path(tmp) / f"n{n}")
+            print(f"{row['nodes']:>6} nodes: round 1 {row['round_1_s']:6.1f} s, round 2 "
+                  f"{row['round_2_s']:5.1f} s, ratio {row['round_1_s'] / row['round_2_s']:5.1f}"
+                  f" (whole job {row['job_s']:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
