@@ -115,6 +115,7 @@ class RunConfig(BaseModel):
     resume_from: str = ""
     min_fit_clients: int = Field(1, ge=1, le=100_000)
     client_timeout: float = Field(0.0, ge=0.0, le=1e6)
+    wait_for_nodes: float = Field(300.0, gt=0.0, le=86400.0)
     accuracy_aggregation: Literal["mean", "median", "trimmed-mean"] = "mean"
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5)
     max_client_samples: int = Field(0, ge=0)

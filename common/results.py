@@ -108,14 +108,16 @@ def check_output_dir(out_dir: str | Path) -> Path:
 
 def accuracy_stats(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """final_acc, best_acc, best_round and mean_last10_acc of the rounds' ``key``
-    (rounds > 0 that have it); {} when none has."""
+    (rounds > 0 that have it; the mean over the last 10, or over all of them when there
+    are fewer: ``mean_last10_rounds`` says how many); {} when none has."""
     done = [r for r in rounds if r.get("round", 0) > 0 and r.get(key) is not None]
     if not done:
         return {}
     accs = [r[key] for r in done]
     best = int(np.argmax(accs))
     return {"final_acc": accs[-1], "best_acc": accs[best], "best_round": done[best]["round"],
-            "mean_last10_acc": float(np.mean(accs[-10:]))}
+            "mean_last10_acc": float(np.mean(accs[-10:])),
+            "mean_last10_rounds": len(accs[-10:])}
 
 
 class RunRecorder:

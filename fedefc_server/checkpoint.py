@@ -31,7 +31,7 @@ FORMAT = 2
 # Keys that may differ between the interrupted run and its resumption: where results
 # go, how long to run, how (not what) to compute, and whether clients audit their replies.
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
-                        "eval-batch-size", "client-timeout", "audit"})
+                        "eval-batch-size", "client-timeout", "wait-for-nodes", "audit"})
 
 
 class CheckpointError(ValueError):

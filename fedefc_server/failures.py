@@ -1,4 +1,5 @@
-"""How a round's failures are told apart and described in its record.
+"""How a round's failures are told apart and described in its record, and the failure
+of a whole run.
 
 A failure is an exception (a client that did not answer, or Flower's wrapper of an
 error reply) or a (node, FitRes) pair with a status other than OK. Under secure
@@ -12,6 +13,12 @@ from __future__ import annotations
 from flwr.app import Error
 
 REJECTED = 4601  # the error code of a reply refused before the secure sum
+
+
+class RunFailed(RuntimeError):
+    """The run cannot produce a result (its nodes never formed the federation, or a
+    round trained no node): the round loop ends it as failed with this reason
+    (docs/RELIABILITY.md, "A run that trained nothing fails")."""
 
 
 def rejection(reason: str) -> Error:

@@ -15,7 +15,7 @@ another call left behind. The defaults add nothing: FedAvg, FedProx and FedDitto
 | plan | :meth:`asks_accuracy` (phase-1 replies carry A_k) | never |
 | screen | :meth:`check_metrics` (the method's own reply checks) | none |
 | aggregate | :meth:`after_aggregate` (its server step, record fields) | FedAvg's model |
-| record | :meth:`state_fields`, :meth:`describe`, :meth:`summary_fields` | none |
+| record | :meth:`state_fields`, :meth:`describe`, :meth:`summary_fields`, :meth:`notes` | none |
 | checkpoint | :meth:`state`, :meth:`load_state`, :meth:`check_checkpoint` | nothing |
 
 Whatever a hook must remember across rounds (FedEFC's prestopping rule, FedCorr's noise
@@ -108,6 +108,11 @@ class MethodServer:
     def summary_fields(self) -> dict[str, Any]:
         """What summary.json adds about the method."""
         return {}
+
+    def notes(self) -> list[str]:
+        """Plain-words remarks on a completed run that change how to read it (the last
+        log lines and the summary's ``notes``)."""
+        return []
 
     # -- checkpoint --------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -81,6 +81,21 @@ class PrestoppingServer(MethodServer):
     def summary_fields(self) -> dict[str, Any]:
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max}
 
+    def notes(self) -> list[str]:
+        """A run that never left phase 1 trained as FedAvg: say so, and what to change."""
+        if not self.cfg.prestopping or self.prestopper.t_e is not None:
+            return []
+        last = self.prestopper.history[-1][1] if self.prestopper.history else None
+        rising = last is not None and last >= self.prestopper.a_max
+        return [f"{self.cfg.method} never left phase 1: prestopping found no T_e, so every "
+                f"round trained as FedAvg and the method's correction never ran. "
+                + ("A(t) was still rising at the last round"
+                   if rising else f"A(t) did not stall for gamma-thr={self.cfg.gamma_thr} "
+                   f"rounds after start-round={self.cfg.start_round}")
+                + "; when every node trains in every round, the global model memorizes the "
+                "labels A(t) is measured on (docs/FEDEFC.md §3.1): lower gamma-thr or "
+                "start-round, or raise rounds"]
+
     def describe(self, record: dict[str, Any]) -> str:
         head = f"phase {record['phase']}"
         if record["round"] == 0:

@@ -11,6 +11,12 @@ the replies (docs/BENCHMARKS.md, "Planning a round": a node at a time cost ~42 m
 node, 420 s for 10,000 simulated nodes). Other client proxies (the tests' in-process
 stand-ins) are asked directly.
 
+Before its first round a run waits until every partition 0..num-clients-1 is served
+(:meth:`PartitionRegistry.serving`), logging at a steady interval how many are and which
+are missing, with the errors and refusals of the nodes that answered; when
+``wait-for-nodes`` seconds pass first, the run fails with that report (a federation
+whose nodes never formed is a failed run, not an empty one: docs/RELIABILITY.md).
+
 The first declaration of a partition id fixes its size for the run: a later node that
 declares the same partition with another size is refused with the reason (and never
 sampled), and every reply of the partition is bounded by it. Each declaration is vetted
@@ -20,6 +26,7 @@ by the run's :class:`.declarations.SizeRule` before it is accepted.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from logging import INFO, WARNING
 from typing import Any
 
@@ -33,8 +40,23 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from common.messages import Declaration as Keys
 
 from .declarations import SizeRule, read_declaration
+from .failures import RunFailed
 
-MAX_NODES_WAITED_FOR = 10_000  # the first round waits for at most this many nodes
+POLL_S = 1.0  # how often the wait for the nodes looks again
+REPORT_S = 15.0  # how often it logs who is missing
+RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
+
+
+def ranges(ids: list[int], limit: int = 12) -> str:
+    """Sorted ids as ranges ("0-3, 7"), at most ``limit`` ranges then a count."""
+    parts: list[str] = []
+    for pid in sorted(ids):
+        if parts and parts[-1].split("-")[-1] == str(pid - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{pid}"
+        else:
+            parts.append(str(pid))
+    more = f" and {len(parts) - limit} more ranges" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
 
 
 def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id: int,
@@ -82,12 +104,15 @@ class PartitionRegistry:
     """Maps partition ids to the client proxies that currently serve them, and keeps the
     data size each partition declared (fixed for the run)."""
 
-    def __init__(self, rule: SizeRule, timeout: float | None = 120.0):
+    def __init__(self, rule: SizeRule, timeout: float | None = 120.0,
+                 wait_for_nodes: float = 300.0):
         self.rule = rule
         self.timeout = timeout
+        self.wait_for_nodes = wait_for_nodes
         self.declared: dict[int, int] = {}  # partition id -> its size, fixed for the run
         self._pid_of_cid: dict[str, int] = {}
         self._refused: dict[str, str] = {}  # node -> why its declaration was refused
+        self._failed: dict[str, tuple[str, float]] = {}  # node -> (its error, when)
         self._news: dict[str, Any] = {}  # declarations and refusals since the last take
         self._waited = False  # whether this process waited for the nodes to connect
 
@@ -116,26 +141,66 @@ class PartitionRegistry:
     def serving(self, client_manager: ClientManager, server_round: int
                 ) -> dict[int, ClientProxy]:
         """{partition id: node} of the registered nodes. The first call of a process
-        waits for the run's nodes to connect (round 0's federated evaluation, round 1,
+        waits until every partition is served (round 0's federated evaluation, round 1,
         or the first round of a resumed run), so that the first sample is not drawn
-        from the few nodes that happen to be connected already."""
-        if not self._waited:
-            client_manager.wait_for(min(self.rule.num_clients, MAX_NODES_WAITED_FOR),
-                                    timeout=600)
-            self._waited = True
-        return self.refresh(client_manager, server_round)
+        from the few nodes that happen to be connected already; RunFailed when
+        ``wait-for-nodes`` seconds pass first."""
+        if self._waited:
+            return self.refresh(client_manager, server_round)
+        serving = self._wait_for_federation(client_manager, server_round)
+        self._waited = True
+        return serving
+
+    def _wait_for_federation(self, client_manager: ClientManager, server_round: int
+                             ) -> dict[int, ClientProxy]:
+        start = time.monotonic()
+        next_report = start
+        while True:
+            serving = self.refresh(client_manager, server_round)
+            missing = sorted(set(range(self.rule.num_clients)) - set(serving))
+            if not missing:
+                log(INFO, "all %d partitions are served (after %.0f s)", self.rule.num_clients,
+                    time.monotonic() - start)
+                return serving
+            now = time.monotonic()
+            if now - start >= self.wait_for_nodes:
+                raise RunFailed(f"waited {self.wait_for_nodes:.0f} s (wait-for-nodes) for a "
+                                f"node of each of the run's {self.rule.num_clients} partitions "
+                                f"(num-clients); {self.report(len(client_manager.all()), missing)}")
+            if now >= next_report:
+                log(INFO, "waiting for nodes: %s", self.report(len(client_manager.all()),
+                                                               missing))
+                next_report = now + REPORT_S
+            time.sleep(POLL_S)
+
+    def report(self, connected: int, missing: list[int]) -> str:
+        """Who is there and who is not, with the nodes' own reasons."""
+        served = self.rule.num_clients - len(missing)
+        text = (f"{served} of {self.rule.num_clients} partitions served by {connected} "
+                f"connected nodes; missing partitions {ranges(missing)}")
+        problems = [f"node {cid} refused: {why}" for cid, why in self._refused.items()]
+        problems += [f"node {cid} failed to declare: {why}"
+                     for cid, (why, _) in self._failed.items()]
+        if problems:
+            text += "; " + "; ".join(problems[:5])
+            text += f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        return text
 
     def refresh(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
         """Ask the nodes not seen yet for their declaration; return {partition id: proxy}."""
         proxies = client_manager.all()
+        now = time.monotonic()
         unknown = [proxies[cid] for cid in proxies
-                   if cid not in self._pid_of_cid and cid not in self._refused]
+                   if cid not in self._pid_of_cid and cid not in self._refused
+                   and now - self._failed.get(cid, ("", -RETRY_S))[1] >= RETRY_S]
         if unknown:
             answers = ask_declarations(unknown, self.timeout, server_round)
             for cid, props in answers.items():
                 if isinstance(props, Exception):
+                    self._failed[cid] = (str(props), time.monotonic())
                     log(WARNING, "node %s did not report its partition id: %s", cid, props)
                     continue
+                self._failed.pop(cid, None)
                 reason = self.admit(cid, props)
                 if reason is not None:
                     self._refused[cid] = reason

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from logging import INFO
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -39,10 +39,25 @@ from common.params import state_dict_of
 from common.results import RunRecorder
 
 from . import checkpoint
+from .failures import RunFailed
 from .pipeline import RoundOutcome, RoundPipeline
 from .strategy import RoundStrategy
 
 SecureRoundFn = Callable[[RoundStrategy, Parameters], RoundOutcome]
+
+
+def untrained_reason(record: dict[str, Any]) -> str:
+    """Why a round's record holds no trained reply, from its own fields."""
+    if not record.get("sampled"):
+        return "no node served a partition to sample"
+    parts = [f"{len(record['sampled'])} sampled"]
+    for key, what in (("failure_reasons", "failed"), ("rejected_reasons", "refused")):
+        reasons = [r if isinstance(r, str) else r["reason"] for r in record.get(key) or []]
+        if reasons:
+            parts.append(f"{len(reasons)} {what}, e.g. {reasons[0]}")
+    if record.get("secure_aggregation_halted"):
+        parts.append("secure aggregation halted")
+    return "; ".join(parts)
 
 
 class RoundLoop(Server):
@@ -76,18 +91,30 @@ class RoundLoop(Server):
         return self._elapsed_before + time.monotonic() - self._t0
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        """The rounds, then the summary. A run that cannot produce a result
+        (:class:`.failures.RunFailed`: its nodes never formed the federation, or a round
+        trained no node) ends at once: its summary says ``failed`` and why, the last log
+        line starts with ``RUN FAILED``, and the error propagates so that Flower marks
+        the run failed; it writes no model."""
         history = History()
-        if self.first_round == 1:
-            self._end_round(0, history, time.monotonic(), timeout, {})
-        else:
-            log(INFO, "resuming at round %d of %d", self.first_round, num_rounds)
         start = time.monotonic()
-        for server_round in range(self.first_round, num_rounds + 1):
-            round_start = time.monotonic()
-            outcome = self.train_round(server_round, timeout)
-            if outcome.parameters is not None:
-                self.parameters = outcome.parameters
-            self._end_round(server_round, history, round_start, timeout, outcome.record)
+        try:
+            if self.first_round == 1:
+                self._end_round(0, history, time.monotonic(), timeout, {})
+            else:
+                log(INFO, "resuming at round %d of %d", self.first_round, num_rounds)
+            for server_round in range(self.first_round, num_rounds + 1):
+                round_start = time.monotonic()
+                outcome = self.train_round(server_round, timeout)
+                if outcome.parameters is not None:
+                    self.parameters = outcome.parameters
+                self._end_round(server_round, history, round_start, timeout, outcome.record)
+                if not outcome.record.get("n_clients"):
+                    raise RunFailed(f"round {server_round}: no node trained "
+                                    f"({untrained_reason(outcome.record)})")
+        except RunFailed as err:
+            self._finish(None, failure=str(err))
+            raise
         self._finish(parameters_to_ndarrays(self.parameters))
         return history, time.monotonic() - start
 
@@ -134,15 +161,23 @@ class RoundLoop(Server):
                 server_round, parameters_to_ndarrays(self.parameters),
                 self.pipeline.state(), self.cfg.to_flat(), self.elapsed()))
 
-    def _finish(self, weights: list[np.ndarray]) -> dict[str, Any]:
+    def _finish(self, weights: list[np.ndarray] | None, failure: str | None = None
+                ) -> dict[str, Any]:
         """Write model.pt and summary.json, and log the summary. A run whose clients failed
         or were rejected still completes; the summary counts them, so that no one reads
-        its accuracy without knowing (the reasons are in the rounds' records)."""
-        self.recorder.write_model(state_dict_of(self.model, weights))
+        its accuracy without knowing (the reasons are in the rounds' records). A failed
+        run (``failure``) writes no model; its summary and last log line say why. The
+        method's notes on a completed run (FedEFC: it never left phase 1) are the last
+        log lines and the summary's ``notes``."""
+        if failure is None:
+            self.recorder.write_model(state_dict_of(self.model, weights))
+        notes = [] if failure else self.pipeline.server.notes()
         rounds = self.recorder.rounds
         summary = self.recorder.write_summary({
             **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
             "seed": self.cfg.seed, "rounds": self.cfg.rounds,
+            "status": "failed" if failure else "completed",
+            **({"failure": failure} if failure else {}), "notes": notes,
             **self.pipeline.server.summary_fields(),
             "client_failures": sum(int(r.get("failures") or 0) for r in rounds),
             "rejected_replies": sum(int(r.get("rejected") or 0) for r in rounds),
@@ -162,11 +197,16 @@ class RoundLoop(Server):
             source += true
         failures = (f" in {len(summary['rounds_with_failures'])} rounds (reasons: metrics.jsonl)"
                     if summary["rounds_with_failures"] else "")
-        log(INFO, "SUMMARY | final acc %.4f (%s)%s | best %.4f (round %s) | mean of last 10 "
+        log(INFO, "SUMMARY | final acc %.4f (%s)%s | best %.4f (round %s) | mean of last %s "
             "%.4f%s | client failures %d, rejected replies %d%s | wall time %.1f s",
             summary.get("final_acc", float("nan")), source, federated,
             summary.get("best_acc", float("nan")), summary.get("best_round"),
-            summary.get("mean_last10_acc", float("nan")), t_e, summary["client_failures"],
-            summary["rejected_replies"], failures, summary["wall_time_s"])
+            summary.get("mean_last10_rounds", 0), summary.get("mean_last10_acc", float("nan")),
+            t_e, summary["client_failures"], summary["rejected_replies"], failures,
+            summary["wall_time_s"])
         log(INFO, "results: %s", summary["out_dir"])
+        for note in notes:
+            log(WARNING, "NOTE: %s", note)
+        if failure:
+            log(ERROR, "RUN FAILED: %s", failure)
         return summary

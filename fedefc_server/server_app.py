@@ -32,7 +32,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp.grid import Grid
 
-from common.config import ConfigError, RunConfig
+from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
@@ -76,8 +76,9 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
         task, info = data.task, data_summary(cfg)
         evaluator, rule = TestSetEvaluator(cfg, data), SizeRule.for_run(cfg, data_plan(cfg))
         source = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
-                  f"realized noise rate {info['realized_noise_rate']:.4f} on the simulated "
-                  "partitions")
+                  f"realized noise rate {info['realized_noise_rate']:.4f} on the data plan's "
+                  "partitions" + (" (a node serving its own data-path keeps its own labels)"
+                                  if cfg.dataset in OWN_DATASETS else ""))
     else:  # the clients hold the data: nothing is read here but the shape and K
         task, info, evaluator = task_shape(cfg, "the server"), {}, None
         rule = SizeRule.for_run(cfg, None)
@@ -105,7 +106,8 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
     server_hooks: type[MethodServer] = load_object(method.server)
     pipeline = RoundPipeline(cfg, method, server_hooks(cfg, classifier_shape(model, task)),
-                             PartitionRegistry(rule), evaluator)
+                             PartitionRegistry(rule, wait_for_nodes=cfg.wait_for_nodes),
+                             evaluator)
     if ckpt:
         pipeline.load_state(ckpt.strategy)
     atomic_write_json(Path(out_dir) / "data.json", info)

@@ -158,7 +158,8 @@ def make_pipeline(cfg, plan_sizes: list[int] | None = None, max_private: int = 4
     """The round pipeline of run config ``cfg`` (its method's server hooks)."""
     server = load_object(method_of(cfg).server)(cfg, shape)
     return RoundPipeline(cfg, method_of(cfg), server,
-                         PartitionRegistry(SizeRule(cfg.num_clients, plan_sizes, max_private)),
+                         PartitionRegistry(SizeRule(cfg.num_clients, plan_sizes, max_private),
+                                           wait_for_nodes=cfg.wait_for_nodes),
                          evaluator)
 
 

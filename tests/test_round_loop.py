@@ -18,6 +18,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
 from fedefc_server import checkpoint
+from fedefc_server.failures import RunFailed
 from fedefc_server.round_loop import RoundLoop
 from tests.helpers import OK, FakeProxy, make_pipeline, records
 
@@ -176,3 +177,47 @@ def test_summary_of_a_clean_run_counts_no_failures(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
     assert summary["rounds_with_failures"] == []
+    assert summary["status"] == "completed" and summary["notes"] == []
+
+
+def flower_lines():
+    """Collects the messages Flower's logger emits while the context is open."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    return lines, handler
+
+
+def test_a_round_in_which_no_node_trained_fails_the_run_with_its_reason(tmp_path):
+    """Every node's data is malformed: round 1 trains nothing. The run must not go on
+    and report the untrained model: it stops, its summary says failed and why, it
+    writes no model, its last log line starts with RUN FAILED, and the error reaches
+    Flower (which marks the run failed)."""
+    lines, handler = flower_lines()
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        with pytest.raises(RunFailed, match="round 1: no node trained"):
+            run_loop(tmp_path, "fedavg", rounds=3, node=BrokenNode)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and not (tmp_path / "model.pt").exists()
+    assert "4 sampled; 4 failed, e.g. RuntimeError: partition" in summary["failure"]
+    assert [r["round"] for r in records(tmp_path)] == [0, 1]
+    assert lines[-1] == f"RUN FAILED: {summary['failure']}"
+
+
+def test_fedefc_that_never_leaves_phase_1_says_so_last(tmp_path):
+    """A(t) rises every round: no T_e. The run completes, but its summary and its last
+    log line say in plain words that the correction never ran."""
+    lines, handler = flower_lines()
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        run_loop(tmp_path, "fedefc", rounds=2)  # A(t) 0.5, 0.6: still rising
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["t_e"] is None
+    (note,) = summary["notes"]
+    assert note.startswith("fedefc never left phase 1") and "still rising" in note
+    assert lines[-1] == f"NOTE: {note}"

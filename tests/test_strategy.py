@@ -7,6 +7,7 @@ from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
+from fedefc_server.failures import RunFailed
 from tests.helpers import (
     PARAMS,
     FakeProxy,
@@ -157,26 +158,50 @@ def test_sampling_is_by_partition_id_and_seeded():
         [p.partition_id for p, _ in a.configure_fit(1, params, partition_manager(10))]
 
 
-class CountingManager(SimpleClientManager):
-    """A client manager that records every ``wait_for`` call."""
+class ArrivingManager(SimpleClientManager):
+    """A client manager whose nodes arrive a few at a time: each look at ``all()``
+    registers the next ``step`` of ``nodes`` (as Flower's update thread would)."""
 
-    def __init__(self):
+    def __init__(self, nodes, step):
         super().__init__()
-        self.waits: list[int] = []
+        self.pending, self.step, self.looks = list(nodes), step, 0
 
-    def wait_for(self, num_clients, timeout=86400):
-        self.waits.append(num_clients)
-        return super().wait_for(num_clients, timeout=1)
+    def all(self):
+        self.looks += 1
+        for node in self.pending[:self.step]:
+            self.register(node)
+        self.pending = self.pending[self.step:]
+        return super().all()
 
 
-def test_a_resumed_run_waits_for_the_nodes_before_its_first_round():
-    """A run resumed at round 6 must wait for its nodes like a fresh run at round 1,
-    or it samples from the few nodes that happen to be connected already."""
+def test_a_run_waits_for_every_partition_before_its_first_round_resumed_or_not():
+    """A run (resumed at round 6, or fresh) must not sample from the few nodes that
+    happen to be connected already: it waits until every partition is served, once."""
     for first_round in (1, 6):
-        manager = CountingManager()
-        for pid in range(10):
-            manager.register(FakeProxy(str(5_000 + pid), pid))
+        manager = ArrivingManager([FakeProxy(str(5_000 + p), p) for p in range(10)], 4)
         strategy = fedefc()
         strategy.configure_fit(first_round, PARAMS, manager)
+        assert manager.looks == 3 and not manager.pending  # 4, 8, then all 10 nodes
+        assert len(strategy.fields()["sampled"]) == 5
+        assert set(strategy.registry.declared) == set(range(10))
         strategy.configure_fit(first_round + 1, PARAMS, manager)
-        assert manager.waits == [10]
+        assert manager.looks == 4  # a later round does not wait again
+
+
+def test_a_federation_that_never_forms_fails_the_run_naming_what_is_missing():
+    """Three of four partitions served, a fifth node whose ClientApp refuses the run's
+    config: after wait-for-nodes the run fails with who is missing and the node's error."""
+
+    class Misconfigured(FakeProxy):
+        def get_properties(self, ins, timeout, group_id):
+            raise ValueError("num-partitions=3 differs from the run's num-clients=4")
+
+    nodes = [FakeProxy(str(6_000 + p), p) for p in range(3)] + [Misconfigured("6099", 3)]
+    strategy = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0,
+                              "wait-for-nodes": 2.0})
+    with pytest.raises(RunFailed) as err:
+        strategy.configure_fit(1, PARAMS, manager(nodes))
+    text = str(err.value)
+    assert "waited 2 s (wait-for-nodes) for a node of each of the run's 4 partitions" in text
+    assert "3 of 4 partitions served by 4 connected nodes; missing partitions 3" in text
+    assert "node 6099 failed to declare: num-partitions=3 differs" in text
