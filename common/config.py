@@ -32,7 +32,7 @@ from .faults import parse_faults
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "cifar100", "npz", "imagefolder")
 # datasets whose files the user brings (docs/OWN-DATA.md); the others are the paper's
 OWN_DATASETS = ("npz", "imagefolder")
-MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34", "mlp", "cnn")
+MODELS = ("auto", "lenet", "cnn9", "resnet18", "resnet34", "mlp", "cnn", "resnet18-image")
 # a model given by import path: "package.module:callable" (docs/OWN-DATA.md, "Your model")
 MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
