@@ -17,6 +17,7 @@ from common.models import (
     classifier_shape,
     provides_features,
 )
+from common.params import get_weights
 
 # the ImageNet stem at its smallest side, at ImageNet's size and on 1 channel; the CIFAR stem
 SHAPES = [(3, 64, 64), (3, 224, 224), (1, 128, 128), (1, 16, 24)]
@@ -50,7 +51,8 @@ def test_the_same_logits_as_torchvision_resnet18_features_and_classifier_shape(s
     assert logits.shape == (2, k) and feats.shape == (2, 512)
     torch.testing.assert_close(logits, expected)
     assert provides_features(model)
-    assert classifier_shape(model, task) == ClassifierShape(k, 512)
+    assert classifier_shape(model, task) == ClassifierShape(k, 512)  # RoFL's K x D centroids
+    assert get_weights(model)[-2].shape == (k, 512)  # the classifier is registered last
 
 
 @pytest.mark.parametrize("side,imagenet", [(IMAGENET_STEM_MIN_SIDE - 1, False),
