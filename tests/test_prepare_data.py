@@ -346,3 +346,34 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "fedefc: error: OUT=" in done.stderr and "already exists" in done.stderr
     assert (tmp_path / "out" / "data.npz").read_bytes() == b"earlier"
+
+
+@pytest.mark.flower
+def test_two_prepared_sites_with_one_class_map_train_and_test_through_fedefc_run(tmp_path):
+    """Training images and a test site lacking a class, prepared with the shared class
+    map, through a real Flower simulation: the test labels mean the training classes
+    (a map made afresh at the test site would call red "1", the training data's green,
+    and hold the accuracy at 1/2 or below)."""
+    colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
+    rng = np.random.default_rng(0)
+    for site, names, n in (("train", colours, 12), ("test", ("red", "blue"), 4)):
+        for name in names:
+            (tmp_path / site / name).mkdir(parents=True)
+            for i in range(n):
+                noisy = np.array(colours[name]) + rng.normal(0, 40, (20, 30, 3))
+                img = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+                img.save(tmp_path / site / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    assert main(["data", str(tmp_path / "train"), str(tmp_path / "p-train"), "--size", "8"]) == 0
+    assert main(["data", str(tmp_path / "test"), str(tmp_path / "p-test"), "--size", "8",
+                 "--class-map", str(tmp_path / "p-train" / "classes.json")]) == 0
+    keys = json.loads((tmp_path / "p-train" / "summary.json").read_text())["run_keys"]
+    tiny = {"test-path": tmp_path / "p-test" / "data.npz", "model": "cnn", "rho": 0,
+            "num-clients": 2, "fraction": 1.0, "rounds": 2, "local-epochs": 1,
+            "batch-size": 8, "iid": "true", "start-round": 1, "gamma-thr": 1,
+            "client-threads": 1}
+    sets = [f"--set={k}={v}" for k, v in {**keys, **tiny}.items()]
+    assert main(["run", *sets, "--out-dir", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["num_classes"], summary["input_shape"]) == (3, [3, 8, 8])
+    assert (summary["train_samples"], summary["rounds"]) == (36, 2)
+    assert summary["accuracy_source"] == "server test set" and summary["final_acc"] >= 0.75
