@@ -395,8 +395,11 @@ def describe(summary: dict) -> str:
                           "map to every site"}[summary["class_map_origin"]]
     lines.append(f"class map {summary['class_map']} ({origin})")
     keys = summary["run_keys"]
-    lines.append("run keys: " + " ".join(f"--set {k}={v}" for k, v in keys.items())
-                 + "  (every site: the same --size, --channels and class map)")
+    lines += ["the run: " + " ".join(f"--set {k}={keys[k]}" for k in
+                                     ("dataset", "num-classes", "input-shape")),
+              f"  in simulation: --set data-path={keys['data-path']}",
+              f"  on a SuperNode: fedefc deploy supernode ... --data-path {keys['data-path']}",
+              "every site: the same --size, --channels, --fit and class map"]
     return "\n".join(lines)
 
 

@@ -155,7 +155,8 @@ def test_the_printed_summary_names_counts_skipped_files_and_run_keys(tmp_path, c
     assert "6 images in 2 classes" in printed
     assert "malignant/broken.jpg: unreadable" in printed and "README.txt" in printed
     assert f"--set data-path={tmp_path / 'out' / 'data.npz'}" in printed
-    assert "--set num-classes=2 --set input-shape=3x8x8" in printed
+    assert f"--data-path {tmp_path / 'out' / 'data.npz'}" in printed
+    assert "--set dataset=npz --set num-classes=2 --set input-shape=3x8x8" in printed
 
 
 @pytest.mark.parametrize("fit", ["pad", "stretch"])
