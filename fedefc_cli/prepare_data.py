@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import unicodedata
@@ -57,6 +58,10 @@ CHANNELS = {"gray": 1, "rgb": 3}
 # names of split folders: SOURCE/train/<class>/... is a layout one level too high
 SPLIT_NAMES = {"train", "training", "test", "testing", "val", "valid", "validation"}
 PROGRESS_EVERY = 1000
+# what Pillow's decoders raise on a file that is not an image or is damaged (a truncated
+# or corrupt stream, a header that lies, a decompression bomb); other errors propagate
+DAMAGED = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
+           Image.DecompressionBombError)
 
 
 class PrepareError(UsageError):
@@ -267,8 +272,7 @@ def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb
     for i, (name, path) in enumerate(files, 1):
         try:
             pixels, fmt, mode, (w, h) = decode(path, c, size, fit)
-        except Exception as err:  # Pillow raises OSError, ValueError, SyntaxError, ... on
-            # damaged files; each is the file's reason to be skipped, not the run's to stop
+        except DAMAGED as err:  # the file's reason to be skipped, not the run's to stop
             found.skipped.append((str(path.relative_to(source)), skip_reason(err)))
             continue
         images[n], labels[n] = pixels, mapping[name]

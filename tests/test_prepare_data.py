@@ -194,6 +194,17 @@ def test_gray_output_is_the_luma_of_rgb_and_exif_rotation_is_applied(tmp_path):
     assert summary["sizes"] == {"16x16": 2, "10x20": 1}  # 20 x 10 stored, shown upright
 
 
+def test_a_decompression_bomb_is_skipped_and_named(tmp_path, monkeypatch):
+    tiny_site(tmp_path / "site", ["a", "b"])
+    Image.fromarray(rgb(40, 40, 1)).save(tmp_path / "site" / "a" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 700)  # 40 x 40 > 2 x 700: a "bomb"
+    assert main(["data", str(tmp_path / "site"), str(tmp_path / "out"), "--size", "6"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [s["file"] for s in summary["skipped"]] == ["a/huge.png"]
+    assert "DecompressionBombError" in summary["skipped"][0]["reason"]
+    assert summary["images"] == 4
+
+
 def tiny_site(root: Path, classes, per_class: int = 2, seed: int = 0) -> Path:
     for c, name in enumerate(classes):
         (root / name).mkdir(parents=True)
