@@ -5,6 +5,9 @@ and models given by import path (docs/OWN-DATA.md, "Your model").
 - ``cnn9``: Co-teaching's 9-conv CNN (the paper's MNIST model); dropout is off in
   eval mode (the reference code's dropout-in-eval bug is not reproduced).
 - ``resnet18`` / ``resnet34``: CIFAR-style ResNets (3x3 stride-1 stem, no max-pool).
+- ``resnet18-image``: ResNet-18 for larger images (RGB, grayscale, medical), its stem
+  chosen from the image size: torchvision's ImageNet stem from 64 pixels up, else the
+  CIFAR stem (:class:`ImageResNet`).
 - ``cnn``: a small CNN for images of any size and channel count.
 - ``mlp``: a two-hidden-layer perceptron for feature vectors (or flattened images).
 - ``"package.module:callable"``: ``callable(num_classes=K, input_shape=...)`` returning
@@ -144,6 +147,29 @@ class CifarResNet(FeatureClassifier):
         return F.adaptive_avg_pool2d(out, 1).flatten(1)
 
 
+# the smallest image side that gets the ImageNet stem (it divides the side by 4 before the
+# first stage: 64 pixels leave 16 x 16 there and 2 x 2 after the last stage)
+IMAGENET_STEM_MIN_SIDE = 64
+
+
+class ImageResNet(CifarResNet):
+    """ResNet with its stem chosen from the image size (docs/OWN-DATA.md, "The built-in
+    models"): from :data:`IMAGENET_STEM_MIN_SIDE` pixels on the shorter side, the
+    ImageNet stem of torchvision's ``resnet18`` (7x7 stride-2 conv, BN, ReLU, 3x3
+    stride-2 max-pool), so that a 224 x 224 image costs what it costs in torchvision;
+    below it the CIFAR stem (3x3 stride 1, no max-pool), which keeps small images'
+    resolution. The stages, pooling and classifier are the CIFAR ResNet's, which are
+    torchvision's."""
+
+    def __init__(self, blocks: tuple[int, int, int, int], in_channels: int, num_classes: int,
+                 image_size: tuple[int, int]):
+        super().__init__(blocks, in_channels, num_classes)
+        self.imagenet_stem = min(image_size) >= IMAGENET_STEM_MIN_SIDE
+        if self.imagenet_stem:
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False),
+                                      nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+
+
 def xavier_init(model: nn.Module) -> nn.Module:
     """Xavier-uniform weights and zero bias on every conv and linear layer."""
     for module in model.modules():
@@ -245,6 +271,12 @@ def mlp(task: TaskShape) -> FeatureClassifier:
 def cnn(task: TaskShape) -> FeatureClassifier:
     channels, rows, cols = task.input_shape
     return SmallCNN(channels, task.num_classes, (rows, cols))
+
+
+@register_model("resnet18-image")
+def resnet18_image(task: TaskShape) -> FeatureClassifier:
+    channels, rows, cols = task.input_shape
+    return ImageResNet((2, 2, 2, 2), channels, task.num_classes, (rows, cols))
 
 
 def _builtin(entry: ModelEntry, task: TaskShape) -> FeatureClassifier:

@@ -6,6 +6,7 @@
     fedefc grid run|report|list GRID [--set ...]    the experiment runner
     fedefc deploy superlink|supernode|connection|register|submit|export ...
                                                     a deployment across machines
+    fedefc data SOURCE OUT --size N                 a folder of images -> a node's data.npz
 
 Bad input exits 2 before anything starts; a failed run exits 1 (:mod:`.errors`).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import deployment
+from . import deployment, prepare_data
 from .errors import EXIT_CODES
 from .grid import Grid, run_grid
 from .report import write_report
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     _preset(export)
     _overrides(export)
     export.set_defaults(func=deployment.cmd_export)
+
+    prepare_data.add_parser(sub)
     return ap
 
 

@@ -1,0 +1,439 @@
+"""``fedefc data``: a folder of images of any size and format, one sub-folder per class,
+turned into a node's data (docs/OWN-DATA.md, "Preparing a folder of images").
+
+    SOURCE/<class name>/**/<image>  ->  OUT/data.npz      uint8 images (N, C, H, W), labels
+                                        OUT/classes.json  the class map used: {name: index}
+                                        OUT/summary.json  what was found, read and skipped
+
+``data.npz`` is the format of :mod:`common.data_files`, read unchanged with
+``dataset = "npz"`` (or ``"imagefolder"``, whose reader takes an .npz too) and by a
+SuperNode's ``--data-path``.
+
+- Classes: each folder directly under SOURCE is a class; its images are gathered from it
+  and every folder beneath it (e.g. one folder per patient). Files directly under SOURCE
+  and hidden files and folders are not read (the former are named in the summary).
+- Class map: ``{class name: index}``, indices 0..K-1. Without ``--class-map`` it is made
+  from the folder names, sorted (by value when every name is a number), and written to
+  OUT/classes.json. ``--class-map FILE`` reads FILE when it exists (another site's map:
+  a folder it does not name is an error, or gets the next index with
+  ``--extend-class-map``, which rewrites FILE) and writes it there when it does not.
+- Pixels (:func:`decode`): EXIF rotation applied; images of more than 8 bits per sample
+  (16-bit PNG or TIFF, 32-bit integer or float TIFF) stretched from their own minimum to
+  their own maximum onto 0..255; transparency composited onto black; then converted to
+  grayscale (ITU-R 601-2 luma, Pillow's ``L``) or RGB; the first frame of an animation.
+- Size (:func:`resize`), with Pillow's bicubic filter (antialiased when shrinking):
+  ``crop`` scales the image to cover H x W and cuts the centre (``ImageOps.fit``);
+  ``pad`` scales it to fit inside and pads with black, centred (``ImageOps.pad``);
+  ``stretch`` resizes to H x W, ignoring the aspect ratio.
+- A file Pillow cannot read (not an image, truncated, corrupt) is skipped and named with
+  its reason. Bad input raises :class:`PrepareError` (exit 2) naming the value and the
+  fix, before OUT exists: OUT appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import unicodedata
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError  # Pillow comes with torchvision
+
+from common.data_files import shape_text
+from common.results import atomic_write_bytes, atomic_write_json
+
+from .errors import UsageError
+
+FITS = ("crop", "pad", "stretch")
+CHANNELS = {"gray": 1, "rgb": 3}
+# names of split folders: SOURCE/train/<class>/... is a layout one level too high
+SPLIT_NAMES = {"train", "training", "test", "testing", "val", "valid", "validation"}
+PROGRESS_EVERY = 1000
+# what Pillow's decoders raise on a file that is not an image or is damaged (a truncated
+# or corrupt stream, a header that lies, a decompression bomb); other errors propagate
+DAMAGED = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
+           Image.DecompressionBombError)
+
+
+class PrepareError(UsageError):
+    """The folder, the class map or a flag of ``fedefc data`` is unusable; the message
+    names it and the fix."""
+
+
+@dataclass
+class Found:
+    """What the folder held: per class the readable images, and what was seen or
+    skipped."""
+
+    counts: Counter = field(default_factory=Counter)  # class name -> images read
+    formats: Counter = field(default_factory=Counter)  # "PNG" -> images
+    modes: Counter = field(default_factory=Counter)  # Pillow mode as stored -> images
+    sizes: Counter = field(default_factory=Counter)  # "WxH" -> images
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"64"`` -> (64, 64); ``"96x128"`` -> (96, 128): (height, width) in pixels, as in
+    ``input-shape``'s ``CxHxW``."""
+    parts = text.lower().split("x")
+    if len(parts) in (1, 2) and all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        h, w = int(parts[0]), int(parts[-1])
+        return h, w
+    raise PrepareError(f"--size={text!r} is not a size; write N for N x N pixels or HxW "
+                       "(height x width), e.g. --size 64 or --size 96x128")
+
+
+def natural_order(names: list[str]) -> list[str]:
+    """Sorted by name, or by value when every name is a number (so that folders 0..K-1
+    keep their numbers as indices)."""
+    if all(name.isdigit() for name in names):
+        return sorted(names, key=lambda n: (int(n), n))
+    return sorted(names)
+
+
+def class_folders(source: Path) -> tuple[dict[str, Path], list[Path]]:
+    """{class name: folder} of the folders directly under ``source``, and the files
+    lying directly under it (not in a class folder)."""
+    if not source.exists():
+        raise PrepareError(f"SOURCE={str(source)!r} does not exist; give the folder that holds "
+                           "one sub-folder of images per class")
+    if not source.is_dir():
+        raise PrepareError(f"SOURCE={str(source)!r} is a file, not a folder; give the folder "
+                           "that holds one sub-folder of images per class (unpack an archive "
+                           "first)")
+    entries = [p for p in source.iterdir() if not p.name.startswith(".")]
+    folders = {unicodedata.normalize("NFC", p.name): p for p in entries if p.is_dir()}
+    loose = sorted(p for p in entries if not p.is_dir())
+    if not entries:
+        raise PrepareError(f"SOURCE={str(source)!r} is empty; put each class's images in a "
+                           "folder named after the class: SOURCE/<class>/<image>")
+    if not folders:
+        raise PrepareError(f"SOURCE={str(source)!r} has no class folders, only files "
+                           f"({len(loose)}); put each class's images in a folder named after the "
+                           "class: SOURCE/<class>/<image>")
+    return folders, loose
+
+
+def read_class_map(path: Path) -> dict[str, int]:
+    """A class map file: a JSON object {class name: index} with indices 0..K-1."""
+    fix = ("write it as a JSON object of class names and indices 0..K-1, e.g. "
+           '{"benign": 0, "malignant": 1}, or give the classes.json another site\'s '
+           "fedefc data wrote")
+    if path.is_dir():
+        raise PrepareError(f"--class-map={str(path)!r} is a folder; give the class map file "
+                           "(e.g. the classes.json that fedefc data wrote)")
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PrepareError(f"--class-map={str(path)!r} cannot be read ({err}); {fix}") from None
+    if not isinstance(loaded, dict) or not loaded or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in loaded.values()):
+        raise PrepareError(f"--class-map={str(path)!r} is not a non-empty object of class "
+                           f"names and integer indices; {fix}")
+    indices = sorted(loaded.values())
+    if indices != list(range(len(loaded))):
+        raise PrepareError(f"--class-map={str(path)!r} has the indices {indices}; they must be "
+                           f"0..{len(loaded) - 1}, each once; {fix}")
+    return {unicodedata.normalize("NFC", name): index for name, index in loaded.items()}
+
+
+def assign_indices(names: list[str], known: dict[str, int] | None, extend: bool,
+                   map_path: Path | None) -> tuple[dict[str, int], list[str]]:
+    """The class map for the class folder ``names``: new from the names, or ``known``
+    (another site's), extended by the names it lacks when ``extend``. Returns the map
+    and the names added to ``known``."""
+    if known is None:
+        if len(names) == 1:
+            raise PrepareError(
+                f"SOURCE holds one class folder, {names[0]!r}: a classifier needs two classes "
+                "or more. If the classes are folders inside it, point SOURCE at that "
+                "folder; if this site has one class only, give the federation's class map "
+                "with --class-map")
+        return {name: i for i, name in enumerate(natural_order(names))}, []
+    unknown = natural_order([n for n in names if n not in known])
+    if unknown and not extend:
+        raise PrepareError(
+            f"class folder(s) {', '.join(map(repr, unknown))} are not in the class map "
+            f"--class-map={str(map_path)!r} (classes: {', '.join(known)}); rename each to a "
+            "class of the map (the same class must have the same name at every site), or "
+            "add --extend-class-map to give it the next index (then give the new map to "
+            "every site)")
+    extended = dict(known)
+    for name in unknown:
+        extended[name] = len(extended)
+    return extended, unknown
+
+
+def check_layout(folders: dict[str, Path], known: dict[str, int] | None,
+                 source: Path) -> None:
+    """Refuse SOURCE/train, SOURCE/test, ...: a layout one level above the classes."""
+    splits = sorted(n for n in folders if n.lower() in SPLIT_NAMES and n not in (known or {}))
+    if splits and len(splits) == len(folders):
+        first = folders[splits[0]]
+        raise PrepareError(
+            f"SOURCE={str(source)!r} holds the split folders {', '.join(splits)}, not class "
+            f"folders; prepare each split on its own with one class map, e.g. fedefc data "
+            f"{first} OUT/{splits[0]} --size ..., then the others with --class-map "
+            f"OUT/{splits[0]}/classes.json")
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Every non-hidden file in ``folder`` and the folders beneath it, in the order of
+    their paths (compared folder by folder)."""
+    found = []
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(top) / f for f in files if not f.startswith(".")]
+    return sorted(found, key=lambda f: f.relative_to(folder).parts)
+
+
+def stretch_to_8bit(img: Image.Image) -> Image.Image:
+    """An image of more than 8 bits per sample (modes I, I;16*, F) as 8-bit grayscale:
+    its own minimum -> 0, its own maximum -> 255, linear in between (0 if constant)."""
+    values = np.asarray(img).astype(np.float64)
+    low, high = float(values.min()), float(values.max())
+    scaled = (values - low) * (255.0 / (high - low)) if high > low else np.zeros_like(values)
+    return Image.fromarray(np.round(scaled).astype(np.uint8))
+
+
+def to_channels(img: Image.Image, channels: int) -> Image.Image:
+    """8-bit grayscale (``channels`` 1) or RGB (3): deep images stretched
+    (:func:`stretch_to_8bit`), transparency composited onto black."""
+    if img.mode in ("I", "F") or img.mode.startswith("I;"):
+        img = stretch_to_8bit(img)
+    if "A" in img.mode or "a" in img.mode or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        black = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+        img = Image.alpha_composite(black, rgba)
+    return img.convert("L" if channels == 1 else "RGB")
+
+
+def resize(img: Image.Image, size: tuple[int, int], fit: str) -> Image.Image:
+    """``img`` at ``size`` (height, width) by the ``fit`` rule (module docstring)."""
+    h, w = size
+    if fit == "crop":
+        return ImageOps.fit(img, (w, h), Image.Resampling.BICUBIC)
+    if fit == "pad":
+        return ImageOps.pad(img, (w, h), Image.Resampling.BICUBIC, color=0)
+    return img.resize((w, h), Image.Resampling.BICUBIC)
+
+
+def decode(path: Path, channels: int, size: tuple[int, int], fit: str
+           ) -> tuple[np.ndarray, str, str, tuple[int, int]]:
+    """(uint8 pixels (C, H, W), format, mode as stored, (width, height) as displayed) of
+    one image file; Pillow's errors propagate."""
+    with Image.open(path) as img:
+        fmt, mode = img.format or "?", img.mode
+        upright = ImageOps.exif_transpose(img)
+        shown = upright.size
+        pixels = np.asarray(resize(to_channels(upright, channels), size, fit), dtype=np.uint8)
+    return pixels.reshape(size[0], size[1], channels).transpose(2, 0, 1), fmt, mode, shown
+
+
+def skip_reason(err: Exception) -> str:
+    if isinstance(err, UnidentifiedImageError):
+        return "not an image Pillow can read"
+    return f"unreadable ({type(err).__name__}: {err})"
+
+
+def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb",
+            fit: str = "crop", class_map: Path | None = None, extend: bool = False,
+            progress: Callable[[str], None] | None = None) -> dict:
+    """Write OUT/data.npz, OUT/classes.json and OUT/summary.json from the class folders
+    of ``source`` (module docstring); returns the summary."""
+    source, out = source.expanduser().resolve(), out.expanduser().resolve()
+    if channels not in CHANNELS or fit not in FITS:
+        raise PrepareError(f"channels={channels!r}, fit={fit!r}: use channels "
+                           f"{'/'.join(CHANNELS)} and fit {'/'.join(FITS)}")
+    if extend and class_map is None:
+        raise PrepareError("--extend-class-map needs --class-map FILE: the map to extend")
+    check_out(out, source)
+    folders, loose = class_folders(source)
+    map_path = class_map.expanduser().resolve() if class_map else None
+    known = read_class_map(map_path) if map_path and map_path.exists() else None
+    check_layout(folders, known, source)
+    mapping, added = assign_indices(list(folders), known, extend, map_path)
+
+    c = CHANNELS[channels]
+    files = [(name, f) for name in natural_order(list(folders)) for f in image_files(folders[name])]
+    images = np.empty((len(files), c, *size), dtype=np.uint8)  # untouched pages cost nothing
+    labels = np.empty(len(files), dtype=np.int64)
+    found = Found(skipped=[(f.name, "not inside a class folder") for f in loose])
+    n = 0
+    for i, (name, path) in enumerate(files, 1):
+        try:
+            pixels, fmt, mode, (w, h) = decode(path, c, size, fit)
+        except DAMAGED as err:  # the file's reason to be skipped, not the run's to stop
+            found.skipped.append((str(path.relative_to(source)), skip_reason(err)))
+            continue
+        images[n], labels[n] = pixels, mapping[name]
+        n += 1
+        found.counts[name] += 1
+        found.formats[fmt] += 1
+        found.modes[mode] += 1
+        found.sizes[f"{w}x{h}"] += 1
+        if progress and i % PROGRESS_EVERY == 0:
+            progress(f"fedefc data: {i}/{len(files)} files read")
+    check_found(found, folders, source)
+
+    summary = make_summary(source, out, size, c, fit, mapping, added, map_path, known, found, n)
+    write_output(out, images[:n], labels[:n], mapping, summary)
+    if map_path is not None and (known is None or added):
+        map_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(map_path, class_map_bytes(mapping))
+    return summary
+
+
+def check_out(out: Path, source: Path) -> None:
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise PrepareError(f"OUT={str(out)!r} already exists; choose a new folder (nothing is "
+                           "overwritten)")
+    if out == source or source in out.parents:
+        raise PrepareError(f"OUT={str(out)!r} is inside SOURCE={str(source)!r}, where a later "
+                           "preparation would read it as a class; choose a folder outside it")
+
+
+def check_found(found: Found, folders: dict[str, Path], source: Path) -> None:
+    """Refuse a folder with no readable image, or a class folder without one."""
+    def listed(skipped):
+        shown = "; ".join(f"{f}: {r}" for f, r in skipped[:5])
+        return shown + (f"; ... ({len(skipped)} in all)" if len(skipped) > 5 else "")
+
+    if not found.counts:
+        raise PrepareError(f"SOURCE={str(source)!r}: no file in its class folders is an image "
+                           f"Pillow can read ({listed(found.skipped) or 'they hold no files'}); "
+                           "give a folder of PNG, JPEG, BMP, GIF, TIFF or WebP images")
+    for name in natural_order(list(folders)):
+        if not found.counts[name]:
+            mine = [s for s in found.skipped if Path(s[0]).parts[0] == name]
+            raise PrepareError(f"class folder {name!r} holds no readable image "
+                               f"({listed(mine) or 'it is empty'}); add its images, or remove "
+                               "the folder if this site has no such class")
+
+
+def make_summary(source: Path, out: Path, size: tuple[int, int], c: int, fit: str,
+                 mapping: dict[str, int], added: list[str], map_path: Path | None,
+                 known: dict[str, int] | None, found: Found, n: int) -> dict:
+    shape = shape_text((c, *size))
+    data = out / "data.npz"
+    return {
+        "source": str(source),
+        "data": str(data),
+        "input_shape": shape,
+        "num_classes": len(mapping),
+        "fit": fit,
+        "channels": c,
+        "images": n,
+        "classes": [{"name": name, "index": index, "images": found.counts[name]}
+                    for name, index in sorted(mapping.items(), key=lambda kv: kv[1])],
+        "class_map": str(map_path or out / "classes.json"),
+        "class_map_origin": ("new" if known is None else "extended" if added else "given"),
+        "classes_added": added,
+        "formats": dict(found.formats.most_common()),
+        "modes": dict(found.modes.most_common()),
+        "sizes": dict(found.sizes.most_common()),
+        "skipped": [{"file": f, "reason": r} for f, r in found.skipped],
+        "run_keys": {"dataset": "npz", "data-path": str(data), "num-classes": len(mapping),
+                     "input-shape": shape},
+    }
+
+
+def class_map_bytes(mapping: dict[str, int]) -> bytes:
+    ordered = dict(sorted(mapping.items(), key=lambda kv: kv[1]))
+    return (json.dumps(ordered, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_output(out: Path, images: np.ndarray, labels: np.ndarray, mapping: dict[str, int],
+                 summary: dict) -> None:
+    """OUT, written beside it under a hidden name and renamed into place when complete;
+    readable by others (0755 / 0644: a container's SuperExec user may read a read-only
+    mount)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        with open(tmp / "data.npz", "wb") as fh:
+            np.savez(fh, images=images, labels=labels)
+        (tmp / "data.npz").chmod(0o644)
+        atomic_write_bytes(tmp / "classes.json", class_map_bytes(mapping))
+        atomic_write_json(tmp / "summary.json", summary)
+        tmp.chmod(0o755)
+        if out.exists():
+            out.rmdir()  # the empty folder check_out allowed
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def describe(summary: dict) -> str:
+    """The summary as the lines ``fedefc data`` prints."""
+    lines = [f"fedefc data: {summary['images']} images in {summary['num_classes']} classes "
+             f"from {summary['source']}", f"  {'index':>5}  {'images':>7}  class"]
+    lines += [f"  {c['index']:>5}  {c['images']:>7}  {c['name']}" for c in summary["classes"]]
+    absent = [c["name"] for c in summary["classes"] if not c["images"]]
+    if absent:
+        lines.append(f"  absent at this site (in the class map): {', '.join(absent)}")
+    counts = (("formats", summary["formats"]), ("modes as stored", summary["modes"]))
+    lines += [f"  {label}: " + ", ".join(f"{k} {v}" for k, v in seen.items())
+              for label, seen in counts]
+    sizes = summary["sizes"]
+    common = ", ".join(f"{k} ({v})" for k, v in list(sizes.items())[:3])
+    lines.append(f"  sizes (width x height): {len(sizes)} distinct; most common {common}")
+    if summary["skipped"]:
+        lines.append(f"  skipped {len(summary['skipped'])} files:")
+        lines += [f"    {s['file']}: {s['reason']}" for s in summary["skipped"]]
+    lines.append(f"wrote {summary['data']}: {summary['input_shape']} (C x H x W) uint8 images, "
+                 f"fit {summary['fit']}")
+    origin = {"new": "written: give it to every other site with --class-map",
+              "given": "given, unchanged",
+              "extended": f"extended by {', '.join(summary['classes_added'])}: give the new "
+                          "map to every site"}[summary["class_map_origin"]]
+    lines.append(f"class map {summary['class_map']} ({origin})")
+    keys = summary["run_keys"]
+    lines += ["the run: " + " ".join(f"--set {k}={keys[k]}" for k in
+                                     ("dataset", "num-classes", "input-shape")),
+              f"  in simulation: --set data-path={keys['data-path']}",
+              f"  on a SuperNode: fedefc deploy supernode ... --data-path {keys['data-path']}",
+              "every site: the same --size, --channels, --fit and class map"]
+    return "\n".join(lines)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    """``fedefc data SOURCE OUT --size ...``: prints the summary."""
+    summary = prepare(Path(args.source), Path(args.out), parse_size(args.size), args.channels,
+                      args.fit, Path(args.class_map) if args.class_map else None,
+                      args.extend_class_map,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(describe(summary))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``data`` command in ``fedefc``'s argparse tree."""
+    data = sub.add_parser("data", help="turn a folder of images (one sub-folder per class) "
+                                       "into a node's data.npz (docs/OWN-DATA.md)")
+    data.add_argument("source", help="folder with one sub-folder of images per class")
+    data.add_argument("out", help="a new folder: gets data.npz, classes.json, summary.json")
+    data.add_argument("--size", required=True,
+                      help="N (N x N pixels) or HxW (height x width), e.g. 64 or 96x128")
+    data.add_argument("--channels", choices=list(CHANNELS), default="rgb",
+                      help="gray (1 channel) or rgb (3); default %(default)s")
+    data.add_argument("--fit", choices=FITS, default="crop",
+                      help="crop: cover and cut the centre; pad: fit inside, black borders; "
+                           "stretch: ignore the aspect ratio; default %(default)s")
+    data.add_argument("--class-map", default=None,
+                      help="class map JSON {name: index}: read when it exists (the same "
+                           "indices at every site), else written")
+    data.add_argument("--extend-class-map", action="store_true",
+                      help="give class folders missing from --class-map the next indices "
+                           "and rewrite it")
+    data.set_defaults(func=cmd_data)
