@@ -134,7 +134,8 @@ def _check_method(cfg: RunConfig) -> None:
             "secure-aggregation=false and dp-clip=0")
 
 
-_PARSED: dict[tuple, RunConfig] = {}
+_PARSED: dict[frozenset, RunConfig] = {}
+_LAST: list = [None, None]  # a copy of the last run-config dict, and its RunConfig
 _LOCK = threading.Lock()
 
 
@@ -142,16 +143,18 @@ def load_run_config(flat: dict[str, Any]) -> RunConfig:
     """Validate Flower's flat run config; raise ConfigError naming each bad key. The
     result is cached per process (the config is frozen), so the ClientApp and each of
     its mods share one validation per run instead of one per message."""
-    key = tuple(sorted(flat.items()))
     with _LOCK:
-        cached = _PARSED.get(key)
-    if cached is not None:
-        return cached
-    settings = {m.name: m.settings for m in METHODS.values()}
-    cfg = parse_run_config(flat, settings)
-    _check_method(cfg)
+        last_flat, last_cfg = _LAST
+        if flat == last_flat:  # one comparison, no hashing: a message's mods ask alike
+            return last_cfg
+        key = frozenset(flat.items())
+        cfg = _PARSED.get(key)
+    if cfg is None:
+        cfg = parse_run_config(flat, {m.name: m.settings for m in METHODS.values()})
+        _check_method(cfg)
     with _LOCK:
         _PARSED[key] = cfg
+        _LAST[:] = [dict(flat), cfg]
     return cfg
 
 

@@ -165,7 +165,10 @@ def train_batches(model: nn.Module, data: TrainingSet, batch_loss: BatchLoss,
     for _ in range(settings.epochs):
         correct, seen = torch.zeros((), dtype=torch.long, device=x.device), 0
         for idx in batches(len(y), settings.batch_size, generator, x.device):
-            xb, yb = data.transform(x[idx], data.augment, generator), y[idx]
+            # index_select: advanced indexing x[idx] of a uint8 batch takes 7x as long on
+            # CPU (docs/BENCHMARKS.md, "Planning a round"), the same rows
+            xb = data.transform(x.index_select(0, idx), data.augment, generator)
+            yb = y.index_select(0, idx)
             with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, logits = batch_loss(model, xb, yb, idx)
             optimizer.zero_grad(set_to_none=True)

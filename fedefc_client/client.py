@@ -36,7 +36,7 @@ from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
 
 from .job import LocalJob
-from .local_data import LocalData
+from .local_data import LocalData, partition_size
 from .local_update import Update
 
 
@@ -59,8 +59,10 @@ class MethodClient(NumPyClient):
     # The registry asks every node once which partition it serves and how many samples
     # it holds (docs/PRIVACY.md, "Weights bound to facts"); the size bounds its replies.
     def get_properties(self, config):
+        size = (len(self.local) if self.private_data
+                else partition_size(self.cfg, self.partition_id))
         return {Declaration.PARTITION_ID: self.partition_id,
-                Declaration.NUM_EXAMPLES: len(self.local),
+                Declaration.NUM_EXAMPLES: size,
                 Declaration.DATA: Declaration.PRIVATE if self.private_data
                 else Declaration.PARTITION}
 

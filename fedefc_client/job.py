@@ -82,7 +82,7 @@ class LocalJob:
         y = self.local.y if labels is None else torch.as_tensor(labels, device=self.device)
         if keep is not None:
             idx = torch.as_tensor(np.flatnonzero(keep), device=self.device)
-            x, y = x[idx], y[idx]
+            x, y = x.index_select(0, idx), y.index_select(0, idx)
         return TrainingSet(x, y, self.transform, self.local.spec.augment)
 
     def train(self, loss_fn: LossFn = cross_entropy, keep: np.ndarray | None = None,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from common.config import RunConfig
-from common.data_plan import data_plan, held_out_count
+from common.data_plan import data_plan, held_out_count, training_size
 from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
 from common.models import TaskShape
@@ -116,13 +116,13 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
     true_held = None
     if split is not None:
         train, out = split
-        held_x = x[torch.as_tensor(out, device=device)]
+        held_x = x.index_select(0, torch.as_tensor(out, device=device))
         if true_labels is not None:
             true_held = torch.as_tensor(true_labels[out], dtype=torch.int64).to(device)
             true_labels = true_labels[train]
         held = HeldOut(held_x, torch.as_tensor(labels[out], dtype=torch.int64).to(device),
                        true_held)
-        x, labels = x[torch.as_tensor(train, device=device)], labels[train]
+        x, labels = x.index_select(0, torch.as_tensor(train, device=device)), labels[train]
     truth, rate = None, None
     if true_labels is not None:
         truth = empirical_transition(labels, true_labels, data.num_classes)
@@ -146,11 +146,20 @@ def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> L
     fed = data_plan(cfg)
     idx = fed.client_indices[partition_id]
     idx_t = torch.as_tensor(idx, dtype=torch.int64)
-    local = make_local(cfg, partition_id, on_device(fed.data, "train", device)[idx_t.to(device)],
-                       fed.noisy_labels[idx], fed.true_labels[idx], fed.data)
+    x = on_device(fed.data, "train", device).index_select(0, idx_t.to(device))
+    local = make_local(cfg, partition_id, x, fed.noisy_labels[idx], fed.true_labels[idx],
+                       fed.data)
     with _LOCK:
         _CACHE[key] = local
     return local
+
+
+def partition_size(cfg: RunConfig, partition_id: int) -> int:
+    """How many samples partition ``partition_id`` of the run's data plan trains on (what
+    its node declares), without building its data: the registry asks every node of a
+    simulation once, and only the sampled ones train (docs/BENCHMARKS.md, "Planning a
+    round")."""
+    return training_size(cfg, len(data_plan(cfg).client_indices[partition_id]))
 
 
 def check_node_config(node_config: dict[str, Any], node: str) -> None:

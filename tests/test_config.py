@@ -123,3 +123,13 @@ def test_cli_bad_flag_exits_nonzero_and_creates_nothing(tmp_path, capsys):
     assert not out.exists()
     assert main(["run", "no-such-preset", "--out-dir", str(out)]) == 2
     assert "no-such-preset" in capsys.readouterr().err
+
+
+def test_the_run_config_is_validated_once_and_a_changed_dict_is_validated_again():
+    """load_run_config caches by content: the ClientApp's mods share one validation, and
+    a dict changed in place (as the launcher fills in out-dir) is not served stale."""
+    flat = {"rounds": 7}
+    first = load_run_config(flat)
+    assert load_run_config(dict(flat)) is first and load_run_config(flat) is first
+    flat["rounds"] = 8
+    assert load_run_config(flat).rounds == 8 and load_run_config({"rounds": 7}) is first
