@@ -69,8 +69,9 @@ class ReplyMetric:
     """A metric a training reply may carry: ``count`` (an integer >= 0) or ``number`` (a
     finite number), and how the round record keeps it (``fold``): the mean over the
     round's accepted replies (``None`` when none carries it), their sum, or one value per
-    client. The record's field is the key with ``_`` for ``-`` (``_clients`` appended to a
-    per-client list beside a mean)."""
+    client; none of these (``()``) when the method's server records it itself. The
+    record's field is the key with ``_`` for ``-`` (``_clients`` appended to a per-client
+    list beside a mean)."""
 
     key: str
     kind: Literal["number", "count"] = "number"

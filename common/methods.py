@@ -90,7 +90,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            counts_subset=True),  # the kept count
     Method("fedcorr", "FedCorr", f"{_SERVERS}.baselines.fedcorr:FedCorrServer",
            f"{_CLIENTS}.baselines.fedcorr:fedcorr", FedCorrSettings,
-           reply=(ReplyMetric(FedCorrMessages.LID), ReplyMetric(FedCorrMessages.EST_NOISE)),
+           reply=(ReplyMetric(FedCorrMessages.LID, fold=()),  # its server records them
+                  ReplyMetric(FedCorrMessages.EST_NOISE, fold=())),
            per_client_values="fits a mixture on each client's LID and keeps each client's "
                              "noise estimate",
            exact_resume=False),  # the corrected labels live in the nodes' state

@@ -156,7 +156,10 @@ class PartitionRegistry:
         start = time.monotonic()
         next_report = start
         while True:
-            serving = self.refresh(client_manager, server_round)
+            # a node's first message may start its ClientApp cold (imports, data): it has
+            # the rest of the wait to answer, not just the usual per-message timeout
+            remaining = max(self.wait_for_nodes - (time.monotonic() - start), 1.0)
+            serving = self.refresh(client_manager, server_round, remaining)
             missing = sorted(set(range(self.rule.num_clients)) - set(serving))
             if not missing:
                 log(INFO, "all %d partitions are served (after %.0f s)", self.rule.num_clients,
@@ -186,15 +189,17 @@ class PartitionRegistry:
             text += f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         return text
 
-    def refresh(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
-        """Ask the nodes not seen yet for their declaration; return {partition id: proxy}."""
+    def refresh(self, client_manager: ClientManager, server_round: int,
+                timeout: float | None = None) -> dict[int, ClientProxy]:
+        """Ask the nodes not seen yet for their declaration (each may take ``timeout``
+        seconds, by default the registry's); return {partition id: proxy}."""
         proxies = client_manager.all()
         now = time.monotonic()
         unknown = [proxies[cid] for cid in proxies
                    if cid not in self._pid_of_cid and cid not in self._refused
                    and now - self._failed.get(cid, ("", -RETRY_S))[1] >= RETRY_S]
         if unknown:
-            answers = ask_declarations(unknown, self.timeout, server_round)
+            answers = ask_declarations(unknown, timeout or self.timeout, server_round)
             for cid, props in answers.items():
                 if isinstance(props, Exception):
                     self._failed[cid] = (str(props), time.monotonic())

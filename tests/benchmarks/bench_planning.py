@@ -1,10 +1,14 @@
-"""Planning a round at scale: round 1 (the registry learns every node) beside round 2.
+"""Planning a round at scale: round 1 (the registry learns every node) beside round 2;
+and the batch gather the training loop uses against advanced indexing.
 
 Runs FedAvg on mnist-lite's data (full MNIST, LeNet, one local epoch) with 10 clients
 per round and 100, 1,000 and 10,000 simulated nodes through ``fedefc run``, and prints
 the seconds of round 1 and round 2 (``round_s`` of metrics.jsonl) and their ratio. Round 1
 includes the registry's one ``get_properties`` message per node (docs/BENCHMARKS.md,
 "Planning a round"); round 2 asks nothing new.
+
+First it times, in this process on one thread (as a client runs), gathering a batch of 64
+MNIST images out of 600 with ``index_select`` against ``x[idx]``, and prints the ratio.
 
     python tests/benchmarks/bench_planning.py --data-dir /tmp/mnist [--nodes 100,1000,10000]
 """
@@ -16,6 +20,8 @@ import json
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_cli.simulation import run_simulation_job
@@ -34,11 +40,26 @@ def one(data_dir: str, nodes: int, out: Path) -> dict:
             "round_2_s": records[2]["round_s"], "job_s": time.monotonic() - start}
 
 
+def gather_us(gather, repeats: int = 2000) -> float:
+    """Mean microseconds of ``gather()`` after a warm-up."""
+    gather()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        gather()
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True, help="absolute folder holding MNIST/raw")
     ap.add_argument("--nodes", default="100,1000,10000")
     args = ap.parse_args()
+    torch.set_num_threads(1)
+    x = torch.randint(0, 256, (600, 1, 28, 28), dtype=torch.uint8)
+    idx = torch.randperm(600, generator=torch.Generator().manual_seed(0))[:64]
+    indexed, selected = gather_us(lambda: x[idx]), gather_us(lambda: x.index_select(0, idx))
+    print(f"batch of 64 of 600 uint8 images: x[idx] {indexed:.0f} us, index_select "
+          f"{selected:.0f} us, ratio {indexed / selected:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.nodes.split(",")):
             row = one(args.data_dir, n, Path(tmp) / f"n{n}")
