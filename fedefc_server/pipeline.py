@@ -142,11 +142,11 @@ class RoundPipeline:
         """The round's partitions and instructions (the method's work between rounds
         first, with the current global model)."""
         serving = self.registry.serving(client_manager, server_round)
-        start = time.monotonic()
-        extra = self.server.before_round(server_round,
-                                         self.task_sender(serving, parameters, server_round),
-                                         sorted(serving))
-        if extra:
+        start, sent = time.monotonic(), []
+        extra = self.server.before_round(
+            server_round, self.task_sender(serving, parameters, server_round, sent),
+            sorted(serving))
+        if sent:
             extra["extra_messages_s"] = time.monotonic() - start
         chosen = self.server.sample(server_round, list(serving))
         sizes = {pid: self.registry.declared[pid] for pid in chosen}
@@ -178,12 +178,15 @@ class RoundPipeline:
         return config
 
     def task_sender(self, serving: dict[int, ClientProxy], parameters: Parameters,
-                    server_round: int) -> Callable[[dict[int, dict[str, Scalar]]],
-                                                   dict[int, FitRes]]:
+                    server_round: int, sent: list[int] | None = None
+                    ) -> Callable[[dict[int, dict[str, Scalar]]], dict[int, FitRes]]:
         """Task messages to chosen partitions between rounds (:mod:`.baselines.
         extra_messages`): each gets the round config plus its task keys; each call is
-        bounded by ``client-timeout`` (0: none), as a round's training calls are."""
+        bounded by ``client-timeout`` (0: none), as a round's training calls are, and
+        appends the number of messages it sent to ``sent``."""
         def send(tasks: dict[int, dict[str, Scalar]]) -> dict[int, FitRes]:
+            if sent is not None:
+                sent.append(len(tasks))
             configs = {pid: {**round_config(self.cfg, pid, server_round), **task}
                        for pid, task in tasks.items()}
             return send_tasks(serving, parameters, configs, server_round,
