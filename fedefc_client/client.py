@@ -109,7 +109,7 @@ class FedEFCClient(NumPyClient):
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics["noise-rate"] = local.noise_rate
         metrics["fit-s"] = time.perf_counter() - start  # local compute, the same everywhere
-        if job.last_q is not None:
+        if job.last_q is not None and self.cfg.diagnostics:  # a simulation's instrument
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),
