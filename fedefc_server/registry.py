@@ -100,8 +100,11 @@ class PartitionRegistry:
                     cid = futures[fut]
                     try:
                         props = fut.result().properties
-                    except Exception as err:  # a node that cannot answer is not sampled
+                    except Exception as err:  # a node that cannot answer (or whose own
+                        # policy refuses the run) is not sampled; the record says why
                         log(WARNING, "node %s did not report its partition id: %s", cid, err)
+                        self._news.setdefault("unanswered_nodes", []).append(
+                            {"node": cid, "reason": str(err)})
                         continue
                     reason = self.admit(cid, props)
                     if reason is not None:
