@@ -243,7 +243,7 @@ _STAGE_REPLY_KEYS = {"setup": {Key.PUBLIC_KEY_1}, "share_keys": {Key.CIPHERTEXT_
                      "unmask": {Key.SHARE_LIST}}
 
 
-def audit_path(cfg: RunConfig, partition_id: int, policy: NodePolicy | None = None,
+def audit_path(cfg: RunConfig, partition_id: int | str, policy: NodePolicy | None = None,
                run_id: int = 0) -> Path | None:
     """Where a client writes its audit log: with a node policy's ``audit-dir``, there, as
     run-<run id>-partition-<id>.jsonl, whatever the run says; else with ``audit = true``
@@ -259,8 +259,8 @@ def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     """Append one JSON line per reply to :func:`audit_path` (when there is one):
     :func:`describe_reply` of the reply as it leaves the client (after every inner mod),
     or the exception that replaced it. The log and a folder it creates are owner-only."""
-    path = audit_path(_config(ctxt), int(ctxt.node_config["partition-id"]), _policy(ctxt),
-                      ctxt.run_id)
+    pid = ctxt.node_config.get("partition-id", "unknown")  # none: the ClientApp refuses
+    path = audit_path(_config(ctxt), pid, _policy(ctxt), ctxt.run_id)
     if path is None:
         return call_next(msg, ctxt)
     make_private_dir(path.parent)
