@@ -7,6 +7,7 @@ without diagnostics."""
 import logging
 import os
 import stat
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from common.private_files import make_private_dir, open_private
 from common.results import RunRecorder
 from common.runtime import initial_model
 from common.secure_means import SCALE_KEY
+from fedefc_cli.procs import Processes
 from fedefc_client.client import FedEFCClient
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
@@ -66,6 +68,16 @@ def test_a_nodes_cache_is_owner_only(tmp_path, open_umask):
     assert mode(path) == 0o600
     assert mode(tmp_path / "cache") == mode(tmp_path / "cache" / "node-3") == 0o700
     assert cache.load("private-abc")["labels"].tolist() == [0, 1, 2]
+
+
+def test_a_process_log_is_owner_only(tmp_path, open_umask):
+    """The logs of the processes the tooling starts (a SuperNode's holds the full text of
+    its ClientApp's exceptions) and of ``flwr run``: a grid cell's run.log is in out-dir."""
+    procs = Processes()
+    log = tmp_path / "superexec.log"
+    procs.start("echo", [sys.executable, "-c", "print('x')"], dict(os.environ), tmp_path,
+                log).wait()
+    assert mode(log) == 0o600 and log.read_text() == "x\n"
 
 
 def test_an_existing_file_is_made_owner_only_and_an_existing_folder_left_alone(tmp_path,
