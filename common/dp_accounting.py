@@ -68,7 +68,7 @@ class DpGuarantee:
     epsilon_secret_sampling: float  # at sampling_rate, if the sample were secret: not ours
 
     def as_record(self) -> dict:
-        """For summary.json and the log (inf as None, as the results' JSON writes it)."""
+        """The fields, for summary.json (whose writer stores an infinite epsilon as null)."""
         return asdict(self)
 
     def describe(self) -> str:
