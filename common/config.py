@@ -127,6 +127,7 @@ class RunConfig(BaseModel):
     clipping_range: float = Field(8.0, gt=0.0, le=1e6)
     dp_clip: float = Field(0.0, ge=0.0, le=1e6)
     dp_noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
+    dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)  # the delta of the reported epsilon
     audit: bool = False
 
     # every method's settings, set by parse_run_config (one instance per settings model)

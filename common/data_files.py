@@ -118,8 +118,7 @@ def write_npz(path: Path, x: np.ndarray, labels: np.ndarray) -> None:
     arrays = {"images": x} if x.ndim == 4 else {"features": x.astype(np.float32)}
     np.savez(buf, **arrays, labels=np.asarray(labels, dtype=np.int64))
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buf.getvalue())
-    path.chmod(0o644)
+    atomic_write_bytes(path, buf.getvalue(), mode=0o644)
 
 
 # -- .npz ------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def _cached_plan(data: Dataset, cfg: RunConfig) -> DataPlan:
     arrays = cache.load(key)
     if arrays is not None:
         return _plan_from_arrays(data, arrays)
-    fed = build_federated_data(data, cfg)
+    fed = build_data_plan(data, cfg)
     try:
         cache.store(key, _plan_arrays(fed))
     except OSError as err:  # an unwritable cache only costs the other processes time
@@ -139,7 +139,7 @@ def training_size(cfg: RunConfig, n: int) -> int:
     return n - held_out_count(cfg, n)
 
 
-def build_federated_data(data: Dataset, cfg: RunConfig) -> DataPlan:
+def build_data_plan(data: Dataset, cfg: RunConfig) -> DataPlan:
     """Partition on true labels, then draw each noise group's observed labels."""
     true = data.train_y.numpy()
     k = data.num_classes

@@ -5,7 +5,8 @@ fresh ClientApp process per message) and for a simulation's federated data plan
 (``common/data_plan.py``: the launcher, the ServerApp and every Ray actor of a run
 share one). A temp file + rename means a crashed writer never leaves a half-written
 entry, and two processes building the same entry both leave a whole one. An unreadable
-entry is rebuilt.
+entry is rebuilt. Entries are owner-only (0600), and so is a cache folder the cache
+creates (0700): a node's entry is its decoded private data and labels.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from flwr.common.logger import log
 
+from .private_files import make_private_dir
 from .results import atomic_write_bytes
 
 Arrays = dict[str, np.ndarray]
@@ -49,7 +51,7 @@ class DataCache:
     def store(self, key: str, arrays: Arrays) -> Path:
         """Write the entry atomically and return its path."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.root)
         except OSError as err:
             raise OSError(f"cache-dir={str(self.root)!r} cannot be created ({err}); give "
                           "a writable absolute folder in the node config") from None

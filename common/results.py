@@ -9,7 +9,8 @@ Layout (all under an absolute ``out-dir``)::
     model.pt        the final global model's state dict (torch.save)
 
 Files are written atomically (temp file + rename), so a crash never leaves a
-half-written summary or model.
+half-written summary or model, and owner-only (0600; a folder the run creates 0700:
+:mod:`common.private_files`): the model and the records are the federation's results.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .private_files import FILE_MODE, make_private_dir, open_private
 
 RESULT_FILES = ("metrics.jsonl", "summary.json", "model.pt")
 
@@ -48,11 +51,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder and a rename."""
+def atomic_write_bytes(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder and a rename; the
+    file's mode is ``mode`` (owner-only unless told)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -128,7 +132,7 @@ class RunRecorder:
         """A new, unused folder; or, with ``resume_round``, the folder of the run being
         resumed, whose records after that round (written before the crash) are dropped."""
         self.out_dir = Path(out_dir) if resume_round is not None else check_output_dir(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.out_dir)
         atomic_write_json(self.out_dir / "config.json", resolved_config)
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.rounds: list[dict[str, Any]] = []
@@ -155,7 +159,7 @@ class RunRecorder:
         """Append one round's record (and keep it for the summary)."""
         clean = _clean(record)
         self.rounds.append(clean)
-        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+        with open_private(self.metrics_path, "a") as fh:
             fh.write(json.dumps(clean, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())

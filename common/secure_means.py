@@ -30,6 +30,14 @@ SLOTS = (("count", 1.0), (FitReply.ACCURACY, 1.0), (FitReply.TRAIN_LOSS, 20.0))
 SUMMED_KEYS = tuple(name for name, _ in SLOTS[1:])
 SCALE_KEY = "secagg-scale"  # fit config: s = c * M / 2
 
+# What a secure round's training reply keeps in the clear (docs/PRIVACY.md, "What leaves
+# a node"), beyond its sample count: the partition id (the server binds it to the node)
+# and the loss's name (fixed by the phase the server set); with ``diagnostics = true``
+# also the simulation's diagnostics (known only where the simulator noised the labels).
+# Every other metric a local update returns stays on the node.
+CLEAR_KEYS = ("partition-id", "loss")
+DIAGNOSTIC_KEYS = ("noise-rate", "q-cos", "q-l1")
+
 
 def tail_scale(clipping_range: float, max_weight: float) -> float:
     """s = c * M / 2, sent to every client of a secure round."""
@@ -48,6 +56,12 @@ def encode_tail(metrics: dict, num_examples: int, scale: float) -> tuple[np.ndar
     tail = np.array([min(max(v, 0.0), bound) / bound * unit
                      for v, (_, bound) in zip(values, SLOTS)], dtype=np.float64)
     return tail, clear
+
+
+def clear_metrics(metrics: dict, diagnostics: bool) -> dict:
+    """The metrics of a secure training reply that may travel in the clear."""
+    allowed = CLEAR_KEYS + (DIAGNOSTIC_KEYS if diagnostics else ())
+    return {k: v for k, v in metrics.items() if k in allowed}
 
 
 def decode_tail(tail: np.ndarray) -> dict[str, float]:

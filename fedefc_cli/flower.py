@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.private_files import open_private
+
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
 from .run_configs import APP_DIR, write_run_config
@@ -85,7 +87,7 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
     if not res.get("success") or not res.get("run-id"):
         raise LaunchError(f"flwr run was refused: {res}")
     run_id = str(res["run-id"])
-    with open(log, "ab") if log else contextlib.nullcontext() as out:
+    with open_private(log, "ab") if log else contextlib.nullcontext() as out:
         try:
             subprocess.run([flower_bin("flwr"), "log", run_id, connection, "--stream"], env=env,
                            cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
@@ -140,7 +142,7 @@ class LocalSimulation(ProcessGroup):
                f"client-resources-num-gpus={client_gpus}")
         cmd = [flower_bin("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
                "--run-config", str(cfg_file), "--federation-config", fed]
-        with open(log_path, "ab") if log_path else contextlib.nullcontext() as out:
+        with open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out:
             code = subprocess.call(cmd, env=self.env, cwd=self.work_dir, stdout=out,
                                    stderr=subprocess.STDOUT if out else None)
         if code != 0:

@@ -40,6 +40,7 @@ from typing import Any
 
 from common.config import ConfigError
 from common.methods import METHODS, changed_keys, load_run_config
+from common.private_files import make_private_dir
 from common.results import check_output_dir
 from fedefc_server import checkpoint
 
@@ -194,7 +195,7 @@ def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int
             + (" | resumed from its checkpoint" if resume else "")
             + (f" | ETA {eta / 60:.0f} min" if eta is not None else ""))
         start = time.monotonic()
-        cell.out_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(cell.out_dir)
         try:
             summary = run_simulation_job(config, client_cpus, client_gpus,
                                          log_path=cell.out_dir / "run.log")

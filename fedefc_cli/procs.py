@@ -18,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from common.private_files import open_private
+
 from .errors import LaunchError
 
 
@@ -83,7 +85,7 @@ class Processes:
 
     def start(self, name: str, argv: list[str], env: dict[str, str], cwd: Path,
               log: Path | None = None) -> subprocess.Popen:
-        with open(log, "ab") if log else contextlib.nullcontext() as out:
+        with open_private(log, "ab") if log else contextlib.nullcontext() as out:
             proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out,
                                     stderr=subprocess.STDOUT if out else None,
                                     start_new_session=True)

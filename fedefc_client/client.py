@@ -100,7 +100,7 @@ class MethodClient(NumPyClient):
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics[FitReply.NOISE_RATE] = local.noise_rate
         metrics[FitReply.FIT_S] = time.perf_counter() - start  # local compute, everywhere alike
-        if job.last_q is not None:
+        if job.last_q is not None and self.cfg.diagnostics:  # a simulation's instrument
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),

@@ -5,7 +5,8 @@ Node config keys (docs/DEPLOYMENT.md, "Node data"): ``partition-id`` (the node's
 identity: seeds, sampling, reply order) and ``num-partitions`` (= the run's
 num-clients) always; ``data-path`` for the node's own private data instead of
 partition ``partition-id`` of the run's dataset; ``cache-dir`` to keep the prepared
-data on disk across the per-message ClientApp processes of a SuperNode.
+data on disk across the per-message ClientApp processes of a SuperNode;
+``policy-file`` for the node's own policy (:mod:`.policy`, docs/PRIVACY.md §5).
 
 Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md).
 """

@@ -1,14 +1,21 @@
-"""The ClientApp's mods: secure aggregation, differential privacy and the audit of every
-reply (docs/PRIVACY.md). Flower fixes a ClientApp's mods when the app is built, so each
-mod reads the run config and steps aside when its key is off.
+"""The ClientApp's mods: the node's policy, secure aggregation, differential privacy,
+the audit of every reply and error replies that name no private path (docs/PRIVACY.md).
+Flower fixes a ClientApp's mods when the app is built, so each mod reads the run config
+(and the node config) and steps aside when its key is off.
 
 Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
 
-1. :func:`audit_mod`: records what leaves the client (``audit = true``);
-2. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``);
-3. :func:`secure_tail_mod`: moves the summed metrics into the arrays (secure rounds);
-4. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``);
-5. :func:`clipping_mod`: client-side fixed clipping, as Flower's ``fixedclipping_mod``
+1. :func:`error_reply_mod`: an exception becomes an error reply whose text is scrubbed
+   of paths and node-config values (:mod:`.scrub`);
+2. :func:`audit_mod`: records what leaves the client (``audit = true``, or the node
+   policy's ``audit-dir``);
+3. :func:`policy_mod`: refuses a run that breaks the node's policy (:mod:`.policy`);
+4. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
+   its masks drawn from :mod:`common.secure_prf`;
+5. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
+   :func:`common.secure_means.clear_metrics` in the clear (secure rounds);
+6. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``);
+7. :func:`clipping_mod`: client-side fixed clipping, as Flower's ``fixedclipping_mod``
    (``dp-clip``).
 
 So the update is clipped, then noised, then (with its tail) quantized and masked, and
@@ -19,14 +26,17 @@ from __future__ import annotations
 
 import json
 import time
+from logging import ERROR, WARNING
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.differential_privacy import (
@@ -35,13 +45,19 @@ from flwr.supercore.differential_privacy import (
     get_norm,
 )
 
+from common import secure_prf
 from common.config import RunConfig
 from common.messages import FitConfig
 from common.methods import load_run_config
-from common.secure_means import SCALE_KEY, encode_tail
+from common.private_files import make_private_dir, open_private
+from common.secure_means import SCALE_KEY, clear_metrics, encode_tail
 from common.seeds import derive_seed
 
 from .node import partition_of
+from .policy import NodePolicy, describe_refusal, load_policy, policy_path
+from .scrub import private_strings, scrub
+
+secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 
 AUDIT_DIR = "audit"
 
@@ -49,6 +65,51 @@ AUDIT_DIR = "audit"
 def _config(ctxt: Context) -> RunConfig:
     """The run config, validated once per process and run (:func:`load_run_config`)."""
     return load_run_config(ctxt.run_config)
+
+
+def _policy(ctxt: Context) -> NodePolicy | None:
+    path = policy_path(ctxt.node_config)
+    return None if path is None else load_policy(path)
+
+
+def error_reply_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Every failure leaves the node as an error reply whose text names no private path
+    or node-config value (:func:`.scrub.scrub`): an exception (Flower would send its text
+    as it is) or an inner mod's error reply. The full exception goes to the node's own
+    log, and the node's state is put back as it was before the message (as Flower does
+    for a ClientApp that raises), so a failed message changes nothing on the node."""
+    saved = dict(ctxt.state.items())
+    try:
+        out = call_next(msg, ctxt)
+    except Exception as err:
+        log(ERROR, "the ClientApp failed on a %s message (the server gets this text without "
+            "its paths)", msg.metadata.message_type, exc_info=err)
+        ctxt.state.clear()
+        ctxt.state.update(saved)
+        code, reason = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"
+    else:
+        if not out.has_error():
+            return out
+        code, reason = out.error.code, out.error.reason or ""
+    return Message(Error(code, scrub(reason, private_strings(ctxt.node_config))),
+                   reply_to=msg)
+
+
+def policy_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """With a ``policy-file`` in the node config, answer every message of a run that
+    breaks the node's policy with an error reply giving the reasons
+    (:meth:`NodePolicy.violations`), Flower's code for a mod's failed precondition; the
+    node serves other runs as before. An unusable policy file raises (every message is
+    refused, naming the problem)."""
+    policy = _policy(ctxt)
+    if policy is None:
+        return call_next(msg, ctxt)
+    problems = policy.violations(_config(ctxt))
+    if not problems:
+        return call_next(msg, ctxt)
+    reason = describe_refusal(problems)
+    log(WARNING, "run %s: %s", ctxt.run_id, reason)
+    return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, reason), reply_to=msg)
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -60,7 +121,10 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCall
 
 def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """In a secure round's training message: append the tail of the summed metrics to the
-    reply's arrays and drop them from its clear metrics (:mod:`common.secure_means`).
+    reply's arrays, and keep in its clear metrics only what
+    :func:`common.secure_means.clear_metrics` allows (the partition id, the loss's name;
+    the simulation's diagnostics when the run asks for them): no other per-client value
+    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node").
 
     Flower's quantizer rounds stochastically with NumPy's global generator; it is seeded
     here, right before it runs, from (seed, partition, round), so a secure run stays a
@@ -77,8 +141,8 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
         raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
                          "them (the server could not detect them in the sum)")
-    tail, fitres.metrics = encode_tail(fitres.metrics, fitres.num_examples,
-                                       float(config[SCALE_KEY]))
+    tail, clear = encode_tail(fitres.metrics, fitres.num_examples, float(config[SCALE_KEY]))
+    fitres.metrics = clear_metrics(clear, cfg.diagnostics)
     fitres.parameters = ndarrays_to_parameters([*arrays, tail])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
     pid = partition_of(ctxt, cfg)
@@ -183,20 +247,27 @@ _STAGE_REPLY_KEYS = {"setup": {Key.PUBLIC_KEY_1}, "share_keys": {Key.CIPHERTEXT_
                      "unmask": {Key.SHARE_LIST}}
 
 
-def audit_path(cfg: RunConfig, partition_id: int) -> Path:
-    """Where a client writes its audit log: <out-dir>/audit/partition-<id>.jsonl."""
+def audit_path(cfg: RunConfig, partition_id: int | str, policy: NodePolicy | None = None,
+               run_id: int = 0) -> Path | None:
+    """Where a client writes its audit log: with a node policy's ``audit-dir``, there, as
+    run-<run id>-partition-<id>.jsonl, whatever the run says; else with ``audit = true``
+    <out-dir>/audit/partition-<id>.jsonl; else nowhere (None)."""
+    if policy is not None and policy.audit_dir:
+        return Path(policy.audit_dir) / f"run-{run_id}-partition-{partition_id}.jsonl"
+    if not cfg.audit:
+        return None
     return Path(cfg.out_dir or cfg.resume_from) / AUDIT_DIR / f"partition-{partition_id}.jsonl"
 
 
 def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """With ``audit = true``, append one JSON line per reply to :func:`audit_path`:
-    :func:`describe_reply` of the reply as it leaves the client (after every other mod),
-    or the exception that replaced it."""
-    cfg = _config(ctxt)
-    if not cfg.audit:
+    """Append one JSON line per reply to :func:`audit_path` (when there is one):
+    :func:`describe_reply` of the reply as it leaves the client (after every inner mod),
+    or the exception that replaced it. The log and a folder it creates are owner-only."""
+    pid = ctxt.node_config.get("partition-id", "unknown")  # none: the ClientApp refuses
+    path = audit_path(_config(ctxt), pid, _policy(ctxt), ctxt.run_id)
+    if path is None:
         return call_next(msg, ctxt)
-    path = audit_path(cfg, partition_of(ctxt, cfg))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     entry = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
     try:
         out = call_next(msg, ctxt)
@@ -206,9 +277,10 @@ def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
         raise
     finally:
         entry["time"] = time.time()
-        with open(path, "a", encoding="utf-8") as fh:
+        with open_private(path, "a") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
     return out
 
 
-MODS = [audit_mod, secure_aggregation_mod, secure_tail_mod, noise_mod, clipping_mod]
+MODS = [error_reply_mod, audit_mod, policy_mod, secure_aggregation_mod, secure_tail_mod,
+        noise_mod, clipping_mod]

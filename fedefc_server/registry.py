@@ -15,7 +15,8 @@ Before its first round a run waits until every partition 0..num-clients-1 is ser
 (:meth:`PartitionRegistry.serving`), logging at a steady interval how many are and which
 are missing, with the errors and refusals of the nodes that answered; when
 ``wait-for-nodes`` seconds pass first, the run fails with that report (a federation
-whose nodes never formed is a failed run, not an empty one: docs/RELIABILITY.md).
+whose nodes never formed is a failed run, not an empty one: docs/RELIABILITY.md). A node
+whose own policy refuses the run ends the wait at once: it will not serve it.
 
 The first declaration of a partition id fixes its size for the run: a later node that
 declares the same partition with another size is refused with the reason (and never
@@ -31,6 +32,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 from flwr.common import GetPropertiesIns, Message, MessageTypeLegacy
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
@@ -42,6 +44,9 @@ from common.messages import Declaration as Keys
 from .declarations import SizeRule, read_declaration
 from .failures import RunFailed
 
+# a node's error replies that refuse the run for good: its own policy (a mod's failed
+# precondition, fedefc_client/policy.py) or its trust settings (an app it will not run)
+REFUSING_CODES = frozenset({ErrorCode.MOD_FAILED_PRECONDITION, ErrorCode.INVALID_FAB})
 POLL_S = 1.0  # how often the wait for the nodes looks again
 REPORT_S = 15.0  # how often it logs who is missing
 RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
@@ -57,6 +62,10 @@ def ranges(ids: list[int], limit: int = 12) -> str:
             parts.append(str(pid))
     more = f" and {len(parts) - limit} more ranges" if len(parts) > limit else ""
     return ", ".join(parts[:limit]) + more
+
+
+class NodeRefusal(RuntimeError):
+    """A node's answer that refuses this run for good (:data:`REFUSING_CODES`)."""
 
 
 def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id: int,
@@ -83,8 +92,8 @@ def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id
             if reply is None:
                 answers[proxy.cid] = TimeoutError(f"no reply within {timeout} s")
             elif reply.has_error():
-                answers[proxy.cid] = RuntimeError(f"error {reply.error.code}: "
-                                                  f"{reply.error.reason}")
+                kind = NodeRefusal if reply.error.code in REFUSING_CODES else RuntimeError
+                answers[proxy.cid] = kind(f"error {reply.error.code}: {reply.error.reason}")
             else:
                 answers[proxy.cid] = compat.recorddict_to_getpropertiesres(
                     reply.content).properties
@@ -113,6 +122,7 @@ class PartitionRegistry:
         self._pid_of_cid: dict[str, int] = {}
         self._refused: dict[str, str] = {}  # node -> why its declaration was refused
         self._failed: dict[str, tuple[str, float]] = {}  # node -> (its error, when)
+        self._refusals: dict[str, str] = {}  # node -> why it refuses this run for good
         self._news: dict[str, Any] = {}  # declarations and refusals since the last take
         self._waited = False  # whether this process waited for the nodes to connect
 
@@ -161,6 +171,10 @@ class PartitionRegistry:
             remaining = max(self.wait_for_nodes - (time.monotonic() - start), 1.0)
             serving = self.refresh(client_manager, server_round, remaining)
             missing = sorted(set(range(self.rule.num_clients)) - set(serving))
+            if missing and self._refusals:  # a node that refuses the run will not serve it
+                raise RunFailed("; ".join(f"node {cid} refuses the run: {why}"
+                                          for cid, why in self._refusals.items())
+                                + f"; {self.report(len(client_manager.all()), missing)}")
             if not missing:
                 log(INFO, "all %d partitions are served (after %.0f s)", self.rule.num_clients,
                     time.monotonic() - start)
@@ -201,8 +215,13 @@ class PartitionRegistry:
         if unknown:
             answers = ask_declarations(unknown, timeout or self.timeout, server_round)
             for cid, props in answers.items():
-                if isinstance(props, Exception):
+                if isinstance(props, Exception):  # a node that cannot answer (or whose own
+                    # policy refuses the run) is not sampled; the record says why
                     self._failed[cid] = (str(props), time.monotonic())
+                    if isinstance(props, NodeRefusal):
+                        self._refusals[cid] = str(props)
+                    self._news.setdefault("unanswered_nodes", []).append(
+                        {"node": cid, "reason": str(props)})
                     log(WARNING, "node %s did not report its partition id: %s", cid, props)
                     continue
                 self._failed.pop(cid, None)

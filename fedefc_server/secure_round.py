@@ -38,11 +38,14 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
+from common import secure_prf
 from common.config import RunConfig
 
 from .failures import rejection
 from .pipeline import RoundOutcome
 from .strategy import RoundStrategy
+
+secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 
 
 @dataclass(frozen=True)

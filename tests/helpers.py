@@ -115,15 +115,18 @@ def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = N
 class InProcessGrid:
     """Flower's grid for an in-process federation: node ``k`` (id ``1000 + k``) runs
     ``app`` (the project's ClientApp, mods included) with partition ``k`` of the run
-    config ``run_config``; each message is copied, as the wire would. ``received``
-    holds every reply the server got, in order; ``fail(node, round)`` makes a node's
-    training message fail."""
+    config ``run_config`` (and the node config ``node_configs[k]``, if given); each
+    message is copied, as the wire would. ``received`` holds every reply the server got,
+    in order."""
 
-    def __init__(self, app, run_config: dict[str, Any], n_nodes: int):
+    def __init__(self, app, run_config: dict[str, Any], n_nodes: int,
+                 node_configs: dict[int, dict[str, Any]] | None = None):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app
+        extra = node_configs or {}
         self.contexts = {1000 + k: Context(1, 1000 + k, {"partition-id": k,
-                                                         "num-partitions": n_nodes},
+                                                         "num-partitions": n_nodes,
+                                                         **extra.get(k, {})},
                                            RecordDict(), dict(run_config))
                          for k in range(n_nodes)}
         self.received: list[Message] = []

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchvision.datasets import MNIST
 
-from common.data_plan import build_federated_data
+from common.data_plan import build_data_plan
 from common.datasets import DatasetError, load_dataset
 from common.methods import load_run_config
 
@@ -55,7 +55,7 @@ def test_missing_folder_names_the_path(tmp_path):
 def test_federated_data_groups_have_their_own_noise(tiny_mnist_dir):
     cfg = load_run_config({"dataset": "mnist", "data-dir": str(tiny_mnist_dir), "num-clients": 4,
                            "fraction": 0.5, "iid": True, "noise-groups": "0.0:0.0;0.4:0.4"})
-    fed = build_federated_data(load_dataset(cfg), cfg)
+    fed = build_data_plan(load_dataset(cfg), cfg)
     assert list(fed.group_of_client) == [0, 0, 1, 1]
     assert fed.client_noise_rate(0) == 0 and fed.client_noise_rate(1) == 0
     noisy_rate = np.mean([fed.client_noise_rate(c) for c in (2, 3)])
@@ -93,7 +93,7 @@ def test_the_plan_is_built_once_and_loaded_by_the_runs_other_processes(tmp_path,
     built, loaded = np.load(tmp_path / "0.npy"), np.load(tmp_path / "1.npy")
     np.testing.assert_array_equal(built, loaded)
     cfg = load_run_config({"rho": 0.4, "zeta": 0.4, "num-clients": 7})
-    direct = build_federated_data(embedded, cfg)
+    direct = build_data_plan(embedded, cfg)
     np.testing.assert_array_equal(loaded, np.concatenate([direct.noisy_labels,
                                                           *direct.client_indices]))
     assert len(list((tmp_path / "plans").glob("plan-*.npz"))) == 1

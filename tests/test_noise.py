@@ -8,7 +8,7 @@ from cleanlab.benchmarking.noise_generation import (
 )
 
 from common.config import ConfigError
-from common.data_plan import build_federated_data
+from common.data_plan import build_data_plan
 from common.methods import load_run_config
 from common.noise import (
     NoiseError,
@@ -104,20 +104,20 @@ def test_the_reference_draw_is_cleanlabs_one_stream_seeded_42(embedded):
                                           frac_zero_noise_rates=0.8, valid_noise_matrix=True,
                                           seed=42)
     expected = generate_noisy_labels(true, nm)  # continues the stream seed=42 started
-    feds = [build_federated_data(embedded, load_run_config(
+    feds = [build_data_plan(embedded, load_run_config(
         {"rho": 0.4, "zeta": 0.8, "noise-draw": "reference", "seed": seed})) for seed in (0, 3)]
     for fed in feds:
         np.testing.assert_array_equal(fed.noise_matrices[0], nm)
         np.testing.assert_array_equal(fed.noisy_labels, expected)
     assert not all(np.array_equal(a, b) for a, b in zip(*(f.client_indices for f in feds)))
-    other = build_federated_data(embedded, load_run_config(
+    other = build_data_plan(embedded, load_run_config(
         {"rho": 0.4, "zeta": 0.8, "noise-draw": "reference", "noise-seed": 7}))
     assert not np.array_equal(other.noisy_labels, expected)
 
 
 def test_noise_seed_pins_the_noise_and_defaults_to_the_seed(embedded):
     def fed(**keys):
-        return build_federated_data(embedded, load_run_config({"rho": 0.2, "zeta": 0.8,
+        return build_data_plan(embedded, load_run_config({"rho": 0.2, "zeta": 0.8,
                                                                "iid": True, **keys}))
 
     today = fed(seed=1)

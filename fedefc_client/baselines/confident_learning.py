@@ -15,12 +15,18 @@ from ..local_update import Update, fedavg
 
 def confident_learning(job: LocalJob) -> Update:
     """After prestopping: drop cleanlab's label issues (recomputed each round), then CE;
-    the sample count reported for aggregation is the kept count."""
+    the sample count reported for aggregation is the kept count.
+
+    Under secure aggregation the kept count would tell the server how many of this
+    client's labels cleanlab flagged, in the clear: the reply counts the client's
+    declared size instead (FedAvg's weight; docs/PRIVACY.md, "What leaves a node"), and
+    ``kept`` / ``removed`` stay on the node (``secure_tail_mod``)."""
     if job.phase == 1:
         return fedavg(job)
     keep = ~label_issue_mask(job.labels, job.probs)
     metrics = {FitReply.LOSS: "cross-entropy", M.KEPT: int(keep.sum()),
                M.REMOVED: int((~keep).sum())}
+    count = len(job.labels) if job.cfg.secure_aggregation else int(keep.sum())
     if not keep.any():
-        return 0, metrics, TrainStats(0.0, 0.0)
-    return int(keep.sum()), metrics, job.train(keep=keep)
+        return count, metrics, TrainStats(0.0, 0.0)
+    return count, metrics, job.train(keep=keep)
