@@ -12,7 +12,7 @@ plain rounds). Its Renyi-DP at order a is a / (2 z^2) per round and adds up over
 Sampling. The accountant can amplify by subsampling: with Poisson sampling at rate q
 the same noise costs less. That holds only when the observer does not know who was
 sampled. The project draws each round's clients from the run's seed
-(``fedefc_server/strategy.py: sample_round``), which the server and every node know,
+(``fedefc_server/plan.py: sample_round``), which the server and every node know,
 so the guarantee this module reports (:attr:`DpGuarantee.epsilon`) composes the
 mechanism over ALL the run's rounds with q = 1 (every client may be sampled in every
 round; one that takes part in fewer rounds is better off). The amplified figure

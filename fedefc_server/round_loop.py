@@ -35,6 +35,7 @@ from flwr.server.history import History
 from torch import nn
 
 from common.config import RunConfig
+from common.dp_accounting import run_guarantee
 from common.params import state_dict_of
 from common.results import RunRecorder
 
@@ -172,12 +173,16 @@ class RoundLoop(Server):
         if failure is None:
             self.recorder.write_model(state_dict_of(self.model, weights))
         notes = [] if failure else self.pipeline.server.notes()
+        dp = run_guarantee(self.cfg)
+        if dp is not None:
+            log(INFO, "%s", dp.describe())
         rounds = self.recorder.rounds
         summary = self.recorder.write_summary({
             **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
             "seed": self.cfg.seed, "rounds": self.cfg.rounds,
             "status": "failed" if failure else "completed",
             **({"failure": failure} if failure else {}), "notes": notes,
+            **({"dp": dp.as_record()} if dp else {}),
             **self.pipeline.server.summary_fields(),
             "client_failures": sum(int(r.get("failures") or 0) for r in rounds),
             "rejected_replies": sum(int(r.get("rejected") or 0) for r in rounds),

@@ -14,6 +14,7 @@ import torch
 from flwr.common import EvaluateRes, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
+from common.dp_accounting import epsilon
 from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
@@ -221,3 +222,14 @@ def test_fedefc_that_never_leaves_phase_1_says_so_last(tmp_path):
     (note,) = summary["notes"]
     assert note.startswith("fedefc never left phase 1") and "still rising" in note
     assert lines[-1] == f"NOTE: {note}"
+
+
+def test_a_dp_run_reports_its_epsilon_over_every_round(tmp_path):
+    """The summary carries the accountant's guarantee for the run's noise, its rounds and
+    its delta (no amplification by the seeded sampling)."""
+    run_loop(tmp_path, "fedavg", rounds=2, **{"dp-clip": 1.0, "dp-noise-multiplier": 1.0,
+                                              "fraction": 0.5})
+    dp = json.loads((tmp_path / "summary.json").read_text())["dp"]
+    assert (dp["rounds"], dp["delta"], dp["noise_multiplier"]) == (2, 1e-5, 1.0)
+    assert dp["epsilon"] == pytest.approx(epsilon(1.0, 2, 1e-5))
+    assert dp["epsilon_secret_sampling"] < dp["epsilon"] and dp["sampling_rate"] == 0.5
