@@ -50,6 +50,18 @@ def encode_tail(metrics: dict, num_examples: int, scale: float) -> tuple[np.ndar
     return tail, clear
 
 
+def bad_means(means: dict[str, float], tolerance: float = 1e-5) -> str | None:
+    """Why decoded means cannot come from honest tails, or None: every slot's mean
+    lies in [0, B_i] (docs/PRIVACY.md, "The decoded sum, checked"), up to ``tolerance``
+    x B_i for the quantization (an honest mean is off by less than 2e-6 B_i)."""
+    for name, bound in SLOTS[1:]:
+        value = means.get(name)
+        if value is None or not -tolerance * bound <= value <= bound * (1 + tolerance):
+            return (f"the clients' mean {name} {value} is outside [0, {bound:g}]: a tail "
+                    "was not encoded honestly")
+    return None
+
+
 def decode_tail(tail: np.ndarray) -> dict[str, float]:
     """The unweighted means ``{key: mean}`` from the aggregated tail ({} when empty)."""
     if tail.shape != (len(SLOTS),) or not tail[0] > 0:

@@ -28,7 +28,15 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 
 from common.config import RunConfig
-from common.faults import before_training, corrupt_reply, parse_faults
+from common.data_plan import data_plan, training_size
+from common.faults import (
+    before_training,
+    claimed_partition,
+    corrupt_evaluation,
+    corrupt_reply,
+    false_declaration,
+    parse_faults,
+)
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
@@ -57,12 +65,24 @@ class MethodClient(NumPyClient):
         self.faults = parse_faults(cfg.faults)
 
     # The registry asks every node once which partition it serves and how many samples
-    # it holds (docs/PRIVACY.md, "Weights bound to facts"); the size bounds its replies.
+    # it trains on and holds out (docs/PRIVACY.md, "Weights bound to facts"); the sizes
+    # bound its replies.
     def get_properties(self, config):
-        return {Declaration.PARTITION_ID: self.partition_id,
-                Declaration.NUM_EXAMPLES: len(self.local),
-                Declaration.DATA: Declaration.PRIVATE if self.private_data
-                else Declaration.PARTITION}
+        held = self.local.held_out
+        return false_declaration(self.faults, self.partition_id, {
+            Declaration.PARTITION_ID: self.partition_id,
+            Declaration.NUM_EXAMPLES: len(self.local),
+            Declaration.HELD_OUT: 0 if held is None else len(held),
+            Declaration.DATA: Declaration.PRIVATE if self.private_data
+            else Declaration.PARTITION}, self.claimed_size())
+
+    def claimed_size(self) -> int | None:
+        """A ``claim=P`` fault's lie: partition P's training size in the run's public
+        data plan (None without such a fault)."""
+        claim = claimed_partition(self.faults, self.partition_id)
+        if claim is None:
+            return None
+        return training_size(self.cfg, len(data_plan(self.cfg).client_indices[claim]))
 
     @property
     def local(self) -> LocalData:
@@ -102,7 +122,7 @@ class MethodClient(NumPyClient):
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),
-                             num_examples, metrics)
+                             num_examples, metrics, self.claimed_size())
 
     def evaluate(self, parameters, config):
         """The received global model's (loss, accuracy) on the held-out samples, weighted
@@ -120,4 +140,6 @@ class MethodClient(NumPyClient):
         if self.cfg.diagnostics and held.true_y is not None:
             metrics[EvaluateReply.TRUE_ACCURACY] = evaluate(model, held.x, held.true_y,
                                                             transform, batch)[1]
-        return float(loss), len(held), metrics
+        return float(loss), corrupt_evaluation(self.faults, self.partition_id,
+                                               int(config.get(FitConfig.ROUND, 0)),
+                                               len(held)), metrics

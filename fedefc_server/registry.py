@@ -11,10 +11,18 @@ the replies (docs/BENCHMARKS.md, "Planning a round": a node at a time cost ~42 m
 node, 420 s for 10,000 simulated nodes). Other client proxies (the tests' in-process
 stand-ins) are asked directly.
 
-The first declaration of a partition id fixes its size for the run: a later node that
-declares the same partition with another size is refused with the reason (and never
-sampled), and every reply of the partition is bounded by it. Each declaration is vetted
-by the run's :class:`.declarations.SizeRule` before it is accepted.
+The first declaration of a partition id fixes its sizes for the run: a later node that
+declares the same partition with other sizes is refused with the reason (and never
+sampled), and every reply of the partition is bounded by them. Each declaration is
+vetted by the run's :class:`.declarations.SizeRule` before it is accepted.
+
+One node serves a partition at a time (docs/THREAT-MODEL.md, "Identity and
+partitions"). With the operator's allowlist (:mod:`.allowlist`) a node is admitted only
+if its public key (``Grid.get_nodes()``) is listed, and only for its entry's partition.
+Without one (simulation, try-outs) the first node to declare a partition holds it: a
+second node that declares the same partition is refused while the holder is
+connected, and takes over (with the same sizes) once the holder has left, as a
+restarted node does.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from common.messages import Declaration as Keys
 
+from .allowlist import Allowlist, fingerprint
 from .declarations import SizeRule, read_declaration
 
 MAX_NODES_WAITED_FOR = 10_000  # the first round waits for at most this many nodes
@@ -78,40 +87,96 @@ def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id
     return answers
 
 
+def public_keys(proxies: list[ClientProxy]) -> dict[str, bytes | None]:
+    """{node id: the public key the SuperLink knows it by}: one ``Grid.get_nodes()``
+    per grid (Flower 1.42's ``NodeInfo.public_key``: with node authentication, the key
+    the node authenticates with); another proxy's ``public_key`` attribute, if any."""
+    keys: dict[str, bytes | None] = {}
+    by_grid: dict[int, tuple[object, list[GridClientProxy]]] = {}
+    for proxy in proxies:
+        if isinstance(proxy, GridClientProxy):
+            by_grid.setdefault(id(proxy.grid), (proxy.grid, []))[1].append(proxy)
+        else:
+            keys[proxy.cid] = getattr(proxy, "public_key", None)
+    for grid, group in by_grid.values():
+        known = {node.node_id: bytes(node.public_key) for node in grid.get_nodes()}
+        keys.update({p.cid: known.get(p.node_id) for p in group})
+    return keys
+
+
+class NoNodeAdmitted(RuntimeError):
+    """Every node that connected was refused: the run would train nothing."""
+
+
 class PartitionRegistry:
     """Maps partition ids to the client proxies that currently serve them, and keeps the
     data size each partition declared (fixed for the run)."""
 
-    def __init__(self, rule: SizeRule, timeout: float | None = 120.0):
+    def __init__(self, rule: SizeRule, timeout: float | None = 120.0,
+                 allowlist: Allowlist | None = None):
         self.rule = rule
         self.timeout = timeout
+        self.allowlist = allowlist
         self.declared: dict[int, int] = {}  # partition id -> its size, fixed for the run
-        self._pid_of_cid: dict[str, int] = {}
+        self.held_out: dict[int, int] = {}  # partition id -> its held-out size, fixed too
+        self._pid_of_cid: dict[str, int] = {}  # the node holding each partition
+        self._holder: dict[int, str] = {}  # partition id -> the node holding it
         self._refused: dict[str, str] = {}  # node -> why its declaration was refused
+        self._waiting: dict[str, int] = {}  # node -> the partition another node holds
         self._news: dict[str, Any] = {}  # declarations and refusals since the last take
         self._waited = False  # whether this process waited for the nodes to connect
 
     def partition_of(self, cid: str) -> int | None:
-        """The partition id node ``cid`` registered with, if it did."""
+        """The partition id node ``cid`` holds, if it does."""
         return self._pid_of_cid.get(cid)
 
-    def admit(self, cid: str, props: dict[str, Any]) -> str | None:
-        """Register node ``cid`` from its declaration; the reason it is refused, or None."""
+    def admit(self, cid: str, props: dict[str, Any], public_key: bytes | None = None,
+              connected: frozenset[str] = frozenset()) -> str | None:
+        """Register node ``cid`` (known by ``public_key``) from its declaration; the
+        reason it is refused, or None. A partition whose holder is among ``connected``
+        is not taken over: the node waits (:meth:`refresh` admits it once the holder has
+        left) and the reason says so."""
         decl = read_declaration(props)
         if isinstance(decl, str):
             return f"malformed declaration: {decl}"
-        reason = self.rule.vet(decl)
-        fixed = self.declared.get(decl.partition)
-        if reason is None and fixed is not None and fixed != decl.num_examples:
-            reason = (f"declares {decl.num_examples} samples for partition {decl.partition}, "
-                      f"which was declared with {fixed}; a declaration is fixed for the run")
+        allowed = None
+        if self.allowlist is not None:
+            allowed = self.allowlist.entry(public_key)
+            if allowed is None:
+                return (f"its public key ({fingerprint(public_key or b'')}) is not on the "
+                        "allowlist")
+        reason = self.rule.vet(decl, allowed)
+        size, held = self.declared.get(decl.partition), self.held_out.get(decl.partition)
+        if reason is None and (size not in (None, decl.num_examples)
+                               or held not in (None, decl.held_out)):
+            reason = (f"declares {decl.num_examples} samples ({decl.held_out} held out) for "
+                      f"partition {decl.partition}, which was declared with {size} "
+                      f"({held} held out); a declaration is fixed for the run")
         if reason is not None:
             return reason
-        if fixed is None:
+        if size is None:
             self.declared[decl.partition] = decl.num_examples
             self._news.setdefault("declared", {})[decl.partition] = decl.num_examples
-        self._pid_of_cid[cid] = decl.partition
+        self.held_out.setdefault(decl.partition, decl.held_out)
+        holder = self._holder.get(decl.partition)
+        if holder is not None and holder != cid and holder in connected:
+            self._waiting[cid] = decl.partition
+            return (f"partition {decl.partition} is served by node {holder}; a second node "
+                    "may take it only once that one has left")
+        self._hold(cid, decl.partition)
         return None
+
+    def _hold(self, cid: str, pid: int) -> None:
+        """Make node ``cid`` the one holder of partition ``pid``."""
+        previous = self._holder.get(pid)
+        if previous is not None and previous != cid:
+            del self._pid_of_cid[previous]
+            self._news.setdefault("reassigned", {})[pid] = cid
+            log(INFO, "partition %d: node %s takes over from node %s, which left", pid, cid,
+                previous)
+        self._waiting.pop(cid, None)
+        self._holder[pid] = cid
+        self._pid_of_cid[cid] = pid
 
     def serving(self, client_manager: ClientManager, server_round: int
                 ) -> dict[int, ClientProxy]:
@@ -123,36 +188,41 @@ class PartitionRegistry:
             client_manager.wait_for(min(self.rule.num_clients, MAX_NODES_WAITED_FOR),
                                     timeout=600)
             self._waited = True
-        return self.refresh(client_manager, server_round)
+        serving = self.refresh(client_manager, server_round)
+        if not serving and self._refused and not self._pid_of_cid:
+            reasons = "; ".join(f"node {c}: {r}" for c, r in list(self._refused.items())[:5])
+            raise NoNodeAdmitted(f"every node that connected was refused, so the run would "
+                                 f"train nothing ({reasons})")
+        return serving
 
     def refresh(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
-        """Ask the nodes not seen yet for their declaration; return {partition id: proxy}."""
+        """Ask the nodes not seen yet for their declaration, let a waiting node take over
+        a partition whose holder has left; return {partition id: proxy}."""
         proxies = client_manager.all()
-        unknown = [proxies[cid] for cid in proxies
-                   if cid not in self._pid_of_cid and cid not in self._refused]
+        connected = frozenset(proxies)
+        unknown = [proxies[cid] for cid in proxies if cid not in self._pid_of_cid
+                   and cid not in self._refused and cid not in self._waiting]
         if unknown:
             answers = ask_declarations(unknown, self.timeout, server_round)
+            keys = public_keys(unknown) if self.allowlist is not None else {}
             for cid, props in answers.items():
                 if isinstance(props, Exception):
                     log(WARNING, "node %s did not report its partition id: %s", cid, props)
                     continue
-                reason = self.admit(cid, props)
+                reason = self.admit(cid, props, keys.get(cid), connected)
                 if reason is not None:
-                    self._refused[cid] = reason
+                    if cid not in self._waiting:
+                        self._refused[cid] = reason
                     self._news.setdefault("refused_nodes", []).append(
                         {"node": cid, "partition": props.get(Keys.PARTITION_ID),
                          "reason": reason})
                     log(WARNING, "node %s refused: %s", cid, reason)
             log(INFO, "partition registry: %d nodes known", len(self._pid_of_cid))
-        serving: dict[int, ClientProxy] = {}
-        order = {cid: i for i, cid in enumerate(self._pid_of_cid)}
-        for cid in sorted((c for c in proxies if c in order), key=order.__getitem__):
-            pid = self._pid_of_cid[cid]
-            if pid in serving:
-                log(WARNING, "partition %d is claimed by nodes %s and %s; using the newer",
-                    pid, serving[pid].cid, cid)
-            serving[pid] = proxies[cid]  # a node that came back replaces its old entry
-        return serving
+        for cid, pid in list(self._waiting.items()):
+            if cid in connected and self._holder.get(pid) not in connected:
+                self._hold(cid, pid)
+        return {pid: proxies[cid] for pid, cid in sorted(self._holder.items())
+                if cid in connected}
 
     def take_news(self) -> dict[str, Any]:
         """Declarations accepted and nodes refused since the last call (for the round
@@ -162,7 +232,9 @@ class PartitionRegistry:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the partitions' declared sizes, fixed for the run."""
-        return {"declared_sizes": {str(p): n for p, n in self.declared.items()}}
+        return {"declared_sizes": {str(p): n for p, n in self.declared.items()},
+                "declared_held_out": {str(p): n for p, n in self.held_out.items()}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.declared = {int(p): int(n) for p, n in state.get("declared_sizes", {}).items()}
+        self.held_out = {int(p): int(n) for p, n in state.get("declared_held_out", {}).items()}

@@ -29,6 +29,7 @@ from flwr.common import (
     Status,
     ndarrays_to_parameters,
 )
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -115,21 +116,29 @@ def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = N
 class InProcessGrid:
     """Flower's grid for an in-process federation: node ``k`` (id ``1000 + k``) runs
     ``app`` (the project's ClientApp, mods included) with partition ``k`` of the run
-    config ``run_config``; each message is copied, as the wire would. ``received``
-    holds every reply the server got, in order; ``fail(node, round)`` makes a node's
-    training message fail."""
+    config ``run_config``; each message is copied, as the wire would. ``sent`` and
+    ``received`` hold every message the server sent and every reply it got, in order;
+    ``public_keys`` (node id -> PEM bytes) are what ``get_nodes`` reports, as a
+    SuperLink with node authentication does."""
 
-    def __init__(self, app, run_config: dict[str, Any], n_nodes: int):
+    def __init__(self, app, run_config: dict[str, Any], n_nodes: int,
+                 public_keys: dict[int, bytes] | None = None):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app
         self.contexts = {1000 + k: Context(1, 1000 + k, {"partition-id": k,
                                                          "num-partitions": n_nodes},
                                            RecordDict(), dict(run_config))
                          for k in range(n_nodes)}
+        self.public_keys = public_keys or {}
+        self.sent: list[Message] = []
         self.received: list[Message] = []
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
+
+    def get_nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(node_id=nid, public_key=self.public_keys.get(nid, b""))
+                for nid in self.contexts]
 
     def manager(self) -> SimpleClientManager:
         """A client manager holding a Flower proxy for every node."""
@@ -139,6 +148,7 @@ class InProcessGrid:
                          timeout: float | None = None) -> list[Message]:
         replies = []
         for msg in messages:
+            self.sent.append(copy.deepcopy(msg))
             msg = copy.deepcopy(msg)
             try:
                 reply = self.app(msg, self.contexts[msg.metadata.dst_node_id])
@@ -153,13 +163,13 @@ SHAPE = ClassifierShape(3, 4)  # the K x D of GLOBAL
 
 
 def make_pipeline(cfg, plan_sizes: list[int] | None = None, max_private: int = 4000,
-                  shape: ClassifierShape = SHAPE,
-                  evaluator=lambda weights: (0.0, 0.0)) -> RoundPipeline:
+                  shape: ClassifierShape = SHAPE, evaluator=lambda weights: (0.0, 0.0),
+                  plan_held_out: list[int] | None = None, allowlist=None) -> RoundPipeline:
     """The round pipeline of run config ``cfg`` (its method's server hooks)."""
     server = load_object(method_of(cfg).server)(cfg, shape)
+    rule = SizeRule(cfg.num_clients, plan_sizes, max_private, plan_held_out)
     return RoundPipeline(cfg, method_of(cfg), server,
-                         PartitionRegistry(SizeRule(cfg.num_clients, plan_sizes, max_private)),
-                         evaluator)
+                         PartitionRegistry(rule, allowlist=allowlist), evaluator)
 
 
 class RoundDriver:
