@@ -128,7 +128,9 @@ class MethodClient(NumPyClient):
         """The received global model's (loss, accuracy) on the held-out samples, weighted
         by their number on the server; (0.0, 0, ...) without held-out data."""
         local = self.local
-        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id}
+        claim = claimed_partition(self.faults, self.partition_id)
+        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id if claim is None
+                         else claim}
         held = local.held_out
         if held is None or len(held) == 0:
             return 0.0, 0, metrics

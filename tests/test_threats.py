@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
 from common.config import ConfigError, secagg_shares
@@ -29,10 +30,12 @@ from common.faults import parse_faults
 from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
+from common.secure_means import encode_tail, tail_scale
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
+from fedefc_server.secure_sum import check_secure_sum
 from tests.helpers import (
     GLOBAL,
     OK,
@@ -44,6 +47,7 @@ from tests.helpers import (
     manager,
     partition_nodes,
     records,
+    simulate,
 )
 from tests.test_privacy import CPU, micro_config, secure_loop, secure_round
 
@@ -443,3 +447,78 @@ def test_faults_of_the_attack_suite_parse_and_refuse_what_they_cannot_mean():
     for bad in ("weight=1@0", "weight=2.5@0", "claim=x@0", "secure-acc=a@0"):
         with pytest.raises(ValueError, match="KIND@PIDS"):
             parse_faults(bad)
+
+
+# -- the same attacks through Flower's simulation (`flwr run`) ---------------------------------
+@pytest.mark.flower
+def test_the_secure_attacks_replay_in_a_simulation(micro_mnist_dir, tmp_path):
+    """One client lies inside the mask in rounds 1-3 (its accuracy, its weight, an
+    unreadable vector): rounds 1 and 2 are refused, round 3 starts again without it,
+    round 4 is whole; the run completes."""
+    summary, recs = simulate(micro_mnist_dir, tmp_path / "run", "fedefc", **{
+        "rounds": 4, "fraction": 1.0, "secure-aggregation": "true",
+        "faults": '"secure-acc=410@0@1;weight=1000@1@2;garbage-bytes@2@3"'})
+    assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
+    assert "of the decoded sum holds" in recs[1]["refused_sum"] and recs[1].get("A") is None
+    assert "a weight was changed inside the mask" in recs[2]["refused_sum"]
+    assert recs[3]["partition_ids"] == [0, 1, 3] and recs[3]["secure_attempts"] == 2
+    assert recs[3]["rejected_reasons"][0]["reason"] == "unreadable masked vector (ValueError)"
+    assert recs[4]["partition_ids"] == [0, 1, 2, 3] and 0 <= recs[4]["A"] <= 1
+    assert summary["rejected_replies"] == 1
+
+
+@pytest.mark.flower
+def test_the_identity_and_norm_attacks_replay_in_a_simulation(micro_mnist_dir, tmp_path):
+    """Partition 3's node claims partition 0 (only one of the two serves it, whichever
+    came first: a simulation has no allowlist), partition 1's update is scaled 10^6-fold
+    in round 2, partition 2 reports 10^5 held-out samples in every evaluation."""
+    summary, recs = simulate(micro_mnist_dir, tmp_path / "run", "fedavg", **{
+        "fraction": 1.0, "evaluation": '"both"', "max-update-norm": 100.0,
+        "faults": '"claim=0@3;scale=1e6@1@2;eval-samples=100000@2"'})
+    [refused] = recs[1]["refused_nodes"]
+    assert refused["partition"] == 0 and refused["reason"].startswith("partition 0 is served")
+    assert all(set(r["partition_ids"]) <= {0, 1, 2} for r in recs[1:])
+    assert recs[2]["partition_ids"] == [0, 2]
+    assert "the bound max-update-norm sets" in recs[2]["rejected_reasons"][0]["reason"]
+    for r in recs:
+        [evaluation] = r["federated_rejected_reasons"]
+        assert evaluation["partition"] == 2 and evaluation["reason"].startswith(
+            "held-out sample count 100000 differs from the")
+    assert summary["rejected_replies"] == 1
+
+
+def flower_secure_sum(updates: list[list[np.ndarray]], counts: list[int], max_weight: float,
+                      c: float) -> tuple[list[np.ndarray], int]:
+    """What Flower's SecAgg+ hands the server for these clients' arrays without masks
+    (the masks cancel): each client's arrays times q_k / 2^22, q_k = round(n_k / M
+    2^22), quantized with Flower's quantizer; the sum dequantized, shifted and divided
+    by the weight total as Flower's unmask stage does. (decoded arrays, weight total)"""
+    total = 0
+    summed = None
+    for arrays, n in zip(updates, counts):
+        q = round(n / max_weight * 2**22)
+        total += q
+        quantized = quantize([a * (q / 2**22) for a in arrays], c, 2**22)
+        summed = quantized if summed is None else [s + x for s, x in zip(summed, quantized)]
+    decoded = dequantize(summed, c, 2**22)
+    return [(d - (len(counts) - 1) * c) * (2**22 / total) for d in decoded], total
+
+
+def test_an_honest_sum_passes_its_checks_and_a_changed_weight_total_does_not():
+    """Flower's own quantizer is the truth: three honest clients pass; a weight total
+    off by more than K/2 (or 0: an inf/NaN model), or a count slot half a client more,
+    is refused."""
+    rng = np.random.default_rng(0)
+    counts, c, m = [10, 20, 30], 8.0, 30.0
+    updates = []
+    for n in counts:
+        tail, _ = encode_tail({"accuracy": rng.uniform(), "train-loss": 2.0}, n,
+                              tail_scale(c, m))
+        updates.append([rng.uniform(-1, 1, (4, 3)), tail])
+    arrays, total = flower_secure_sum(updates, counts, m, c)
+    assert check_secure_sum(arrays, total, counts, m, c) is None
+    assert "a weight was changed" in check_secure_sum(arrays, total + 2, counts, m, c)
+    assert "a weight was changed" in check_secure_sum(arrays, 0, counts, m, c)
+    liar = [updates[0][0], updates[0][1] * np.array([1.5, 1.0, 1.0])]  # 1.5 clients
+    arrays, total = flower_secure_sum([liar, *updates[1:]], counts, m, c)
+    assert "count slot sums to 3.5 clients" in check_secure_sum(arrays, total, counts, m, c)
