@@ -74,19 +74,19 @@ def test_a_secure_reply_refused_after_its_vector_arrived_is_never_unmasked(micro
     grid = InProcessGrid(client_app, flat, 5)
     fields, params = secure_round(flat, grid)
     liar = 1001
+    unmask_requests = [m for m in grid.sent if stage_of(m) == Stage.UNMASK]
+    for msg in unmask_requests:
+        asked = configs(msg)
+        assert liar not in asked[Key.DEAD_NODE_ID_LIST] + asked[Key.ACTIVE_NODE_ID_LIST]
+    for msg in grid.received:
+        assert liar not in configs(msg).get(Key.NODE_ID_LIST, [])  # no share of its secrets
+    assert unmask_requests and all(m.metadata.dst_node_id != liar for m in unmask_requests)
     stages = [(stage_of(m), m.metadata.dst_node_id) for m in grid.sent]
     collected = [i for i, (s, nid) in enumerate(stages)
                  if s == Stage.COLLECT_MASKED_VECTORS and nid == liar]
     assert collected  # its masked vector was asked for (and arrived) ...
     after = [s for s, _ in stages[collected[0]:]]
     assert Stage.UNMASK not in after[:after.index(Stage.SETUP)]  # ... then no unmasking
-    unmask_requests = [m for m in grid.sent if stage_of(m) == Stage.UNMASK]
-    assert unmask_requests and all(m.metadata.dst_node_id != liar for m in unmask_requests)
-    for msg in unmask_requests:
-        asked = configs(msg)
-        assert liar not in asked[Key.DEAD_NODE_ID_LIST] + asked[Key.ACTIVE_NODE_ID_LIST]
-    for msg in grid.received:
-        assert liar not in configs(msg).get(Key.NODE_ID_LIST, [])  # no share of its secrets
     assert fields["secure_attempts"] == 2 and fields["partition_ids"] == [0, 2, 3, 4]
     assert fields["rejected_reasons"][0]["reason"].startswith("sample count 17 outside 1..16")
     assert params is not None
