@@ -53,16 +53,19 @@ SIZE = 10  # the sample count a stand-in node declares unless told otherwise
 
 
 class FakeProxy(ClientProxy):
-    """A node that only answers the registry's query: its partition id and size."""
+    """A node that only answers the registry's query: its partition id and sizes."""
 
-    def __init__(self, cid: str, partition_id: int, num_examples: int = SIZE):
+    def __init__(self, cid: str, partition_id: int, num_examples: int = SIZE,
+                 held_out: int = 0):
         super().__init__(cid)
         self.partition_id = partition_id
         self.num_examples = num_examples
+        self.held_out = held_out
 
     def get_properties(self, ins, timeout, group_id):
         return GetPropertiesRes(OK, {"partition-id": self.partition_id,
-                                     "num-examples": self.num_examples, "data": "partition"})
+                                     "num-examples": self.num_examples,
+                                     "held-out": self.held_out, "data": "partition"})
 
     def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
         raise NotImplementedError
@@ -100,17 +103,18 @@ def manager(nodes: list[FakeProxy]) -> SimpleClientManager:
     return m
 
 
-def partition_nodes(n: int, base: int = 7_000_000, sizes: list[int] | None = None
-                    ) -> list[FakeProxy]:
-    """Nodes serving partitions 0..n-1 (of ``sizes``, default :data:`SIZE` each)."""
-    return [FakeProxy(str(base + 13 * pid), pid, sizes[pid] if sizes else SIZE)
-            for pid in range(n)]
+def partition_nodes(n: int, base: int = 7_000_000, sizes: list[int] | None = None,
+                    held_out: list[int] | None = None) -> list[FakeProxy]:
+    """Nodes serving partitions 0..n-1 (of ``sizes``, default :data:`SIZE` each, and
+    ``held_out`` samples, default none)."""
+    return [FakeProxy(str(base + 13 * pid), pid, sizes[pid] if sizes else SIZE,
+                      held_out[pid] if held_out else 0) for pid in range(n)]
 
 
-def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = None
-                      ) -> SimpleClientManager:
+def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = None,
+                      held_out: list[int] | None = None) -> SimpleClientManager:
     """A client manager with :func:`partition_nodes`."""
-    return manager(partition_nodes(n, base, sizes))
+    return manager(partition_nodes(n, base, sizes, held_out))
 
 
 class InProcessGrid:
