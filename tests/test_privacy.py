@@ -338,9 +338,10 @@ def test_plain_replies_carry_each_accuracy(rounds):
     assert len(sent) >= 2
 
 
-def test_a_refused_reply_is_dropped_before_the_sum(micro_mnist_dir, tmp_path):
+def test_a_refused_reply_is_kept_out_of_the_sum(micro_mnist_dir, tmp_path):
     """Node 1 inflates its count, node 3 claims partition 2: both are refused before the
-    sum (SecAgg+ drops them and removes their masks); the sum is the other three's."""
+    sum (the round starts again without them; nothing of theirs is unmasked:
+    tests/test_threats.py); the sum is the other three's."""
     faults = {"faults": "samples=17@1@1;pid=2@3@1"}
     flat = micro_config(micro_mnist_dir, tmp_path / "s", 5, **{"secure-aggregation": True},
                         **faults)
