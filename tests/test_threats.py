@@ -166,6 +166,43 @@ def test_a_steered_secure_sum_is_refused_and_never_feeds_prestopping(micro_mnist
     assert "A" not in fields  # nothing reached the prestopping rule
 
 
+def flower_secure_sum(updates: list[list[np.ndarray]], counts: list[int], max_weight: float,
+                      c: float) -> tuple[list[np.ndarray], int]:
+    """What Flower's SecAgg+ hands the server for these clients' arrays without masks
+    (the masks cancel): each client's arrays times q_k / 2^22, q_k = round(n_k / M
+    2^22), quantized with Flower's quantizer; the sum dequantized, shifted and divided
+    by the weight total as Flower's unmask stage does. (decoded arrays, weight total)"""
+    total = 0
+    summed = None
+    for arrays, n in zip(updates, counts):
+        q = round(n / max_weight * 2**22)
+        total += q
+        quantized = quantize([a * (q / 2**22) for a in arrays], c, 2**22)
+        summed = quantized if summed is None else [s + x for s, x in zip(summed, quantized)]
+    decoded = dequantize(summed, c, 2**22)
+    return [(d - (len(counts) - 1) * c) * (2**22 / total) for d in decoded], total
+
+
+def test_an_honest_sum_passes_its_checks_and_a_changed_weight_total_does_not():
+    """Flower's own quantizer is the truth: three honest clients pass; a weight total
+    off by more than K/2 (or 0: an inf/NaN model), or a count slot half a client more,
+    is refused."""
+    rng = np.random.default_rng(0)
+    counts, c, m = [10, 20, 30], 8.0, 30.0
+    updates = []
+    for n in counts:
+        tail, _ = encode_tail({"accuracy": rng.uniform(), "train-loss": 2.0}, n,
+                              tail_scale(c, m))
+        updates.append([rng.uniform(-1, 1, (4, 3)), tail])
+    arrays, total = flower_secure_sum(updates, counts, m, c)
+    assert check_secure_sum(arrays, total, counts, m, c) is None
+    assert "a weight was changed" in check_secure_sum(arrays, total + 2, counts, m, c)
+    assert "a weight was changed" in check_secure_sum(arrays, 0, counts, m, c)
+    liar = [updates[0][0], updates[0][1] * np.array([1.5, 1.0, 1.0])]  # 1.5 clients
+    arrays, total = flower_secure_sum([liar, *updates[1:]], counts, m, c)
+    assert "count slot sums to 3.5 clients" in check_secure_sum(arrays, total, counts, m, c)
+
+
 def plain_round_at(flat: dict, server_round: int, weights: list[np.ndarray]):
     """Round ``server_round`` without secure aggregation from ``weights``: its params."""
     grid = InProcessGrid(client_app, flat, 4)
@@ -485,40 +522,3 @@ def test_the_identity_and_norm_attacks_replay_in_a_simulation(micro_mnist_dir, t
         assert evaluation["partition"] == 2 and evaluation["reason"].startswith(
             "held-out sample count 100000 differs from the")
     assert summary["rejected_replies"] == 1
-
-
-def flower_secure_sum(updates: list[list[np.ndarray]], counts: list[int], max_weight: float,
-                      c: float) -> tuple[list[np.ndarray], int]:
-    """What Flower's SecAgg+ hands the server for these clients' arrays without masks
-    (the masks cancel): each client's arrays times q_k / 2^22, q_k = round(n_k / M
-    2^22), quantized with Flower's quantizer; the sum dequantized, shifted and divided
-    by the weight total as Flower's unmask stage does. (decoded arrays, weight total)"""
-    total = 0
-    summed = None
-    for arrays, n in zip(updates, counts):
-        q = round(n / max_weight * 2**22)
-        total += q
-        quantized = quantize([a * (q / 2**22) for a in arrays], c, 2**22)
-        summed = quantized if summed is None else [s + x for s, x in zip(summed, quantized)]
-    decoded = dequantize(summed, c, 2**22)
-    return [(d - (len(counts) - 1) * c) * (2**22 / total) for d in decoded], total
-
-
-def test_an_honest_sum_passes_its_checks_and_a_changed_weight_total_does_not():
-    """Flower's own quantizer is the truth: three honest clients pass; a weight total
-    off by more than K/2 (or 0: an inf/NaN model), or a count slot half a client more,
-    is refused."""
-    rng = np.random.default_rng(0)
-    counts, c, m = [10, 20, 30], 8.0, 30.0
-    updates = []
-    for n in counts:
-        tail, _ = encode_tail({"accuracy": rng.uniform(), "train-loss": 2.0}, n,
-                              tail_scale(c, m))
-        updates.append([rng.uniform(-1, 1, (4, 3)), tail])
-    arrays, total = flower_secure_sum(updates, counts, m, c)
-    assert check_secure_sum(arrays, total, counts, m, c) is None
-    assert "a weight was changed" in check_secure_sum(arrays, total + 2, counts, m, c)
-    assert "a weight was changed" in check_secure_sum(arrays, 0, counts, m, c)
-    liar = [updates[0][0], updates[0][1] * np.array([1.5, 1.0, 1.0])]  # 1.5 clients
-    arrays, total = flower_secure_sum([liar, *updates[1:]], counts, m, c)
-    assert "count slot sums to 3.5 clients" in check_secure_sum(arrays, total, counts, m, c)
