@@ -43,6 +43,24 @@ EVALUATIONS = ("auto", "server", "federated", "both")
 SECAGG_MAX_CLIENTS = 1024
 
 
+def secagg_shares(num_shares: int, threshold: float, clients: int) -> tuple[int, int]:
+    """(shares, reconstruction threshold) of a SecAgg+ round of ``clients`` clients, as
+    Flower 1.42's setup stage computes them from ``num-shares`` (0: every client, which
+    the workflow receives as the fraction 1.0, so round(1.0 x clients) = clients) and
+    ``reconstruction-threshold`` t: threshold = max(round(t x shares), 2)
+    (docs/PRIVACY.md, "Who can rebuild a secret")."""
+    shares = num_shares or clients
+    return shares, max(round(threshold * shares), 2)
+
+
+def is_strict_majority(threshold: int, shares: int, clients: int) -> bool:
+    """Whether ``threshold`` shares are more than half of a secret's holders (the
+    ``min(shares, clients)`` clients that hold one): only then can no server that asks
+    one half of the holders for a client's mask seed and the other half for its key
+    reconstruct both (docs/PRIVACY.md, "Who can rebuild a secret")."""
+    return 2 * threshold > min(shares, clients)
+
+
 class ConfigError(ValueError):
     """A run-config key has an invalid value; the message names key, value and fix."""
 
@@ -122,13 +140,17 @@ class RunConfig(BaseModel):
     faults: str = ""
     # privacy (docs/PRIVACY.md)
     secure_aggregation: bool = False
+    min_secure_clients: int = Field(3, ge=2, le=SECAGG_MAX_CLIENTS)
     num_shares: int = Field(0, ge=0, le=SECAGG_MAX_CLIENTS)
     reconstruction_threshold: float = Field(0.67, gt=0.5, le=1.0)
     clipping_range: float = Field(8.0, gt=0.0, le=1e6)
     dp_clip: float = Field(0.0, ge=0.0, le=1e6)
     dp_noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
     dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)  # the delta of the reported epsilon
+    max_update_norm: float = Field(0.0, ge=0.0)
     audit: bool = False
+    # identity (docs/THREAT-MODEL.md, "Identity and partitions")
+    allowlist: str = ""
 
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
@@ -261,6 +283,11 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"dp-noise-multiplier={self.dp_noise_multiplier} needs dp-clip > 0: the noise "
                 "is a multiple of the clipping norm; set dp-clip, e.g. dp-clip=1.0")
+        if self.allowlist and not os.path.isabs(self.allowlist):
+            raise ValueError(
+                f"allowlist={self.allowlist!r} is not absolute; give the absolute path of the "
+                "operator's allowlist file on the machine that runs the ServerApp "
+                "(docs/THREAT-MODEL.md, \"Identity and partitions\")")
         if self.audit and not (self.out_dir or self.resume_from):
             raise ValueError(
                 "audit=true needs out-dir: every client writes its audit log under "
@@ -278,10 +305,31 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"secure-aggregation=true with {m} clients per round: SecAgg+ sums the "
                 f"updates of 2..{SECAGG_MAX_CLIENTS} clients; change fraction or num-clients")
+        if m < self.min_secure_clients:
+            raise ValueError(
+                f"secure-aggregation=true with {m} clients per round, below "
+                f"min-secure-clients={self.min_secure_clients}: a sum of so few updates "
+                "tells each of them (and a server colluding with one) the others'; raise "
+                "fraction or num-clients")
         if self.num_shares and not 3 <= self.num_shares <= m:
             raise ValueError(
                 f"num-shares={self.num_shares}: a client's secrets go to 3..{m} (the clients "
                 "per round) clients, or to all of them with num-shares=0")
+        if self.num_shares and self.num_shares < m and self.num_shares % 2 == 0:
+            raise ValueError(
+                f"num-shares={self.num_shares} is even: Flower 1.42's SecAgg+ then gives each "
+                "client one neighbour more than it makes shares for, and the round fails; "
+                f"use an odd number, e.g. num-shares={self.num_shares + 1}")
+        for clients in range(self.min_secure_clients, m + 1):
+            shares, threshold = secagg_shares(self.num_shares, self.reconstruction_threshold,
+                                              clients)
+            if not is_strict_majority(threshold, shares, clients):
+                raise ValueError(
+                    f"reconstruction-threshold={self.reconstruction_threshold}: a round of "
+                    f"{clients} clients would need only {threshold} of {min(shares, clients)} "
+                    "shares to rebuild a secret, not a strict majority, so a server could "
+                    "rebuild both secrets of one client and unmask its update; raise it "
+                    "(0.67 holds for any round size)")
         if self.accuracy_aggregation != "mean":
             raise ValueError(
                 f"accuracy-aggregation={self.accuracy_aggregation!r} needs every client's "

@@ -1,8 +1,11 @@
-"""Fault injection for reliability tests: make chosen clients fail or lie on purpose.
+"""Fault injection and attacker modes: make chosen clients fail or lie on purpose, so
+that every failure and every attack of docs/THREAT-MODEL.md can be replayed from a run
+config.
 
 The run-config key ``faults`` holds ``;``-separated entries ``KIND@PIDS`` or
 ``KIND@PIDS@ROUNDS``; PIDS and ROUNDS are comma lists of numbers or ranges ("0-4,7").
-Empty (the default) injects nothing. Kinds:
+Empty (the default) injects nothing. The kinds that lie at registration (``claim``,
+``private``, ``held-out``) ignore ROUNDS: a node registers once. Kinds:
 
 | kind | the client ... |
 | --- | --- |
@@ -17,6 +20,20 @@ Empty (the default) injects nothing. Kinds:
 | ``acc=A`` | reports accuracy A in phase 1 (1.0 or 0.0: a lying client; 1.5: out of range) |
 | ``no-acc`` | omits its phase-1 accuracy |
 | ``pid=P`` | reports partition id P (a string, or another client's id) |
+| ``scale=F`` | multiplies its float weights by F (an update of huge norm; plain rounds) |
+| ``claim=P`` | registers as partition P with P's size in the public data plan, and replies as P |
+| ``private=N`` | registers its data as private with N samples, and replies with N |
+| ``held-out=N`` | registers N held-out samples (federated evaluation) |
+| ``eval-samples=N`` | reports N held-out samples in its evaluation replies |
+| ``secure-acc=A`` | adds A to its accuracy inside the mask, past the quantizer's clipping |
+| ``weight=F`` | multiplies its SecAgg+ weight factor by the integer F (clear count honest) |
+| ``garbage`` | sends random integers as its masked vector (the right shapes) |
+| ``garbage-bytes`` | sends bytes that are no array as its masked vector |
+| ``unmask-nid=N`` | adds node id N (with a share) to its unmask-stage reply |
+
+The kinds inside the mask act in the ClientApp's secure-aggregation mods
+(``fedefc_client/mods.py``): :func:`inflate_count` before Flower's SecAgg+ client masks
+the reply, :func:`corrupt_secure_reply` after.
 """
 
 from __future__ import annotations
@@ -26,11 +43,17 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from flwr.common import bytes_to_ndarray, ndarray_to_bytes
+from flwr.common.secure_aggregation.secaggplus_constants import Key
 
-from .messages import FitReply
+from .messages import Declaration, FitReply
+from .secure_means import SLOTS
 
 KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "samples", "acc",
-         "no-acc", "pid")
+         "no-acc", "pid", "scale", "claim", "private", "held-out", "eval-samples",
+         "secure-acc", "weight", "garbage", "garbage-bytes", "unmask-nid")
+FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc")
+INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
 
 
 class InjectedFault(RuntimeError):
@@ -65,16 +88,20 @@ def parse_faults(text: str) -> list[Fault]:
         try:
             if kind not in KINDS or len(parts) not in (2, 3):
                 raise ValueError
-            if kind in ("sleep", "acc"):
+            if kind in FLOAT_ARG:
                 float(arg)
-            if kind == "samples":
+            if kind in INT_ARG:
                 int(arg)
+            if kind == "weight" and int(arg) < 2:
+                raise ValueError
             faults.append(Fault(kind, arg, _numbers(parts[1]),
                                 _numbers(parts[2]) if len(parts) == 3 else None))
         except ValueError:
             raise ValueError(
                 f"faults entry {entry!r} is not KIND@PIDS[@ROUNDS] with KIND one of "
-                f"{', '.join(KINDS)} (sleep=S, samples=N, acc=A, pid=P take a value); "
+                f"{', '.join(KINDS)} (sleep=S, samples=N, acc=A, pid=P, scale=F, claim=P, "
+                "private=N, held-out=N, eval-samples=N, secure-acc=A, unmask-nid=N take a "
+                "value; weight=F an integer >= 2); "
                 "e.g. faults=\"raise@3;acc=1.0@0-9\"") from None
     return faults
 
@@ -92,10 +119,51 @@ def before_training(faults: list[Fault], pid: int, server_round: int) -> None:
             os._exit(17)
 
 
+def _first(faults: list[Fault], kind: str, pid: int, server_round: int | None = None
+           ) -> Fault | None:
+    """The first fault of ``kind`` for ``pid`` (in ``server_round``; None: any round)."""
+    return next((f for f in faults if f.kind == kind and pid in f.pids
+                 and (server_round is None or f.applies(pid, server_round))), None)
+
+
+def claimed_partition(faults: list[Fault], pid: int) -> int | None:
+    """The partition a ``claim=P`` node pretends to serve, or None."""
+    f = _first(faults, "claim", pid)
+    return None if f is None else int(f.arg)
+
+
+def false_declaration(faults: list[Fault], pid: int, declaration: dict,
+                      claimed_size: int | None) -> dict:
+    """A node's registration (``get_properties``) as the faults of ``pid`` alter it:
+    ``claim`` (with ``claimed_size``, the claimed partition's public plan size),
+    ``private`` and ``held-out``."""
+    out = dict(declaration)
+    if (claim := claimed_partition(faults, pid)) is not None:
+        out.update({Declaration.PARTITION_ID: claim, Declaration.NUM_EXAMPLES: claimed_size})
+    if (f := _first(faults, "private", pid)) is not None:
+        out.update({Declaration.DATA: Declaration.PRIVATE, Declaration.NUM_EXAMPLES: int(f.arg)})
+    if (f := _first(faults, "held-out", pid)) is not None:
+        out[Declaration.HELD_OUT] = int(f.arg)
+    return out
+
+
+def corrupt_evaluation(faults: list[Fault], pid: int, server_round: int,
+                       num_examples: int) -> int:
+    """The held-out count of an evaluation reply (``eval-samples``)."""
+    f = _first(faults, "eval-samples", pid, server_round)
+    return num_examples if f is None else int(f.arg)
+
+
 def corrupt_reply(faults: list[Fault], pid: int, server_round: int, weights: list[np.ndarray],
-                  num_examples: int, metrics: dict) -> tuple[list[np.ndarray], int, dict]:
-    """Faults that alter what the client sends back."""
+                  num_examples: int, metrics: dict, claimed_size: int | None = None
+                  ) -> tuple[list[np.ndarray], int, dict]:
+    """Faults that alter what the client sends back (``claimed_size``: the size of the
+    partition a ``claim`` node pretends to serve)."""
     for f in faults:
+        if f.kind in ("claim", "private") and pid in f.pids:  # every reply, like the lie
+            num_examples = int(f.arg) if f.kind == "private" else int(claimed_size)
+            if f.kind == "claim":
+                metrics[FitReply.PARTITION_ID] = int(f.arg)
         if not f.applies(pid, server_round):
             continue
         if f.kind == "nan":
@@ -115,4 +183,50 @@ def corrupt_reply(faults: list[Fault], pid: int, server_round: int, weights: lis
         elif f.kind == "pid":
             metrics[FitReply.PARTITION_ID] = (int(f.arg) if f.arg.lstrip("-").isdigit()
                                               else f.arg)
+        elif f.kind == "scale":
+            weights = [w * w.dtype.type(float(f.arg)) if w.dtype.kind == "f" else w
+                       for w in weights]
     return weights, num_examples, metrics
+
+
+def inflate_count(faults: list[Fault], pid: int, server_round: int, num_examples: int) -> int:
+    """Inside the mask, before Flower's SecAgg+ client turns the reply's count into its
+    weight factor: ``weight=F`` multiplies it by F (:func:`corrupt_secure_reply` then
+    restores the clear count)."""
+    return num_examples * weight_factor(faults, pid, server_round)
+
+
+def weight_factor(faults: list[Fault], pid: int, server_round: int) -> int:
+    """F of a ``weight=F`` fault (1: none): the clear count is the masked one over F."""
+    f = _first(faults, "weight", pid, server_round)
+    return 1 if f is None else int(f.arg)
+
+
+def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
+                         stage: dict) -> dict:
+    """After Flower's SecAgg+ client: its reply record (``secaggplus_configs``) as the
+    faults alter it. ``secure-acc=A`` adds A x 2^20 to the accuracy slot of the masked
+    tail: masks cancel in the sum, so the sum's slot grows by A x c/2 (a quantization
+    step is 2c / 2^22), as if the client's accuracy were A more, past the quantizer's
+    clipping. ``garbage`` and ``garbage-bytes`` replace the masked vector,
+    ``unmask-nid=N`` adds node N to the unmask-stage shares."""
+    out = dict(stage)
+    for f in faults:
+        if not f.applies(pid, server_round):
+            continue
+        if f.kind == "secure-acc" and Key.MASKED_PARAMETERS in out:
+            *arrays, tail = [bytes_to_ndarray(b) for b in out[Key.MASKED_PARAMETERS]]
+            tail[1] = (tail[1] + round(float(f.arg) / SLOTS[1][1] * 2**20)) % 2**32
+            out[Key.MASKED_PARAMETERS] = [ndarray_to_bytes(a) for a in (*arrays, tail)]
+        elif f.kind == "garbage" and Key.MASKED_PARAMETERS in out:
+            rng = np.random.default_rng()
+            out[Key.MASKED_PARAMETERS] = [
+                ndarray_to_bytes(rng.integers(0, 2**32, bytes_to_ndarray(b).shape,
+                                              dtype=np.int64))
+                for b in out[Key.MASKED_PARAMETERS]]
+        elif f.kind == "garbage-bytes" and Key.MASKED_PARAMETERS in out:
+            out[Key.MASKED_PARAMETERS] = [b"not an array" for _ in out[Key.MASKED_PARAMETERS]]
+        elif f.kind == "unmask-nid" and Key.SHARE_LIST in out:
+            out[Key.NODE_ID_LIST] = [*out[Key.NODE_ID_LIST], int(f.arg)]
+            out[Key.SHARE_LIST] = [*out[Key.SHARE_LIST], out[Key.SHARE_LIST][0]]
+    return out

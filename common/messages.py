@@ -27,6 +27,7 @@ class Declaration:
 
     PARTITION_ID = "partition-id"  # int
     NUM_EXAMPLES = "num-examples"  # int: the samples it trains on (docs/PRIVACY.md)
+    HELD_OUT = "held-out"  # int: the samples it holds out for federated evaluation
     DATA = "data"  # str: PARTITION (of the run's dataset) | PRIVATE (the node's own)
     PARTITION = "partition"
     PRIVATE = "private"

@@ -62,6 +62,16 @@ def clear_metrics(metrics: dict, diagnostics: bool) -> dict:
     """The metrics of a secure training reply that may travel in the clear."""
     allowed = CLEAR_KEYS + (DIAGNOSTIC_KEYS if diagnostics else ())
     return {k: v for k, v in metrics.items() if k in allowed}
+def bad_means(means: dict[str, float], tolerance: float = 1e-5) -> str | None:
+    """Why decoded means cannot come from honest tails, or None: every slot's mean
+    lies in [0, B_i] (docs/PRIVACY.md, "The decoded sum, checked"), up to ``tolerance``
+    x B_i for the quantization (an honest mean is off by less than 2e-6 B_i)."""
+    for name, bound in SLOTS[1:]:
+        value = means.get(name)
+        if value is None or not -tolerance * bound <= value <= bound * (1 + tolerance):
+            return (f"the clients' mean {name} {value} is outside [0, {bound:g}]: a tail "
+                    "was not encoded honestly")
+    return None
 
 
 def decode_tail(tail: np.ndarray) -> dict[str, float]:

@@ -28,7 +28,14 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 
 from common.config import RunConfig
-from common.faults import before_training, corrupt_reply, parse_faults
+from common.faults import (
+    before_training,
+    claimed_partition,
+    corrupt_evaluation,
+    corrupt_reply,
+    false_declaration,
+    parse_faults,
+)
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
@@ -36,7 +43,7 @@ from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
 
 from .job import LocalJob
-from .local_data import LocalData, partition_size
+from .local_data import LocalData, partition_sizes
 from .local_update import Update
 
 
@@ -57,14 +64,26 @@ class MethodClient(NumPyClient):
         self.faults = parse_faults(cfg.faults)
 
     # The registry asks every node once which partition it serves and how many samples
-    # it holds (docs/PRIVACY.md, "Weights bound to facts"); the size bounds its replies.
+    # it trains on and holds out (docs/PRIVACY.md, "Weights bound to facts"); the sizes
+    # bound its replies.
     def get_properties(self, config):
-        size = (len(self.local) if self.private_data
-                else partition_size(self.cfg, self.partition_id))
-        return {Declaration.PARTITION_ID: self.partition_id,
-                Declaration.NUM_EXAMPLES: size,
-                Declaration.DATA: Declaration.PRIVATE if self.private_data
-                else Declaration.PARTITION}
+        if self.private_data:
+            held = self.local.held_out
+            size, held_out = len(self.local), 0 if held is None else len(held)
+        else:
+            size, held_out = partition_sizes(self.cfg, self.partition_id)
+        return false_declaration(self.faults, self.partition_id, {
+            Declaration.PARTITION_ID: self.partition_id,
+            Declaration.NUM_EXAMPLES: size,
+            Declaration.HELD_OUT: held_out,
+            Declaration.DATA: Declaration.PRIVATE if self.private_data
+            else Declaration.PARTITION}, self.claimed_size())
+
+    def claimed_size(self) -> int | None:
+        """A ``claim=P`` fault's lie: partition P's training size in the run's public
+        data plan (None without such a fault)."""
+        claim = claimed_partition(self.faults, self.partition_id)
+        return None if claim is None else partition_sizes(self.cfg, claim)[0]
 
     @property
     def local(self) -> LocalData:
@@ -104,13 +123,15 @@ class MethodClient(NumPyClient):
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),
-                             num_examples, metrics)
+                             num_examples, metrics, self.claimed_size())
 
     def evaluate(self, parameters, config):
         """The received global model's (loss, accuracy) on the held-out samples, weighted
         by their number on the server; (0.0, 0, ...) without held-out data."""
         local = self.local
-        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id}
+        claim = claimed_partition(self.faults, self.partition_id)
+        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id if claim is None
+                         else claim}
         held = local.held_out
         if held is None or len(held) == 0:
             return 0.0, 0, metrics
@@ -122,4 +143,6 @@ class MethodClient(NumPyClient):
         if self.cfg.diagnostics and held.true_y is not None:
             metrics[EvaluateReply.TRUE_ACCURACY] = evaluate(model, held.x, held.true_y,
                                                             transform, batch)[1]
-        return float(loss), len(held), metrics
+        return float(loss), corrupt_evaluation(self.faults, self.partition_id,
+                                               int(config.get(FitConfig.ROUND, 0)),
+                                               len(held)), metrics

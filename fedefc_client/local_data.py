@@ -154,12 +154,13 @@ def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> L
     return local
 
 
-def partition_size(cfg: RunConfig, partition_id: int) -> int:
-    """How many samples partition ``partition_id`` of the run's data plan trains on (what
-    its node declares), without building its data: the registry asks every node of a
-    simulation once, and only the sampled ones train (docs/BENCHMARKS.md, "Planning a
-    round")."""
-    return training_size(cfg, len(data_plan(cfg).client_indices[partition_id]))
+def partition_sizes(cfg: RunConfig, partition_id: int) -> tuple[int, int]:
+    """How many samples partition ``partition_id`` of the run's data plan trains on and
+    holds out (what its node declares), without building its data: the registry asks
+    every node of a simulation once, and only the sampled ones train
+    (docs/BENCHMARKS.md, "Planning a round")."""
+    n = len(data_plan(cfg).client_indices[partition_id])
+    return training_size(cfg, n), held_out_count(cfg, n)
 
 
 def check_node_config(node_config: dict[str, Any], node: str) -> None:

@@ -47,6 +47,7 @@ from flwr.supercore.differential_privacy import (
 
 from common import secure_prf
 from common.config import RunConfig
+from common.faults import corrupt_secure_reply, inflate_count, parse_faults, weight_factor
 from common.messages import FitConfig
 from common.methods import load_run_config
 from common.private_files import make_private_dir, open_private
@@ -113,10 +114,25 @@ def policy_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mes
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``."""
-    if not _config(ctxt).secure_aggregation:
+    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``;
+    with ``faults``, the attacker modes that act on what it sends
+    (:func:`common.faults.corrupt_secure_reply`, docs/THREAT-MODEL.md)."""
+    cfg = _config(ctxt)
+    if not cfg.secure_aggregation:
         return call_next(msg, ctxt)
-    return secaggplus_mod(msg, ctxt, call_next)
+    out = secaggplus_mod(msg, ctxt, call_next)
+    faults = parse_faults(cfg.faults)
+    if not faults or out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
+        return out
+    pid, rnd = partition_of(ctxt, cfg), int(msg.metadata.group_id or 0)
+    stage = out.content.config_records[RECORD_KEY_CONFIGS]
+    out.content.config_records[RECORD_KEY_CONFIGS] = type(stage)(
+        corrupt_secure_reply(faults, pid, rnd, dict(stage)), False)
+    factor = weight_factor(faults, pid, rnd)
+    if factor > 1 and Key.MASKED_PARAMETERS in stage:  # the clear count stays honest
+        count = out.content.metric_records["fitres.num_examples"]
+        count["num_examples"] = int(count["num_examples"]) // factor
+    return out
 
 
 def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -141,13 +157,14 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
         raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
                          "them (the server could not detect them in the sum)")
-    tail, clear = encode_tail(fitres.metrics, fitres.num_examples, float(config[SCALE_KEY]))
+    scale, pid = float(config[SCALE_KEY]), partition_of(ctxt, cfg)
+    rnd = int(config[FitConfig.ROUND])
+    tail, clear = encode_tail(fitres.metrics, fitres.num_examples, scale)
     fitres.metrics = clear_metrics(clear, cfg.diagnostics)
+    fitres.num_examples = inflate_count(parse_faults(cfg.faults), pid, rnd, fitres.num_examples)
     fitres.parameters = ndarrays_to_parameters([*arrays, tail])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
-    pid = partition_of(ctxt, cfg)
-    np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid,
-                               int(config[FitConfig.ROUND])) % 2**32)
+    np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, rnd) % 2**32)
     return out
 
 

@@ -29,9 +29,11 @@ from common.results import atomic_write_bytes
 FILE = "checkpoint.pt"
 FORMAT = 2
 # Keys that may differ between the interrupted run and its resumption: where results
-# go, how long to run, how (not what) to compute, and whether clients audit their replies.
+# go, how long to run, how (not what) to compute, whether clients audit their replies,
+# and where the operator keeps the allowlist (the operator may hand a partition over).
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
-                        "eval-batch-size", "client-timeout", "wait-for-nodes", "audit"})
+                        "eval-batch-size", "client-timeout", "wait-for-nodes", "audit",
+                        "allowlist"})
 
 
 class CheckpointError(ValueError):

@@ -14,9 +14,10 @@ step takes the values it needs and returns new ones.
   float summation order); under secure aggregation this runs on the masked replies,
   before they are summed;
 - :meth:`~RoundPipeline.aggregate`: Flower's FedAvg (by sample count), or the secure
-  sum decoded; a round with fewer than ``min-fit-clients`` valid replies keeps the
-  global model; then the method's server step (``MethodServer.after_aggregate``) and
-  the round's record fields;
+  sum checked (:mod:`.secure_sum`) and decoded; a round with fewer than
+  ``min-fit-clients`` valid replies, or whose secure sum no honest clients could have
+  given, keeps the global model; then the method's server step
+  (``MethodServer.after_aggregate``) and the round's record fields;
 - :meth:`~RoundPipeline.evaluate` and the federated evaluation
   (:meth:`~RoundPipeline.plan_evaluation`, :meth:`~RoundPipeline.close_evaluation`):
   the server's test set, and the clients' held-out data;
@@ -58,7 +59,8 @@ from .failures import describe_failure
 from .method_server import Aggregated, MethodServer
 from .plan import RoundPlan, round_config
 from .registry import PartitionRegistry
-from .validation import Expected, check_evaluate_reply, check_reply
+from .secure_sum import check_secure_sum
+from .validation import Expected, check_evaluate_reply, check_reply, norm_bound
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
 Reply = tuple[ClientProxy, FitRes]
@@ -75,6 +77,16 @@ class Screened:
     @property
     def record(self) -> dict[str, Any]:
         return {"rejected": len(self.rejected), "rejected_reasons": self.rejected}
+
+
+@dataclass(frozen=True)
+class SecureSum:
+    """What Flower's SecAgg+ workflow decoded (docs/PRIVACY.md): its weighted mean
+    ``parameters`` (the weights, then the tail) and ``weight_total``, the sum's weight
+    factor slot Q (:mod:`.secure_sum`; None if it was not read)."""
+
+    parameters: Parameters
+    weight_total: int | None
 
 
 @dataclass(frozen=True)
@@ -155,10 +167,15 @@ class RoundPipeline:
         shapes = [a.shape for a in arrays]
         if self.secure:  # masked: Flower's weight factor, the weights, the tail; integers
             shapes = [(1,), *shapes, (len(SLOTS),)]
+        max_norm, norm_key = norm_bound(self.cfg.dp_clip, self.cfg.dp_noise_multiplier,
+                                        self.cfg.max_update_norm,
+                                        sum(a.size for a in arrays if a.dtype.kind == "f"))
         expected = Expected(shapes, dtypes, sizes,
                             self.server.asks_accuracy(server_round) and not self.secure,
                             subset=self.method.counts_subset, masked=self.secure,
-                            schema=self.schema)
+                            schema=self.schema, max_norm=max_norm,
+                            reference=arrays if max_norm is not None else None,
+                            norm_key=norm_key)
         bound = max([1, *sizes.values()])
         privacy = self.privacy_config(bound)
         instructions = [(serving[pid], FitIns(parameters, {
@@ -224,10 +241,11 @@ class RoundPipeline:
 
     # -- aggregate ---------------------------------------------------------------------
     def aggregate(self, plan: RoundPlan, screened: Screened, failures: list,
-                  summed: Parameters | None = None) -> RoundOutcome:
-        """FedAvg of the accepted replies, or (secure rounds) the decoded ``summed``
-        vector; then the method's server step. ``failures`` are Flower's, the refused
-        replies not among them."""
+                  summed: SecureSum | None = None) -> RoundOutcome:
+        """FedAvg of the accepted replies, or (secure rounds) the ``summed`` vector,
+        checked and decoded; then the method's server step. ``failures`` are Flower's,
+        the refused replies not among them. A secure sum that is refused (its reason in
+        the record's ``refused_sum``) keeps the global model, like a skipped round."""
         t, accepted = plan.round, screened.accepted
         metrics = [res.metrics for _, res in accepted]
         failed = describe_failures(t, "client", failures)
@@ -244,10 +262,16 @@ class RoundPipeline:
                 "global model kept", t, len(accepted), self.cfg.min_fit_clients)
             record["skipped"] = True
         else:
+            refused = None
             if summed is not None:
-                params, means = self.decode_secure_sum(summed, plan.expected.dtypes)
+                params, means, refused = self.decode_secure_sum(
+                    summed, plan, [int(res.num_examples) for _, res in accepted])
             else:
                 params = ndarrays_to_parameters(aggregate_inplace(accepted))
+            if refused:
+                log(WARNING, "round %d: secure sum refused, global model kept: %s", t, refused)
+                params, means = None, {}
+                record.update(skipped=True, refused_sum=refused)
             record.update(self.fold_metrics(metrics, means))
         replies = [(int(res.metrics[FitReply.PARTITION_ID]), res) for _, res in accepted]
         params, fields = self.server.after_aggregate(
@@ -271,15 +295,20 @@ class RoundPipeline:
                 fields[name] = values
         return fields
 
-    @staticmethod
-    def decode_secure_sum(summed: Parameters, dtypes: list[np.dtype]
-                          ) -> tuple[Parameters, dict[str, float]]:
-        """The weights of SecAgg+'s weighted mean, in the global model's dtypes, and the
-        means of the summed metrics (:mod:`common.secure_means`)."""
-        *weights, tail = parameters_to_ndarrays(summed)
+    def decode_secure_sum(self, summed: SecureSum, plan: RoundPlan, counts: list[int]
+                          ) -> tuple[Parameters | None, dict[str, float], str | None]:
+        """(the weights of SecAgg+'s weighted mean, in the global model's dtypes; the
+        means of the summed metrics, :mod:`common.secure_means`; None) for a sum that
+        passes :func:`.secure_sum.check_secure_sum`, else (None, {}, the reason)."""
+        arrays = parameters_to_ndarrays(summed.parameters)
+        reason = check_secure_sum(arrays, summed.weight_total, counts,
+                                  float(plan.weight_bound), self.cfg.clipping_range)
+        if reason:
+            return None, {}, reason
+        *weights, tail = arrays
         weights = [np.rint(w).astype(dt) if dt.kind in "iu" else w.astype(dt)
-                   for w, dt in zip(weights, dtypes)]
-        return ndarrays_to_parameters(weights), decode_tail(tail)
+                   for w, dt in zip(weights, plan.expected.dtypes)]
+        return ndarrays_to_parameters(weights), decode_tail(tail), None
 
     def server_saw(self, results: list[Reply]) -> dict[str, list[str]]:
         """What the server received of the round's accepted clients: per client in the
@@ -317,7 +346,7 @@ class RoundPipeline:
         valid, rejected = self.sort_out(
             plan.round, "evaluation reply", results,
             lambda res, node_pid: check_evaluate_reply(res, plan.partitions, seen,
-                                                       self.registry.rule.max_private,
+                                                       self.registry.held_out.get(node_pid),
                                                        node_pid))
         failed = describe_failures(plan.round, "client evaluation", failures)
         held = sorted((r for _, r in valid if r.num_examples > 0),
@@ -353,6 +382,11 @@ class RoundPipeline:
         if record["round"] == 0:
             return f"initial model: {evaluation_text(record)}"
         return f"{record.get('n_clients', 0)} clients | {evaluation_text(record)}"
+
+    def notes(self) -> list[str]:
+        """Plain-words remarks on a completed run: the registry's (partitions the run
+        started without) and the method's (FedEFC that never left phase 1)."""
+        return [*self.registry.notes(), *self.server.notes()]
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run's server side: the declared sizes and the

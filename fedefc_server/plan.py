@@ -14,7 +14,8 @@ the round's record. It is made once per round and never changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,3 +61,12 @@ class RoundPlan:
     def partitions(self) -> list[int]:
         """The sampled partition ids, sorted."""
         return sorted(self.expected.sizes)
+
+    def without(self, nodes: set[str], partition_of: Callable[[str], int | None]) -> RoundPlan:
+        """This plan less the instructions to ``nodes`` (a secure round tried again
+        without the nodes it refused, :mod:`.secure_round`): the same round, weight
+        bound, configs and record."""
+        kept = [(proxy, ins) for proxy, ins in self.instructions if proxy.cid not in nodes]
+        pids = {partition_of(proxy.cid) for proxy, _ in kept}
+        sizes = {pid: n for pid, n in self.expected.sizes.items() if pid in pids}
+        return replace(self, instructions=kept, expected=replace(self.expected, sizes=sizes))

@@ -11,17 +11,29 @@ the replies (docs/BENCHMARKS.md, "Planning a round": a node at a time cost ~42 m
 node, 420 s for 10,000 simulated nodes). Other client proxies (the tests' in-process
 stand-ins) are asked directly.
 
+The first declaration of a partition id fixes its sizes for the run: a later node that
+declares the same partition with other sizes is refused with the reason (and never
+sampled), and every reply of the partition is bounded by them. Each declaration is
+vetted by the run's :class:`.declarations.SizeRule` before it is accepted.
+
+One node serves a partition at a time (docs/THREAT-MODEL.md, "Identity and
+partitions"). With the operator's allowlist (:mod:`.allowlist`) a node is admitted only
+if its public key (``Grid.get_nodes()``) is listed, and only for its entry's partition.
+Without one (simulation, try-outs) the first node to declare a partition holds it: a
+second node that declares the same partition is refused while the holder is
+connected, and takes over (with the same sizes) once the holder has left, as a
+restarted node does.
+
 Before its first round a run waits until every partition 0..num-clients-1 is served
 (:meth:`PartitionRegistry.serving`), logging at a steady interval how many are and which
 are missing, with the errors and refusals of the nodes that answered; when
 ``wait-for-nodes`` seconds pass first, the run fails with that report (a federation
-whose nodes never formed is a failed run, not an empty one: docs/RELIABILITY.md). A node
-whose own policy refuses the run ends the wait at once: it will not serve it.
-
-The first declaration of a partition id fixes its size for the run: a later node that
-declares the same partition with another size is refused with the reason (and never
-sampled), and every reply of the partition is bounded by it. Each declaration is vetted
-by the run's :class:`.declarations.SizeRule` before it is accepted.
+whose nodes never formed is a failed run, not an empty one: docs/RELIABILITY.md). The
+wait ends early once at least num-clients nodes are connected and every one of them has
+answered for good (admitted; refused; or an error reply, such as a node whose own policy
+refuses the run): the run then starts without the partitions nobody serves, says so in
+its log, its first record and its summary's notes, or, when no partition is served,
+fails at once.
 """
 
 from __future__ import annotations
@@ -32,7 +44,6 @@ from logging import INFO, WARNING
 from typing import Any
 
 from flwr.common import GetPropertiesIns, Message, MessageTypeLegacy
-from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
@@ -41,12 +52,10 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from common.messages import Declaration as Keys
 
+from .allowlist import Allowlist, fingerprint
 from .declarations import SizeRule, read_declaration
 from .failures import RunFailed
 
-# a node's error replies that refuse the run for good: its own policy (a mod's failed
-# precondition, fedefc_client/policy.py) or its trust settings (an app it will not run)
-REFUSING_CODES = frozenset({ErrorCode.MOD_FAILED_PRECONDITION, ErrorCode.INVALID_FAB})
 POLL_S = 1.0  # how often the wait for the nodes looks again
 REPORT_S = 15.0  # how often it logs who is missing
 RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
@@ -62,10 +71,6 @@ def ranges(ids: list[int], limit: int = 12) -> str:
             parts.append(str(pid))
     more = f" and {len(parts) - limit} more ranges" if len(parts) > limit else ""
     return ", ".join(parts[:limit]) + more
-
-
-class NodeRefusal(RuntimeError):
-    """A node's answer that refuses this run for good (:data:`REFUSING_CODES`)."""
 
 
 def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id: int,
@@ -92,8 +97,8 @@ def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id
             if reply is None:
                 answers[proxy.cid] = TimeoutError(f"no reply within {timeout} s")
             elif reply.has_error():
-                kind = NodeRefusal if reply.error.code in REFUSING_CODES else RuntimeError
-                answers[proxy.cid] = kind(f"error {reply.error.code}: {reply.error.reason}")
+                answers[proxy.cid] = RuntimeError(f"error {reply.error.code}: "
+                                                  f"{reply.error.reason}")
             else:
                 answers[proxy.cid] = compat.recorddict_to_getpropertiesres(
                     reply.content).properties
@@ -109,44 +114,96 @@ def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id
     return answers
 
 
+def public_keys(proxies: list[ClientProxy]) -> dict[str, bytes | None]:
+    """{node id: the public key the SuperLink knows it by}: one ``Grid.get_nodes()``
+    per grid (Flower 1.42's ``NodeInfo.public_key``: with node authentication, the key
+    the node authenticates with); another proxy's ``public_key`` attribute, if any."""
+    keys: dict[str, bytes | None] = {}
+    by_grid: dict[int, tuple[object, list[GridClientProxy]]] = {}
+    for proxy in proxies:
+        if isinstance(proxy, GridClientProxy):
+            by_grid.setdefault(id(proxy.grid), (proxy.grid, []))[1].append(proxy)
+        else:
+            keys[proxy.cid] = getattr(proxy, "public_key", None)
+    for grid, group in by_grid.values():
+        known = {node.node_id: bytes(node.public_key) for node in grid.get_nodes()}
+        keys.update({p.cid: known.get(p.node_id) for p in group})
+    return keys
+
+
 class PartitionRegistry:
     """Maps partition ids to the client proxies that currently serve them, and keeps the
     data size each partition declared (fixed for the run)."""
 
     def __init__(self, rule: SizeRule, timeout: float | None = 120.0,
-                 wait_for_nodes: float = 300.0):
+                 allowlist: Allowlist | None = None, wait_for_nodes: float = 300.0):
         self.rule = rule
         self.timeout = timeout
+        self.allowlist = allowlist
         self.wait_for_nodes = wait_for_nodes
         self.declared: dict[int, int] = {}  # partition id -> its size, fixed for the run
-        self._pid_of_cid: dict[str, int] = {}
+        self.held_out: dict[int, int] = {}  # partition id -> its held-out size, fixed too
+        self._pid_of_cid: dict[str, int] = {}  # the node holding each partition
+        self._holder: dict[int, str] = {}  # partition id -> the node holding it
         self._refused: dict[str, str] = {}  # node -> why its declaration was refused
-        self._failed: dict[str, tuple[str, float]] = {}  # node -> (its error, when)
-        self._refusals: dict[str, str] = {}  # node -> why it refuses this run for good
+        self._waiting: dict[str, int] = {}  # node -> the partition another node holds
+        # node -> (its error, when, whether it answered: an error reply, not a silence)
+        self._failed: dict[str, tuple[str, float, bool]] = {}
+        self.missing_at_start: str | None = None  # the partitions the run started without
         self._news: dict[str, Any] = {}  # declarations and refusals since the last take
         self._waited = False  # whether this process waited for the nodes to connect
 
     def partition_of(self, cid: str) -> int | None:
-        """The partition id node ``cid`` registered with, if it did."""
+        """The partition id node ``cid`` holds, if it does."""
         return self._pid_of_cid.get(cid)
 
-    def admit(self, cid: str, props: dict[str, Any]) -> str | None:
-        """Register node ``cid`` from its declaration; the reason it is refused, or None."""
+    def admit(self, cid: str, props: dict[str, Any], public_key: bytes | None = None,
+              connected: frozenset[str] = frozenset()) -> str | None:
+        """Register node ``cid`` (known by ``public_key``) from its declaration; the
+        reason it is refused, or None. A partition whose holder is among ``connected``
+        is not taken over: the node waits (:meth:`refresh` admits it once the holder has
+        left) and the reason says so."""
         decl = read_declaration(props)
         if isinstance(decl, str):
             return f"malformed declaration: {decl}"
-        reason = self.rule.vet(decl)
-        fixed = self.declared.get(decl.partition)
-        if reason is None and fixed is not None and fixed != decl.num_examples:
-            reason = (f"declares {decl.num_examples} samples for partition {decl.partition}, "
-                      f"which was declared with {fixed}; a declaration is fixed for the run")
+        allowed = None
+        if self.allowlist is not None:
+            allowed = self.allowlist.entry(public_key)
+            if allowed is None:
+                return (f"its public key ({fingerprint(public_key or b'')}) is not on the "
+                        "allowlist")
+        reason = self.rule.vet(decl, allowed)
+        size, held = self.declared.get(decl.partition), self.held_out.get(decl.partition)
+        if reason is None and (size not in (None, decl.num_examples)
+                               or held not in (None, decl.held_out)):
+            reason = (f"declares {decl.num_examples} samples ({decl.held_out} held out) for "
+                      f"partition {decl.partition}, which was declared with {size} "
+                      f"({held} held out); a declaration is fixed for the run")
         if reason is not None:
             return reason
-        if fixed is None:
+        if size is None:
             self.declared[decl.partition] = decl.num_examples
             self._news.setdefault("declared", {})[decl.partition] = decl.num_examples
-        self._pid_of_cid[cid] = decl.partition
+        self.held_out.setdefault(decl.partition, decl.held_out)
+        holder = self._holder.get(decl.partition)
+        if holder is not None and holder != cid and holder in connected:
+            self._waiting[cid] = decl.partition
+            return (f"partition {decl.partition} is served by node {holder}; a second node "
+                    "may take it only once that one has left")
+        self._hold(cid, decl.partition)
         return None
+
+    def _hold(self, cid: str, pid: int) -> None:
+        """Make node ``cid`` the one holder of partition ``pid``."""
+        previous = self._holder.get(pid)
+        if previous is not None and previous != cid:
+            del self._pid_of_cid[previous]
+            self._news.setdefault("reassigned", {})[pid] = cid
+            log(INFO, "partition %d: node %s takes over from node %s, which left", pid, cid,
+                previous)
+        self._waiting.pop(cid, None)
+        self._holder[pid] = cid
+        self._pid_of_cid[cid] = pid
 
     def serving(self, client_manager: ClientManager, server_round: int
                 ) -> dict[int, ClientProxy]:
@@ -171,24 +228,41 @@ class PartitionRegistry:
             remaining = max(self.wait_for_nodes - (time.monotonic() - start), 1.0)
             serving = self.refresh(client_manager, server_round, remaining)
             missing = sorted(set(range(self.rule.num_clients)) - set(serving))
-            if missing and self._refusals:  # a node that refuses the run will not serve it
-                raise RunFailed("; ".join(f"node {cid} refuses the run: {why}"
-                                          for cid, why in self._refusals.items())
-                                + f"; {self.report(len(client_manager.all()), missing)}")
             if not missing:
                 log(INFO, "all %d partitions are served (after %.0f s)", self.rule.num_clients,
                     time.monotonic() - start)
+                return serving
+            nodes = client_manager.all()
+            connected = len(nodes)
+            if connected >= self.rule.num_clients and all(map(self.answered, nodes)):
+                if not serving:
+                    raise RunFailed("every node that connected was refused or failed, so the "
+                                    f"run would train nothing; {self.report(connected, missing)}")
+                self.missing_at_start = (f"the run started without partitions "
+                                         f"{ranges(missing)}: "
+                                         f"{self.report(connected, missing)}")
+                log(WARNING, "%s", self.missing_at_start)
+                self._news["missing_partitions"] = missing
                 return serving
             now = time.monotonic()
             if now - start >= self.wait_for_nodes:
                 raise RunFailed(f"waited {self.wait_for_nodes:.0f} s (wait-for-nodes) for a "
                                 f"node of each of the run's {self.rule.num_clients} partitions "
-                                f"(num-clients); {self.report(len(client_manager.all()), missing)}")
+                                f"(num-clients); {self.report(connected, missing)}")
             if now >= next_report:
-                log(INFO, "waiting for nodes: %s", self.report(len(client_manager.all()),
-                                                               missing))
+                log(INFO, "waiting for nodes: %s", self.report(connected, missing))
                 next_report = now + REPORT_S
             time.sleep(POLL_S)
+
+    def answered(self, cid: str) -> bool:
+        """Whether node ``cid`` has answered for good: it holds or waits for a partition,
+        was refused, or replied with an error (a node that did not answer may still)."""
+        return (cid in self._pid_of_cid or cid in self._refused or cid in self._waiting
+                or self._failed.get(cid, ("", 0.0, False))[2])
+
+    def notes(self) -> list[str]:
+        """What a reader of the run's summary must know about its nodes."""
+        return [self.missing_at_start] if self.missing_at_start else []
 
     def report(self, connected: int, missing: list[int]) -> str:
         """Who is there and who is not, with the nodes' own reasons."""
@@ -197,7 +271,7 @@ class PartitionRegistry:
                 f"connected nodes; missing partitions {ranges(missing)}")
         problems = [f"node {cid} refused: {why}" for cid, why in self._refused.items()]
         problems += [f"node {cid} failed to declare: {why}"
-                     for cid, (why, _) in self._failed.items()]
+                     for cid, (why, _, _) in self._failed.items()]
         if problems:
             text += "; " + "; ".join(problems[:5])
             text += f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -206,42 +280,41 @@ class PartitionRegistry:
     def refresh(self, client_manager: ClientManager, server_round: int,
                 timeout: float | None = None) -> dict[int, ClientProxy]:
         """Ask the nodes not seen yet for their declaration (each may take ``timeout``
-        seconds, by default the registry's); return {partition id: proxy}."""
+        seconds, by default the registry's), let a waiting node take over a partition
+        whose holder has left; return {partition id: proxy}."""
         proxies = client_manager.all()
+        connected = frozenset(proxies)
         now = time.monotonic()
-        unknown = [proxies[cid] for cid in proxies
-                   if cid not in self._pid_of_cid and cid not in self._refused
-                   and now - self._failed.get(cid, ("", -RETRY_S))[1] >= RETRY_S]
+        unknown = [proxies[cid] for cid in proxies if cid not in self._pid_of_cid
+                   and cid not in self._refused and cid not in self._waiting
+                   and now - self._failed.get(cid, ("", -RETRY_S, False))[1] >= RETRY_S]
         if unknown:
             answers = ask_declarations(unknown, timeout or self.timeout, server_round)
+            keys = public_keys(unknown) if self.allowlist is not None else {}
             for cid, props in answers.items():
                 if isinstance(props, Exception):  # a node that cannot answer (or whose own
                     # policy refuses the run) is not sampled; the record says why
-                    self._failed[cid] = (str(props), time.monotonic())
-                    if isinstance(props, NodeRefusal):
-                        self._refusals[cid] = str(props)
+                    self._failed[cid] = (str(props), time.monotonic(),
+                                         not isinstance(props, TimeoutError))
                     self._news.setdefault("unanswered_nodes", []).append(
                         {"node": cid, "reason": str(props)})
                     log(WARNING, "node %s did not report its partition id: %s", cid, props)
                     continue
                 self._failed.pop(cid, None)
-                reason = self.admit(cid, props)
+                reason = self.admit(cid, props, keys.get(cid), connected)
                 if reason is not None:
-                    self._refused[cid] = reason
+                    if cid not in self._waiting:
+                        self._refused[cid] = reason
                     self._news.setdefault("refused_nodes", []).append(
                         {"node": cid, "partition": props.get(Keys.PARTITION_ID),
                          "reason": reason})
                     log(WARNING, "node %s refused: %s", cid, reason)
             log(INFO, "partition registry: %d nodes known", len(self._pid_of_cid))
-        serving: dict[int, ClientProxy] = {}
-        order = {cid: i for i, cid in enumerate(self._pid_of_cid)}
-        for cid in sorted((c for c in proxies if c in order), key=order.__getitem__):
-            pid = self._pid_of_cid[cid]
-            if pid in serving:
-                log(WARNING, "partition %d is claimed by nodes %s and %s; using the newer",
-                    pid, serving[pid].cid, cid)
-            serving[pid] = proxies[cid]  # a node that came back replaces its old entry
-        return serving
+        for cid, pid in list(self._waiting.items()):
+            if cid in connected and self._holder.get(pid) not in connected:
+                self._hold(cid, pid)
+        return {pid: proxies[cid] for pid, cid in sorted(self._holder.items())
+                if cid in connected}
 
     def take_news(self) -> dict[str, Any]:
         """Declarations accepted and nodes refused since the last call (for the round
@@ -251,7 +324,9 @@ class PartitionRegistry:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the partitions' declared sizes, fixed for the run."""
-        return {"declared_sizes": {str(p): n for p, n in self.declared.items()}}
+        return {"declared_sizes": {str(p): n for p, n in self.declared.items()},
+                "declared_held_out": {str(p): n for p, n in self.held_out.items()}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.declared = {int(p): int(n) for p, n in state.get("declared_sizes", {}).items()}
+        self.held_out = {int(p): int(n) for p, n in state.get("declared_held_out", {}).items()}

@@ -172,7 +172,7 @@ class RoundLoop(Server):
         log lines and the summary's ``notes``."""
         if failure is None:
             self.recorder.write_model(state_dict_of(self.model, weights))
-        notes = [] if failure else self.pipeline.server.notes()
+        notes = [] if failure else self.pipeline.notes()
         dp = run_guarantee(self.cfg)
         if dp is not None:
             log(INFO, "%s", dp.describe())

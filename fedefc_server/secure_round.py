@@ -1,5 +1,5 @@
 """One training round under secure aggregation: Flower's SecAgg+ workflow driving the
-round's strategy (docs/PRIVACY.md, "Secure aggregation").
+round's strategy (docs/PRIVACY.md, "Secure aggregation"; docs/THREAT-MODEL.md).
 
 :class:`SecureRound` is what the round loop calls instead of ``Server.fit_round`` when
 ``secure-aggregation = true``: it hands Flower's ``SecAggPlusWorkflow`` the round's
@@ -7,27 +7,48 @@ round's strategy (docs/PRIVACY.md, "Secure aggregation").
 ``aggregate_fit`` receives the sum) and the global model. Records, checkpoints and the
 summary stay the round loop's, the same in both modes.
 
-Two additions to Flower's workflow:
+What the project adds to Flower's workflow, in the grid the workflow talks to
+(:class:`ScreeningGrid`) and in its unmask stage (:class:`CheckedSecAggPlus`):
 
-- :class:`ScreeningGrid` screens the masked replies with the pipeline's checks BEFORE
-  they are summed; a refused reply becomes an error reply, so the workflow treats its
-  sender as dropped and removes its masks (its values never enter the sum);
-- SecAgg+'s ``max_weight`` (the sample count that weighs 1) is the largest size declared
-  by the round's clients (the plan's ``weight_bound``), so no honest weight exceeds 1
-  and the weights use the quantizer's full range.
+- **A vector the server received is never unmasked.** The masked replies of the
+  collect stage pass the round's screen (:meth:`RoundStrategy.screen_masked`). If one
+  is refused, or cannot be read, the grid stops the round before its unmask stage
+  (:class:`RoundRefused`): no share of any secret is asked for, and the round starts
+  again, with new keys, without the refused nodes (the screen knows them: it read their
+  clear fields). Treating such a client as a dropout would have SecAgg+ rebuild its
+  pairwise masks and leave its vector under its self-mask alone.
+- **Rounds whose secrets a server could rebuild do not run.** The setup stage's
+  numbers, as Flower rounded them, must give at least ``min-secure-clients`` clients
+  and a strict-majority threshold (:func:`common.config.is_strict_majority`), at least
+  ``min-secure-clients`` masked vectors must arrive, and no unmask request may name a
+  node whose vector arrived as dropped; else the round is refused.
+- **Malformed protocol replies are refused, never a crash.** A setup, share-keys or
+  unmask reply that is not what its stage asked for (a key missing, a node id it was
+  not asked about, lists of different lengths) becomes an error reply, recorded as a
+  rejection: before the collect stage its sender drops out having sent no vector; in
+  the unmask stage its shares are not used. An exception Flower raises while it
+  unmasks (shares that do not combine) refuses the round.
+- **The sum is checked** (:mod:`.secure_sum`): :class:`CheckedSecAggPlus` reads the
+  sum's weight total, which Flower's workflow divides by but does not pass on.
+
+SecAgg+'s ``max_weight`` (the sample count that weighs 1) is the largest size declared
+by the round's clients (the plan's ``weight_bound``), so no honest weight exceeds 1 and
+the weights use the quantizer's full range.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import WARNING
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.common import FitRes, Parameters, bytes_to_ndarray, ndarrays_to_parameters
 from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_extract
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -36,10 +57,11 @@ from flwr.server.server_config import ServerConfig
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.server.workflow.secure_aggregation import secaggplus_workflow as flower_secaggplus
 from flwr.serverapp.grid import Grid
 
 from common import secure_prf
-from common.config import RunConfig
+from common.config import RunConfig, is_strict_majority
 
 from .failures import rejection
 from .pipeline import RoundOutcome
@@ -56,52 +78,210 @@ class Sender:
     cid: str
 
 
-def masked_reply(msg: Message) -> FitRes | None:
-    """A collect-stage reply as a FitRes whose arrays are its masked vector (None for
-    any other message): what the screen step checks before the sum."""
-    if not msg.has_content():
-        return None
+class RoundRefused(Exception):
+    """A secure round stopped before its unmask stage: ``refused`` lists the replies
+    refused after their masked vector arrived ({node, partition, reason}; the round may
+    start again without their nodes), ``reason`` says why."""
+
+    def __init__(self, reason: str, refused: list[dict[str, Any]] | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.refused = refused or []
+
+
+def masked_reply(msg: Message) -> FitRes:
+    """A collect-stage reply as a FitRes whose arrays are its masked vector (what the
+    screen step checks before the sum); raises on a reply that holds none."""
     stage = msg.content.config_records.get(RECORD_KEY_CONFIGS, {})
-    if Key.MASKED_PARAMETERS not in stage:
-        return None
+    vector = stage.get(Key.MASKED_PARAMETERS)
+    if not isinstance(vector, list) or not all(isinstance(b, bytes) for b in vector):
+        raise ValueError("no masked vector")
     fitres = compat.recorddict_to_fitres(msg.content, keep_input=True)
-    masked = [bytes_to_ndarray(b) for b in stage[Key.MASKED_PARAMETERS]]
-    fitres.parameters = ndarrays_to_parameters(masked)
+    fitres.parameters = ndarrays_to_parameters([bytes_to_ndarray(b) for b in vector])
     return fitres
 
 
-class ScreeningGrid:
-    """The grid the SecAgg+ workflow talks to: Flower's grid, except that the masked
-    replies pass the round's screen first (:meth:`RoundStrategy.screen_masked`) and a
-    refused one is turned into an error reply (code :data:`.failures.REJECTED`)."""
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in value)
 
-    def __init__(self, grid: Grid, strategy: RoundStrategy, client_manager: ClientManager):
+
+def _bytes(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, bytes) for v in value)
+
+
+def bad_protocol_reply(stage: str, reply: Message, request: Message | None) -> str | None:
+    """Why a setup, share-keys or unmask reply is not what ``request`` asked for, or
+    None (the checks Flower's workflow leaves to chance: a missing key is a KeyError
+    there, an unknown node id in the unmask stage too)."""
+    if request is None:
+        return f"a {stage} reply to no request of this stage"
+    got = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+    asked = request.content.config_records[RECORD_KEY_CONFIGS]
+    if got is None:
+        return f"{stage} reply without its SecAgg+ record"
+    if stage == Stage.SETUP:
+        if not all(isinstance(got.get(k), bytes) for k in (Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2)):
+            return "setup reply without its two public keys"
+        return None
+    if stage == Stage.SHARE_KEYS:
+        ids, items = got.get(Key.DESTINATION_LIST), got.get(Key.CIPHERTEXT_LIST)
+        known = {int(k) for k in asked if k != Key.STAGE}
+    else:  # Stage.UNMASK
+        ids, items = got.get(Key.NODE_ID_LIST), got.get(Key.SHARE_LIST)
+        known = {*asked[Key.ACTIVE_NODE_ID_LIST], *asked[Key.DEAD_NODE_ID_LIST]}
+    if not (_ints(ids) and _bytes(items) and len(ids) == len(items)):
+        return f"{stage} reply whose node ids and payloads are not two lists of one length"
+    strangers = sorted(set(ids) - known)
+    if strangers:
+        return f"{stage} reply naming node ids it was not asked about ({strangers[:3]})"
+    if len(set(ids)) != len(ids):
+        return f"{stage} reply naming a node id twice"
+    return None
+
+
+class ScreeningGrid:
+    """The grid the SecAgg+ workflow talks to: Flower's grid plus the checks of the
+    module docstring. ``received``: the nodes whose masked vector arrived; ``rejected``:
+    the protocol replies it refused ({node, partition, reason})."""
+
+    def __init__(self, grid: Grid, strategy: RoundStrategy, client_manager: ClientManager,
+                 min_clients: int):
         self.grid = grid
         self.strategy = strategy
         self.client_manager = client_manager
+        self.min_clients = min_clients
+        self.received: set[int] = set()
+        self.rejected: list[dict[str, Any]] = []
+        self.unmasking = False  # the unmask stage's replies were handed to Flower
 
     def __getattr__(self, name: str):
         return getattr(self.grid, name)
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        stage = messages[0].content.config_records.get(RECORD_KEY_CONFIGS, {}).get(
+            Key.STAGE) if messages else None
+        if stage == Stage.SETUP:
+            self.check_setup(messages[0].content.config_records[RECORD_KEY_CONFIGS])
+        elif stage == Stage.UNMASK:
+            self.check_unmask_requests(messages)
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
-        masked = {id(m): res for m in replies if (res := masked_reply(m)) is not None}
-        if not masked:
+        if stage == Stage.COLLECT_MASKED_VECTORS:
+            return self.screen_masked(replies)
+        if stage not in (Stage.SETUP, Stage.SHARE_KEYS, Stage.UNMASK):
             return replies
+        asked = {m.metadata.dst_node_id: m for m in messages}
+        screened = [self.screen_protocol(stage, r, asked.get(r.metadata.src_node_id))
+                    for r in replies]
+        self.unmasking = stage == Stage.UNMASK
+        return screened
+
+    def node(self, node_id: int) -> dict[str, Any]:
+        """{node, partition} of a node id, for a rejection's record."""
+        cid = str(node_id)
+        return {"node": cid, "partition": self.strategy.pipeline.registry.partition_of(cid)}
+
+    def check_setup(self, config: ConfigRecord) -> None:
+        """The round's clients, shares and threshold as Flower rounded them."""
+        clients, shares = int(config[Key.SAMPLE_NUMBER]), int(config[Key.SHARE_NUMBER])
+        threshold = int(config[Key.THRESHOLD])
+        if clients < self.min_clients:
+            raise RoundRefused(f"{clients} clients in the round, below min-secure-clients="
+                               f"{self.min_clients}")
+        if not is_strict_majority(threshold, shares, clients):
+            raise RoundRefused(f"a threshold of {threshold} of {min(shares, clients)} shares "
+                               "is no strict majority: a server could rebuild both secrets "
+                               "of a client")
+
+    def check_unmask_requests(self, messages: list[Message]) -> None:
+        """No unmask request may name as dropped a node whose vector arrived: its
+        holders would send the shares of its pairwise key, and its vector would be left
+        under its self-mask alone."""
+        for msg in messages:
+            dead = set(msg.content.config_records[RECORD_KEY_CONFIGS][Key.DEAD_NODE_ID_LIST])
+            if dead & self.received:
+                raise RoundRefused(f"the unmask stage would rebuild the masks of node(s) "
+                                   f"{sorted(dead & self.received)}, whose vectors arrived")
+
+    def screen_protocol(self, stage: str, reply: Message, request: Message | None) -> Message:
+        """``reply``, or an error reply in its place when it is malformed."""
+        if reply.has_error():
+            return reply
+        reason = bad_protocol_reply(stage, reply, request)
+        if reason is None:
+            return reply
+        self.rejected.append({**self.node(reply.metadata.src_node_id), "reason": reason})
+        log(WARNING, "secure round: refused a %s reply of node %s: %s", stage,
+            reply.metadata.src_node_id, reason)
+        return Message(error=rejection(reason), metadata=reply.metadata)
+
+    def screen_masked(self, replies: list[Message]) -> list[Message]:
+        """The collect stage's replies, if every masked vector passed the screen and
+        enough arrived; else :class:`RoundRefused` (before the unmask stage)."""
         proxies = self.client_manager.all()
-        results: list[tuple[ClientProxy, FitRes]] = [
-            (proxies.get(str(m.metadata.src_node_id)) or Sender(str(m.metadata.src_node_id)),
-             masked[id(m)]) for m in replies if id(m) in masked]
-        accepted = {id(res) for _, res in self.strategy.screen_masked(results)}
-        return [m if id(m) not in masked or id(masked[id(m)]) in accepted
-                else Message(error=rejection("refused before the sum (round record: "
-                                             "rejected_reasons)"), metadata=m.metadata)
-                for m in replies]
+        results: list[tuple[ClientProxy, FitRes]] = []
+        refused: list[dict[str, Any]] = []
+        for msg in replies:
+            if msg.has_error():  # it failed before sending a vector: a dropout
+                continue
+            nid = msg.metadata.src_node_id
+            try:
+                res = masked_reply(msg)
+            except Exception as err:  # a client's bytes: any failure to read them
+                refused.append({**self.node(nid),
+                                "reason": f"unreadable masked vector ({type(err).__name__})"})
+                continue
+            results.append((proxies.get(str(nid)) or Sender(str(nid)), res))
+        accepted = self.strategy.screen_masked(results)
+        refused += self.strategy.screened.rejected
+        if refused:
+            raise RoundRefused("replies refused after their masked vector arrived", refused)
+        if len(accepted) < self.min_clients:
+            raise RoundRefused(f"{len(accepted)} masked vectors arrived, below "
+                               f"min-secure-clients={self.min_clients}")
+        self.received = {msg.metadata.src_node_id for msg in replies if not msg.has_error()}
+        return replies
+
+
+class CheckedSecAggPlus(SecAggPlusWorkflow):
+    """Flower's SecAgg+ workflow, whose unmask stage also gives the round's strategy the
+    sum's weight total (``RoundStrategy.weight_total``): Flower reads it from the sum's
+    weight factor slot (``factor_extract``) and divides by it, but hands the strategy
+    only the quotient. The stage runs with that one function wrapped to note it."""
+
+    def unmask_stage(self, grid: Grid, context: LegacyContext, state) -> bool:
+        strategy = context.strategy
+
+        def extract(parameters):
+            total, rest = factor_extract(parameters)
+            strategy.weight_total = int(total)
+            return total, rest
+
+        flower_secaggplus.factor_extract = extract
+        try:
+            return super().unmask_stage(grid, context, state)
+        finally:
+            flower_secaggplus.factor_extract = factor_extract
+
+
+@dataclass
+class Attempts:
+    """What a secure round's tries refused, over all of them."""
+
+    count: int = 0
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, fields: dict[str, Any]) -> dict[str, Any]:
+        rejected = [*self.rejected, *fields.get("rejected_reasons", [])]
+        return {**fields, "rejected": len(rejected), "rejected_reasons": rejected,
+                "secure_attempts": self.count}
 
 
 class SecureRound:
-    """``(round strategy, global parameters) -> the round's outcome``: one SecAgg+ round."""
+    """``(round strategy, global parameters) -> the round's outcome``: one SecAgg+ round,
+    started again without the nodes it refused after their vectors arrived."""
 
     def __init__(self, grid: Grid, context: Context, client_manager: ClientManager,
                  cfg: RunConfig):
@@ -111,25 +291,68 @@ class SecureRound:
         self.cfg = cfg
 
     def __call__(self, strategy: RoundStrategy, parameters: Parameters) -> RoundOutcome:
-        """The round's outcome; a round SecAgg+ stopped before the sum (too few clients
-        answered a stage to reconstruct the masks) keeps the global model."""
-        plan, cfg = strategy.plan, self.cfg
+        """The round's outcome. A round refused before its sum (see the module
+        docstring; ``secure_refused`` says why) or that SecAgg+ stopped (too few clients
+        answered a stage to rebuild the masks: ``secure_aggregation_halted``) keeps the
+        global model."""
+        plan, cfg, attempts = strategy.plan, self.cfg, Attempts()
+        while True:
+            attempts.count += 1
+            if len(plan.instructions) < cfg.min_secure_clients:
+                return self.refused(plan.round, attempts, f"{len(plan.instructions)} "
+                                    f"clients left, below min-secure-clients="
+                                    f"{cfg.min_secure_clients}")
+            grid = ScreeningGrid(self.grid, strategy, self.client_manager,
+                                 cfg.min_secure_clients)
+            refusal = self.attempt(grid, strategy, parameters)
+            attempts.rejected += grid.rejected
+            if refusal is None:
+                break
+            attempts.rejected += refusal.refused
+            nodes = {r["node"] for r in refusal.refused}
+            if not nodes:
+                return self.refused(plan.round, attempts, refusal.reason)
+            log(WARNING, "round %d: %s (nodes %s); nothing was unmasked: the round starts "
+                "again without them", plan.round, refusal.reason, sorted(nodes))
+            plan = plan.without(nodes, strategy.pipeline.registry.partition_of)
+            strategy = RoundStrategy(strategy.pipeline, plan)
+        if strategy.outcome is not None:
+            return RoundOutcome(strategy.outcome.parameters,
+                                attempts.record(strategy.outcome.record))
+        log(WARNING, "round %d: secure aggregation halted (fewer clients than "
+            "reconstruction-threshold answered a stage): global model kept", plan.round)
+        return RoundOutcome(None, attempts.record({"n_clients": 0, "skipped": True,
+                                                   "secure_aggregation_halted": True}))
+
+    def attempt(self, grid: ScreeningGrid, strategy: RoundStrategy,
+                parameters: Parameters) -> RoundRefused | None:
+        """One run of the workflow over ``grid``; the refusal that stopped it, if any."""
+        cfg = self.cfg
         context = LegacyContext(self.context, ServerConfig(num_rounds=cfg.rounds), strategy,
                                 self.client_manager)
         context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
-            {WorkflowKey.CURRENT_ROUND: plan.round, WorkflowKey.START_TIME: time.time()})
+            {WorkflowKey.CURRENT_ROUND: strategy.plan.round, WorkflowKey.START_TIME: time.time()})
         context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
             parameters, keep_input=True)
-        workflow = SecAggPlusWorkflow(num_shares=cfg.num_shares or 1.0,  # 1.0: every client
-                                      reconstruction_threshold=cfg.reconstruction_threshold,
-                                      max_weight=float(plan.weight_bound),
-                                      clipping_range=cfg.clipping_range,
-                                      timeout=cfg.client_timeout or None)
-        workflow(ScreeningGrid(self.grid, strategy, self.client_manager), context)
-        if strategy.outcome is not None:
-            return strategy.outcome
-        log(WARNING, "round %d: secure aggregation halted (fewer clients than "
-            "reconstruction-threshold answered a stage): global model kept", plan.round)
-        screened = strategy.screened.record if strategy.screened else {}
-        return RoundOutcome(None, {**screened, "n_clients": 0, "skipped": True,
-                                   "secure_aggregation_halted": True})
+        workflow = CheckedSecAggPlus(num_shares=cfg.num_shares or 1.0,  # 1.0: every client
+                                     reconstruction_threshold=cfg.reconstruction_threshold,
+                                     max_weight=float(strategy.plan.weight_bound),
+                                     clipping_range=cfg.clipping_range,
+                                     timeout=cfg.client_timeout or None)
+        try:
+            workflow(grid, context)
+        except RoundRefused as refusal:
+            return refusal
+        except Exception as err:  # Flower's unmasking of clients' shares, nothing of ours
+            if not grid.unmasking or strategy.summing:
+                raise
+            return RoundRefused(f"SecAgg+ could not unmask the sum ({type(err).__name__}: "
+                                f"{err})")
+        return None
+
+    @staticmethod
+    def refused(server_round: int, attempts: Attempts, reason: str) -> RoundOutcome:
+        log(WARNING, "round %d: secure round refused, global model kept: %s", server_round,
+            reason)
+        return RoundOutcome(None, attempts.record({"n_clients": 0, "skipped": True,
+                                                   "secure_refused": reason}))

@@ -12,6 +12,8 @@ loads no data at all: the round-0 model is built from the input shape and K of
 :func:`common.datasets.task_shape` (``input-shape`` and ``num-classes``, or the header
 of ``data-path`` when this machine has that file; docs/OWN-DATA.md, "The server holds
 no data"), and a node's declared size is bounded by ``max-client-samples`` only.
+With ``allowlist`` the operator's file (:mod:`.allowlist`) decides which node may serve
+which partition; it is read and checked before round 1.
 
 The app is Flower's workflow style (``@app.main()``), since secure aggregation needs
 the grid: :func:`main` builds the round loop and runs it with Flower's ``start_grid``
@@ -44,6 +46,7 @@ from common.runtime import initial_model
 from common.training import configure_threads
 
 from . import checkpoint
+from .allowlist import Allowlist
 from .declarations import SizeRule
 from .evaluation import TestSetEvaluator
 from .method_server import MethodServer
@@ -105,8 +108,10 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
         "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
     server_hooks: type[MethodServer] = load_object(method.server)
+    allowlist = Allowlist.load(cfg.allowlist, cfg.num_clients) if cfg.allowlist else None
     pipeline = RoundPipeline(cfg, method, server_hooks(cfg, classifier_shape(model, task)),
-                             PartitionRegistry(rule, wait_for_nodes=cfg.wait_for_nodes),
+                             PartitionRegistry(rule, allowlist=allowlist,
+                                               wait_for_nodes=cfg.wait_for_nodes),
                              evaluator)
     if ckpt:
         pipeline.load_state(ckpt.strategy)

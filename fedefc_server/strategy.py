@@ -35,7 +35,7 @@ from flwr.server.strategy import Strategy
 from common.messages import FitReply
 
 from .failures import distinct_failures, is_rejection
-from .pipeline import EvaluationPlan, RoundOutcome, RoundPipeline, Screened
+from .pipeline import EvaluationPlan, RoundOutcome, RoundPipeline, Screened, SecureSum
 from .plan import RoundPlan
 
 
@@ -46,6 +46,8 @@ class RoundStrategy(Strategy):
         self.pipeline = pipeline
         self.plan = plan
         self.screened: Screened | None = None  # secure rounds: the masked replies' screen
+        self.weight_total: int | None = None  # secure rounds: Q, read by .secure_round
+        self.summing = False  # secure rounds: aggregate_fit has received the sum
         self.outcome: RoundOutcome | None = None  # after aggregate_fit
         self.evaluation: EvaluationPlan | None = None  # after configure_evaluate
         self.federated: dict[str, Any] = {}  # after aggregate_evaluate: record fields
@@ -75,13 +77,15 @@ class RoundStrategy(Strategy):
                       failures: list[tuple[ClientProxy, FitRes] | BaseException],
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Plain rounds: screen, then aggregate. Secure rounds: ``results`` passed
-        :meth:`screen_masked` and each carries the sum as its parameters; ``failures``
-        include the refused replies, which the screen already recorded."""
+        :meth:`screen_masked` and each carries the sum as its parameters (its weight
+        total is :attr:`weight_total`); ``failures`` include the replies the secure
+        round's grid refused, which it recorded."""
         if self.pipeline.secure:
+            self.summing = True
             failures = [f for f in distinct_failures(failures) if not is_rejection(f)]
             accepted = sorted(results, key=lambda r: int(r[1].metrics[FitReply.PARTITION_ID]))
             screened = Screened(accepted, self.screened.rejected if self.screened else [])
-            summed = results[0][1].parameters if results else None
+            summed = SecureSum(results[0][1].parameters, self.weight_total) if results else None
         else:
             screened, summed = self.pipeline.screen(self.plan, results), None
         self.outcome = self.pipeline.aggregate(self.plan, screened, failures, summed)

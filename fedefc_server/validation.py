@@ -4,7 +4,9 @@ A reply is rejected (with its reason logged and counted in the round's record) w
 partition id is missing, malformed, not the one its node registered with (whatever
 the order of arrival), not one this round asked for, or repeated; its sample count
 breaks the declared-size rule (:mod:`.declarations`); its arrays do not match the
-global model (count, shapes, dtypes) or hold NaN or Inf; its accuracy (when the round
+global model (count, shapes, dtypes) or hold NaN or Inf; its update (its float arrays
+minus the global model's) is longer than the round's norm bound (:func:`norm_bound`:
+``dp-clip``, verified, and ``max-update-norm``); its accuracy (when the round
 asks for one: FedEFC's phase 1, :func:`common.messages.carries_accuracy`) is missing or
 not a number in [0, 1]; or a metric the round's schema declares (the core's and the
 method's :class:`common.messages.ReplyMetric` values) is there but is not a finite
@@ -13,13 +15,14 @@ number (a count: not an integer >= 0). bool, str and bytes are not numbers here:
 metrics (``MethodServer.check_metrics``). The other replies aggregate normally.
 
 Under secure aggregation the replies are screened before they are summed, with their
-arrays masked: then the arrays must be integer arrays of the masked vector's shapes
-(the NaN and accuracy checks are the quantizer's clipping; docs/PRIVACY.md).
+arrays masked: then the arrays must be int64 arrays of the masked vector's shapes with
+values in [0, 2^32) (the NaN, norm and accuracy checks become the checks of the decoded
+sum, :mod:`.secure_sum`; docs/PRIVACY.md).
 
 An evaluation reply (federated evaluation, :func:`check_evaluate_reply`) is rejected
 when its partition id is malformed, not its node's registered one, not one the round
-asked or repeated, its sample count is not an integer in 0..``max_samples``, or, when
-it holds samples, its loss is not a finite number >= 0 or its accuracies are not
+asked or repeated, its sample count is not the held-out size its node declared, or,
+when it holds samples, its loss is not a finite number >= 0 or its accuracies are not
 numbers in [0, 1].
 """
 
@@ -36,6 +39,9 @@ from common.messages import EvaluateReply, FitReply, ReplyMetric
 
 from .declarations import bad_count
 
+MOD_RANGE = 2**32  # SecAgg+'s modulus (Flower's default, the one SecureRound uses)
+NOISE_TAIL = 8.0  # chi_d exceeds sqrt(d) + 8 with probability below exp(-32) (< 1e-13)
+
 
 @dataclass(frozen=True)
 class Expected:
@@ -43,7 +49,8 @@ class Expected:
     each partition asked to train (``subset``: a reply may count fewer samples);
     ``masked``: the arrays are a SecAgg+ masked vector (integers, no dtypes to match:
     ``dtypes`` are then the global model's, which the decoded sum takes); ``schema``:
-    the metrics a reply may carry."""
+    the metrics a reply may carry; ``max_norm`` (with the global model ``reference``):
+    the longest update a plain reply may send (None: no bound), named by ``norm_key``."""
 
     shapes: list[tuple[int, ...]]
     dtypes: list[np.dtype]
@@ -52,6 +59,43 @@ class Expected:
     subset: bool = False
     masked: bool = False
     schema: tuple[ReplyMetric, ...] = ()
+    max_norm: float | None = None
+    reference: list[np.ndarray] | None = None
+    norm_key: str = ""
+
+
+def norm_bound(dp_clip: float, dp_noise_multiplier: float, max_update_norm: float,
+               float_weights: int) -> tuple[float | None, str]:
+    """(the L2 bound of a plain update's float arrays, the keys that set it); None when
+    neither key is set. ``dp-clip`` C: the client clips to C (docs/PRIVACY.md,
+    "Differential privacy"); with noise of multiplier z on d weights the reply is the
+    clipped update plus N(0, (zC)^2 I), whose norm is below zC (sqrt(d) + 8) but for a
+    probability under 1e-13, so the bound is C (1 + z (sqrt(d) + 8)).
+    ``max-update-norm`` B bounds it too (the smaller bound holds)."""
+    bounds = []
+    if dp_clip > 0:
+        bounds.append((dp_clip * (1 + dp_noise_multiplier * (math.sqrt(float_weights)
+                                                             + NOISE_TAIL)),
+                       "dp-clip" if dp_noise_multiplier == 0 else
+                       "dp-clip with dp-noise-multiplier"))
+    if max_update_norm > 0:
+        bounds.append((max_update_norm, "max-update-norm"))
+    return min(bounds) if bounds else (None, "")
+
+
+def bad_update_norm(arrays: list[np.ndarray], expected: Expected) -> str | None:
+    """Why the update of ``arrays`` (their float arrays minus the global model's, in
+    float64) is longer than ``expected.max_norm``, or None. The float32 rounding of
+    the client's clipped weights is allowed for: at most 2^-24 of each weight, so
+    2^-22 of the weights' norm, plus 1e-5 of the bound."""
+    pairs = [(a, r) for a, r in zip(arrays, expected.reference) if a.dtype.kind == "f"]
+    norm = math.sqrt(sum(float(np.sum((a.astype(np.float64) - r) ** 2)) for a, r in pairs))
+    size = math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a, _ in pairs))
+    slack = 1e-5 * expected.max_norm + 2.0**-22 * size
+    if not norm <= expected.max_norm + slack:  # also a norm that overflowed to inf
+        return (f"update norm {norm:.6g} above {expected.max_norm:.6g}, the bound "
+                f"{expected.norm_key} sets")
+    return None
 
 
 def bad_number(key: str, value: Any, low: float = -math.inf, high: float = math.inf,
@@ -113,20 +157,25 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int],
         if arr.shape != shape:
             return f"array {i} has shape {arr.shape}, expected {shape}"
         if expected.masked:
-            if arr.dtype.kind not in "iu":
-                return f"masked array {i} has dtype {arr.dtype}, expected integers"
+            if arr.dtype != np.int64:
+                return f"masked array {i} has dtype {arr.dtype}, expected int64"
+            if arr.size and not (arr.min() >= 0 and arr.max() < MOD_RANGE):
+                return f"masked array {i} holds values outside [0, 2^32)"
             continue
         if arr.dtype != dtype:
             return f"array {i} has dtype {arr.dtype}, expected {dtype}"
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             return f"array {i} holds NaN or Inf"
+    if expected.max_norm is not None and not expected.masked:
+        return bad_update_norm(arrays, expected)
     return None
 
 
 def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set[int],
-                         max_samples: int, node_partition: int | None) -> str | None:
+                         held_out: int | None, node_partition: int | None) -> str | None:
     """The reason to reject an evaluation reply of a node registered with
-    ``node_partition``, or None (``seen`` is updated)."""
+    ``node_partition``, which declared ``held_out`` held-out samples, or None (``seen``
+    is updated)."""
     pid = res.metrics.get(EvaluateReply.PARTITION_ID)
     if isinstance(pid, bool) or not isinstance(pid, int):
         return f"malformed partition id {pid!r:.40}"
@@ -138,8 +187,9 @@ def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set
         return f"partition id {pid} replied twice"
     seen.add(pid)
     n = res.num_examples
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= max_samples:
-        return f"held-out sample count {n!r:.40} outside 0..{max_samples}"
+    if isinstance(n, bool) or not isinstance(n, int) or n != held_out:
+        return (f"held-out sample count {n!r:.40} differs from the {held_out} held-out "
+                "samples its node declared")
     if n == 0:
         return None
     reason = bad_number("held-out loss", res.loss, 0.0)

@@ -29,6 +29,7 @@ from flwr.common import (
     Status,
     ndarrays_to_parameters,
 )
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -52,16 +53,19 @@ SIZE = 10  # the sample count a stand-in node declares unless told otherwise
 
 
 class FakeProxy(ClientProxy):
-    """A node that only answers the registry's query: its partition id and size."""
+    """A node that only answers the registry's query: its partition id and sizes."""
 
-    def __init__(self, cid: str, partition_id: int, num_examples: int = SIZE):
+    def __init__(self, cid: str, partition_id: int, num_examples: int = SIZE,
+                 held_out: int = 0):
         super().__init__(cid)
         self.partition_id = partition_id
         self.num_examples = num_examples
+        self.held_out = held_out
 
     def get_properties(self, ins, timeout, group_id):
         return GetPropertiesRes(OK, {"partition-id": self.partition_id,
-                                     "num-examples": self.num_examples, "data": "partition"})
+                                     "num-examples": self.num_examples,
+                                     "held-out": self.held_out, "data": "partition"})
 
     def get_parameters(self, ins, timeout, group_id):  # pragma: no cover - unused
         raise NotImplementedError
@@ -99,28 +103,31 @@ def manager(nodes: list[FakeProxy]) -> SimpleClientManager:
     return m
 
 
-def partition_nodes(n: int, base: int = 7_000_000, sizes: list[int] | None = None
-                    ) -> list[FakeProxy]:
-    """Nodes serving partitions 0..n-1 (of ``sizes``, default :data:`SIZE` each)."""
-    return [FakeProxy(str(base + 13 * pid), pid, sizes[pid] if sizes else SIZE)
-            for pid in range(n)]
+def partition_nodes(n: int, base: int = 7_000_000, sizes: list[int] | None = None,
+                    held_out: list[int] | None = None) -> list[FakeProxy]:
+    """Nodes serving partitions 0..n-1 (of ``sizes``, default :data:`SIZE` each, and
+    ``held_out`` samples, default none)."""
+    return [FakeProxy(str(base + 13 * pid), pid, sizes[pid] if sizes else SIZE,
+                      held_out[pid] if held_out else 0) for pid in range(n)]
 
 
-def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = None
-                      ) -> SimpleClientManager:
+def partition_manager(n: int, base: int = 7_000_000, sizes: list[int] | None = None,
+                      held_out: list[int] | None = None) -> SimpleClientManager:
     """A client manager with :func:`partition_nodes`."""
-    return manager(partition_nodes(n, base, sizes))
+    return manager(partition_nodes(n, base, sizes, held_out))
 
 
 class InProcessGrid:
     """Flower's grid for an in-process federation: node ``k`` (id ``1000 + k``) runs
     ``app`` (the project's ClientApp, mods included) with partition ``k`` of the run
     config ``run_config`` (and the node config ``node_configs[k]``, if given); each
-    message is copied, as the wire would. ``received`` holds every reply the server got,
-    in order."""
+    message is copied, as the wire would. ``sent`` and ``received`` hold every message
+    the server sent and every reply it got, in order; ``public_keys`` (node id -> PEM
+    bytes) are what ``get_nodes`` reports, as a SuperLink with node authentication does."""
 
     def __init__(self, app, run_config: dict[str, Any], n_nodes: int,
-                 node_configs: dict[int, dict[str, Any]] | None = None):
+                 node_configs: dict[int, dict[str, Any]] | None = None,
+                 public_keys: dict[int, bytes] | None = None):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app
         extra = node_configs or {}
@@ -129,10 +136,16 @@ class InProcessGrid:
                                                          **extra.get(k, {})},
                                            RecordDict(), dict(run_config))
                          for k in range(n_nodes)}
+        self.public_keys = public_keys or {}
+        self.sent: list[Message] = []
         self.received: list[Message] = []
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
+
+    def get_nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(node_id=nid, public_key=self.public_keys.get(nid, b""))
+                for nid in self.contexts]
 
     def manager(self) -> SimpleClientManager:
         """A client manager holding a Flower proxy for every node."""
@@ -142,6 +155,7 @@ class InProcessGrid:
                          timeout: float | None = None) -> list[Message]:
         replies = []
         for msg in messages:
+            self.sent.append(copy.deepcopy(msg))
             msg = copy.deepcopy(msg)
             try:
                 reply = self.app(msg, self.contexts[msg.metadata.dst_node_id])
@@ -156,12 +170,13 @@ SHAPE = ClassifierShape(3, 4)  # the K x D of GLOBAL
 
 
 def make_pipeline(cfg, plan_sizes: list[int] | None = None, max_private: int = 4000,
-                  shape: ClassifierShape = SHAPE,
-                  evaluator=lambda weights: (0.0, 0.0)) -> RoundPipeline:
+                  shape: ClassifierShape = SHAPE, evaluator=lambda weights: (0.0, 0.0),
+                  plan_held_out: list[int] | None = None, allowlist=None) -> RoundPipeline:
     """The round pipeline of run config ``cfg`` (its method's server hooks)."""
     server = load_object(method_of(cfg).server)(cfg, shape)
+    rule = SizeRule(cfg.num_clients, plan_sizes, max_private, plan_held_out)
     return RoundPipeline(cfg, method_of(cfg), server,
-                         PartitionRegistry(SizeRule(cfg.num_clients, plan_sizes, max_private),
+                         PartitionRegistry(rule, allowlist=allowlist,
                                            wait_for_nodes=cfg.wait_for_nodes),
                          evaluator)
 

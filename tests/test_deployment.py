@@ -142,14 +142,15 @@ def run_deployment(base: Path, nodes: list[NodeSpec], run_config: dict, before_r
 # The second job on the insecure federation: secure aggregation (docs/PRIVACY.md), one
 # more round; every client reports accuracy 0 in round 2 (a quantized sum has no exact
 # ties, so this makes round 2 T_e), node 0 inflates its sample count in round 3 and
-# node 1 claims partition 2 in round 4: both must be refused before the sum.
+# node 1 claims partition 2 in round 4: both must be refused before the sum, and the
+# round starts again with the two others (min-secure-clients = 2 allows a sum of two).
 SECURE_FAULTS = "acc=0.0@0-2@2;samples=60@0@3;pid=2@1@4"
 
 
 def secure_job(data_dir: Path, base: Path, dep: LocalDeployment) -> dict:
     run_config = job(data_dir, base / "out-secure", **{
         "client-threads": 1, "rounds": 4, "secure-aggregation": "true", "audit": "true",
-        "evaluation": '"server"', "faults": f'"{SECURE_FAULTS}"'})
+        "min-secure-clients": 2, "evaluation": '"server"', "faults": f'"{SECURE_FAULTS}"'})
     _, status = dep.run(run_config, timeout=900)
     return {"secure": (Path(run_config["out-dir"]), status)}
 

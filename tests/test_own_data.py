@@ -415,7 +415,8 @@ def test_federated_evaluation_asks_every_partition_and_weights_by_held_out_sampl
     pipeline = make_driver(**{"method": "fedavg", "num-clients": 5,
                               "evaluation": "federated"}).pipeline
     strategy = RoundStrategy(pipeline, None)
-    asked = strategy.configure_evaluate(3, PARAMS, partition_manager(5))
+    asked = strategy.configure_evaluate(3, PARAMS,
+                                        partition_manager(5, held_out=[10, 0, 20, 30, 5]))
     assert [int(p.cid) for p, _ in asked] == [7_000_000 + 13 * pid for pid in range(5)]
     assert all(ins.config == {"round": 3} for _, ins in asked)
     node = {pid: proxy for pid, (proxy, _) in enumerate(asked)}

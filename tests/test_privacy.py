@@ -69,18 +69,21 @@ def test_a_declaration_is_fixed_for_the_run_and_a_changed_one_is_refused():
     registry.refresh(manager([first]), 1)
     assert registry.declared == {3: 120}
     assert registry.take_news() == {"declared": {3: 120}}
-    # the node restarts (a new Flower node id): the same size is the same partition...
+    # the node restarts (a new Flower node id): while the old one is connected the new
+    # one waits; once the old one has left, the same sizes are the same partition...
     again = FakeProxy("b", 3, 120)
-    assert list(registry.refresh(manager([first, again]), 2).values()) == [again]
-    # ...another size is refused with the reason, recorded once, and never sampled
+    assert list(registry.refresh(manager([first, again]), 2).values()) == [first]
+    assert list(registry.refresh(manager([again]), 3).values()) == [again]
+    assert registry.take_news()["reassigned"] == {3: "b"}
+    # ...other sizes are refused with the reason, recorded once, and never sampled
     liar = FakeProxy("c", 3, 1200)
-    for rnd in (3, 4):
+    for rnd in (4, 5):
         serving = registry.refresh(manager([again, liar]), rnd)
         assert serving == {3: again} and registry.partition_of("c") is None
     news = registry.take_news()
     assert news["refused_nodes"] == [{"node": "c", "partition": 3, "reason": (
-        "declares 1200 samples for partition 3, which was declared with 120; a "
-        "declaration is fixed for the run")}]
+        "declares 1200 samples (0 held out) for partition 3, which was declared with 120 "
+        "(0 held out); a declaration is fixed for the run")}]
 
 
 @pytest.mark.parametrize("props, reason", [
@@ -335,9 +338,10 @@ def test_plain_replies_carry_each_accuracy(rounds):
     assert len(sent) >= 2
 
 
-def test_a_refused_reply_is_dropped_before_the_sum(micro_mnist_dir, tmp_path):
+def test_a_refused_reply_is_kept_out_of_the_sum(micro_mnist_dir, tmp_path):
     """Node 1 inflates its count, node 3 claims partition 2: both are refused before the
-    sum (SecAgg+ drops them and removes their masks); the sum is the other three's."""
+    sum (the round starts again without them; nothing of theirs is unmasked:
+    tests/test_threats.py); the sum is the other three's."""
     faults = {"faults": "samples=17@1@1;pid=2@3@1"}
     flat = micro_config(micro_mnist_dir, tmp_path / "s", 5, **{"secure-aggregation": True},
                         **faults)
@@ -381,9 +385,12 @@ def test_a_broken_update_never_enters_the_sum(micro_mnist_dir, tmp_path, fault, 
 
 def test_a_round_below_the_reconstruction_threshold_keeps_the_model(micro_mnist_dir,
                                                                     tmp_path):
-    """Two of four clients fail: two shares per secret, three needed (0.67 x 4)."""
+    """Two of four clients fail: two shares per secret, three needed (0.67 x 4); two
+    masked vectors are allowed here (min-secure-clients = 2), so Flower's own check
+    stops the round."""
     flat = micro_config(micro_mnist_dir, tmp_path, **{"secure-aggregation": True,
-                                                      "faults": "raise@0-1@1"})
+                                                      "faults": "raise@0-1@1",
+                                                      "min-secure-clients": 2})
     fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
     assert params is None and fields["secure_aggregation_halted"] and fields["skipped"]
 

@@ -43,7 +43,11 @@ HELD_OUT = {0: (2, 0.5), 1: (0, None), 2: (4, 1.0), 3: (6, 0.25)}  # (samples, a
 
 
 class EvaluatingNode(TrainingNode):
-    """Also evaluates: its held-out count and accuracy from HELD_OUT, loss round + id."""
+    """Also evaluates: its held-out count (declared) and accuracy from HELD_OUT, loss
+    round + id."""
+
+    def __init__(self, cid: str, partition_id: int, num_examples: int):
+        super().__init__(cid, partition_id, num_examples, HELD_OUT[partition_id][0])
 
     def evaluate(self, ins, timeout, group_id):
         n, acc = HELD_OUT[self.partition_id]

@@ -1,12 +1,15 @@
 """The round pipeline against Flower's own FedAvg, and FedEFC's phase switch, driven
 through Flower's Strategy calls (one RoundStrategy per round)."""
 
+import time
+
 import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
+from fedefc_server.declarations import SizeRule
 from fedefc_server.failures import RunFailed
 from tests.helpers import (
     PARAMS,
@@ -188,20 +191,49 @@ def test_a_run_waits_for_every_partition_before_its_first_round_resumed_or_not()
         assert manager.looks == 4  # a later round does not wait again
 
 
+class Misconfigured(FakeProxy):
+    """A node whose ClientApp refuses the run's config: it answers with an error."""
+
+    def get_properties(self, ins, timeout, group_id):
+        raise ValueError("num-partitions=3 differs from the run's num-clients=4")
+
+
 def test_a_federation_that_never_forms_fails_the_run_naming_what_is_missing():
-    """Three of four partitions served, a fifth node whose ClientApp refuses the run's
-    config: after wait-for-nodes the run fails with who is missing and the node's error."""
-
-    class Misconfigured(FakeProxy):
-        def get_properties(self, ins, timeout, group_id):
-            raise ValueError("num-partitions=3 differs from the run's num-clients=4")
-
-    nodes = [FakeProxy(str(6_000 + p), p) for p in range(3)] + [Misconfigured("6099", 3)]
+    """Three nodes, each refusing the run's config (started with another num-partitions),
+    for four partitions: after wait-for-nodes the run fails with who is missing and the
+    nodes' own errors."""
+    nodes = [Misconfigured(str(6_000 + p), p) for p in range(3)]
     strategy = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0,
                               "wait-for-nodes": 2.0})
     with pytest.raises(RunFailed) as err:
         strategy.configure_fit(1, PARAMS, manager(nodes))
     text = str(err.value)
     assert "waited 2 s (wait-for-nodes) for a node of each of the run's 4 partitions" in text
-    assert "3 of 4 partitions served by 4 connected nodes; missing partitions 3" in text
-    assert "node 6099 failed to declare: num-partitions=3 differs" in text
+    assert "0 of 4 partitions served by 3 connected nodes; missing partitions 0-3" in text
+    assert "node 6000 failed to declare: num-partitions=3 differs" in text
+
+
+def test_when_every_node_has_answered_the_run_starts_without_the_missing_partition():
+    """Four nodes for four partitions, one of which refuses the run: once every node has
+    answered there is nothing to wait for; the run starts with the three, and its first
+    record and its notes name the partition it lacks and why (not after wait-for-nodes)."""
+    nodes = [FakeProxy(str(6_000 + p), p) for p in range(3)] + [Misconfigured("6099", 3)]
+    strategy = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0})
+    start = time.monotonic()
+    strategy.configure_fit(1, PARAMS, manager(nodes))
+    assert time.monotonic() - start < strategy.pipeline.cfg.wait_for_nodes
+    assert strategy.fields()["sampled"] == [0, 1, 2]
+    assert strategy.fields()["missing_partitions"] == [3]
+    (note,) = strategy.pipeline.notes()
+    assert note.startswith("the run started without partitions 3: 3 of 4 partitions")
+    assert "node 6099 failed to declare: num-partitions=3 differs" in note
+
+
+def test_a_run_whose_every_node_is_refused_fails_at_once():
+    """Every node declares a size its partition does not have: none is admitted, so the
+    run would train nothing; it fails as soon as all have answered."""
+    nodes = partition_nodes(3, sizes=[11, 11, 11])
+    strategy = make_driver(**{"method": "fedavg", "num-clients": 3, "fraction": 1.0})
+    strategy.pipeline.registry.rule = SizeRule(3, [10, 10, 10], 4000)
+    with pytest.raises(RunFailed, match="every node that connected was refused or failed"):
+        strategy.configure_fit(1, PARAMS, manager(nodes))

@@ -1,0 +1,65 @@
+"""The decoded sum of a secure round, checked before it is applied (docs/PRIVACY.md,
+"The decoded sum, checked"; docs/THREAT-MODEL.md, "Steering the secure sum").
+
+SecAgg+ hides each client's vector, so a client can put anything inside its mask: an
+inflated weight factor, an accuracy outside [0, 1], random integers. What the server
+can check is the sum. Flower's workflow hands the strategy the weighted mean
+``Σ_k w_k x_k / Σ_k w_k`` of the K clients in the sum and reads the weight total
+Q = Σ_k q_k from its weight factor slot, where an honest client's
+q_k = round(n_k / M × 2^22) (n_k its clear sample count, M the round's ``max_weight``).
+An honest sum satisfies, up to the quantization:
+
+1. Q = Σ_k n_k / M × 2^22, within K/2 (each q_k is rounded once);
+2. every value is finite and within ±K c 2^22 / Q (c the clipping range): the sum of K
+   values each clipped to ±c, divided by the weight total;
+3. the tail's count slot sums to the K clients (each contributes (q_k / 2^22)(c M / 2 n_k),
+   about c/2; within K quantization steps 2c / 2^22);
+4. every mean of the tail lies in its slot's bounds (:func:`common.secure_means.bad_means`).
+
+A sum that breaks one is refused with the reason: the round keeps the global model,
+and A(t) never reaches the prestopping rule. Who broke it the server cannot know (that
+is what the masks hide), so the round is not retried with other clients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.secure_means import bad_means, decode_tail
+
+TARGET_RANGE = 2**22  # Flower's quantization range (the default SecureRound keeps)
+
+
+def weight_factor(num_examples: int, max_weight: float) -> int:
+    """q_k: the weight factor Flower's SecAgg+ client puts into its masked vector."""
+    return round(num_examples / max_weight * TARGET_RANGE)
+
+
+def check_secure_sum(arrays: list[np.ndarray], weight_total: int | None, counts: list[int],
+                     max_weight: float, clipping_range: float) -> str | None:
+    """Why the decoded sum ``arrays`` (the weights, then the tail) of the clients with
+    clear sample ``counts``, whose weight total was ``weight_total``, cannot be an
+    honest one (module docstring), or None."""
+    k, c = len(counts), clipping_range
+    if weight_total is None:
+        return "the sum's weight total was not read"
+    expected = sum(n / max_weight * TARGET_RANGE for n in counts)
+    if not abs(weight_total - expected) <= k / 2 + 1e-6:
+        return (f"the sum's weights add up to {weight_total * max_weight / TARGET_RANGE:.6g} "
+                f"samples, but its {k} clients declared {sum(counts)}: a weight was changed "
+                "inside the mask")
+    if not all(np.isfinite(a).all() for a in arrays):
+        return "the decoded sum holds NaN or Inf"
+    bound = k * c * TARGET_RANGE / weight_total
+    for i, a in enumerate(arrays):
+        top = float(np.max(np.abs(a))) if a.size else 0.0
+        if top > bound * (1 + 1e-9):
+            return (f"array {i} of the decoded sum holds {top:.6g}, beyond the ±{bound:.6g} "
+                    f"that {k} clipped updates can add up to: a vector was not masked honestly")
+    tail = arrays[-1]
+    clients = float(tail[0]) * weight_total / TARGET_RANGE / (c / 2)
+    honest = sum(weight_factor(n, max_weight) / TARGET_RANGE * max_weight / n for n in counts)
+    if not abs(clients - honest) <= 4 * k / TARGET_RANGE + 1e-9 * k:
+        return (f"the tail's count slot sums to {clients:.6g} clients, not the {honest:.6g} "
+                f"of the {k} in the sum: a tail was not encoded honestly")
+    return bad_means(decode_tail(tail))

@@ -1,0 +1,524 @@
+"""The attack suite of docs/THREAT-MODEL.md: one lying node, a curious server, malformed
+secure replies, and nodes that claim what is not theirs, each replayed through the
+``faults`` key against the project's real ClientApp (its mods included) in this process
+(:class:`tests.helpers.InProcessGrid`), with the server's round pipeline and Flower's
+SecAgg+ workflow, and each refused by its defence.
+
+Every test here failed on the server of commit 28de8bc (the attack succeeded or the
+run crashed): docs/THREAT-MODEL.md names them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.quantization import dequantize, quantize
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+
+from common.config import ConfigError, secagg_shares
+from common.data_plan import data_plan, held_out_count
+from common.faults import parse_faults
+from common.methods import load_run_config
+from common.params import get_weights
+from common.runtime import initial_model
+from common.secure_means import encode_tail, tail_scale
+from fedefc_client.client_app import app as client_app
+from fedefc_client.local_data import partition_data
+from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
+from fedefc_server.secure_round import RoundRefused, ScreeningGrid
+from fedefc_server.secure_sum import check_secure_sum
+from tests.helpers import (
+    GLOBAL,
+    OK,
+    PARAMS,
+    InProcessGrid,
+    RoundDriver,
+    make_driver,
+    make_pipeline,
+    manager,
+    partition_nodes,
+    records,
+    simulate,
+)
+from tests.test_privacy import CPU, micro_config, secure_loop, secure_round
+
+SECURE = {"secure-aggregation": True}
+
+
+def stage_of(msg: Message) -> str | None:
+    """The SecAgg+ stage a message of the workflow belongs to (requests carry it)."""
+    return msg.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(Key.STAGE)
+
+
+def configs(msg: Message) -> ConfigRecord:
+    return msg.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
+
+
+# -- a curious server: a refused reply is never unmasked ------------------------------------
+def test_a_secure_reply_refused_after_its_vector_arrived_is_never_unmasked(micro_mnist_dir,
+                                                                           tmp_path):
+    """Node 1001 inflates its clear count: refused once its masked vector has arrived.
+    The server never asks for, and never receives, a share of its secrets: the attempt
+    that received its vector has no unmask stage, and the round starts again without
+    it. (At 28de8bc it became a dropout: its pairwise key was rebuilt.)"""
+    flat = micro_config(micro_mnist_dir, tmp_path, 5, **SECURE, faults="samples=17@1@1")
+    grid = InProcessGrid(client_app, flat, 5)
+    fields, params = secure_round(flat, grid)
+    liar = 1001
+    unmask_requests = [m for m in grid.sent if stage_of(m) == Stage.UNMASK]
+    for msg in unmask_requests:
+        asked = configs(msg)
+        assert liar not in asked[Key.DEAD_NODE_ID_LIST] + asked[Key.ACTIVE_NODE_ID_LIST]
+    for msg in grid.received:
+        assert liar not in configs(msg).get(Key.NODE_ID_LIST, [])  # no share of its secrets
+    assert unmask_requests and all(m.metadata.dst_node_id != liar for m in unmask_requests)
+    stages = [(stage_of(m), m.metadata.dst_node_id) for m in grid.sent]
+    collected = [i for i, (s, nid) in enumerate(stages)
+                 if s == Stage.COLLECT_MASKED_VECTORS and nid == liar]
+    assert collected  # its masked vector was asked for (and arrived) ...
+    after = [s for s, _ in stages[collected[0]:]]
+    assert Stage.UNMASK not in after[:after.index(Stage.SETUP)]  # ... then no unmasking
+    assert fields["secure_attempts"] == 2 and fields["partition_ids"] == [0, 2, 3, 4]
+    assert fields["rejected_reasons"][0]["reason"].startswith("sample count 17 outside 1..16")
+    assert params is not None
+    # the thresholds Flower used are the ones the config check assumed (secagg_shares)
+    setups = [configs(m) for m in grid.sent if stage_of(m) == Stage.SETUP]
+    assert {(c[Key.SAMPLE_NUMBER], c[Key.SHARE_NUMBER], c[Key.THRESHOLD]) for c in setups} \
+        == {(n, *secagg_shares(0, 0.67, n)) for n in (5, 4)}
+
+
+def test_the_unmask_stage_may_not_name_a_received_vector_dropped():
+    """The last guard: an unmask request that would treat a node whose vector arrived
+    as dropped (its holders would send its pairwise key's shares) is never sent."""
+    grid = ScreeningGrid(InProcessGrid(client_app, {}, 0), None, None, 3)
+    grid.received = {7, 8, 9}
+    request = Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({
+        Key.STAGE: Stage.UNMASK, Key.ACTIVE_NODE_ID_LIST: [7, 9],
+        Key.DEAD_NODE_ID_LIST: [8]})}), 7, MessageType.TRAIN)
+    with pytest.raises(RoundRefused, match=re.escape("masks of node(s) [8]")):
+        grid.send_and_receive([request])
+
+
+@pytest.mark.parametrize("numbers", [(4, 4, 2), (2, 2, 2)], ids=["half", "two-clients"])
+def test_a_round_flower_rounded_below_a_majority_or_the_minimum_is_refused(numbers):
+    """The setup stage's own numbers (clients, shares, threshold), checked per round."""
+    clients, shares, threshold = numbers
+    grid = ScreeningGrid(InProcessGrid(client_app, {}, 0), None, None, 3)
+    setup = Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({
+        Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: clients, Key.SHARE_NUMBER: shares,
+        Key.THRESHOLD: threshold})}), 7, MessageType.TRAIN)
+    with pytest.raises(RoundRefused, match="strict majority|below min-secure-clients"):
+        grid.send_and_receive([setup])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"num-clients": 4, "fraction": 1.0, "reconstruction-threshold": 0.51},
+     "a round of 4 clients would need only 2 of 4 shares"),
+    ({"num-clients": 10, "fraction": 1.0, "reconstruction-threshold": 0.55},
+     "a round of 4 clients would need only 2 of 4 shares"),
+    ({"num-clients": 4, "fraction": 0.5}, "2 clients per round, below min-secure-clients=3"),
+    ({"num-clients": 10, "fraction": 1.0, "num-shares": 4}, "num-shares=4 is even"),
+], ids=["0.51-of-4", "0.55-at-4", "two-clients", "even-shares"])
+def test_a_config_that_allows_a_minority_threshold_or_tiny_rounds_is_refused(overrides,
+                                                                            message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_run_config({**SECURE, **overrides})
+    assert load_run_config({**SECURE, "num-clients": 10, "fraction": 1.0}).secure_aggregation
+
+
+def test_too_few_nodes_for_a_secure_round_refuse_it_before_any_key_is_made(micro_mnist_dir,
+                                                                          tmp_path):
+    """Two of four nodes are refused at registration (they declare held-out samples the
+    plan does not give them): two clients are left, below min-secure-clients = 3."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults="held-out=3@2-3")
+    grid = InProcessGrid(client_app, flat, 4)
+    fields, params = secure_round(flat, grid)
+    assert params is None and fields["skipped"]
+    assert fields["secure_refused"] == "2 clients left, below min-secure-clients=3"
+    assert not any(stage_of(m) for m in grid.sent)  # no SecAgg+ message at all
+
+
+# -- one lying node inside the mask: the decoded sum, checked ------------------------------
+@pytest.mark.parametrize("fault, reason", [
+    ("secure-acc=5@0@1", "the clients' mean accuracy"),
+    ("secure-acc=410@0@1", "array 10 of the decoded sum holds"),
+    ("weight=1000@0@1", "a weight was changed inside the mask"),
+    ("garbage@0@1", "its 4 clients declared 80"),
+], ids=["lying-accuracy", "absurd-accuracy", "inflated-weight", "garbage-vector"])
+def test_a_steered_secure_sum_is_refused_and_never_feeds_prestopping(micro_mnist_dir, tmp_path,
+                                                                     fault, reason):
+    """At 28de8bc these sums were applied: an A(1) above 1 (above 100) fed the
+    prestopping rule; the inflated weight shrank the model about 1000-fold; the garbage
+    became the model."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults=fault)
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    assert params is None and fields["skipped"]
+    assert reason in fields["refused_sum"]
+    assert "A" not in fields  # nothing reached the prestopping rule
+
+
+def flower_secure_sum(updates: list[list[np.ndarray]], counts: list[int], max_weight: float,
+                      c: float) -> tuple[list[np.ndarray], int]:
+    """What Flower's SecAgg+ hands the server for these clients' arrays without masks
+    (the masks cancel): each client's arrays times q_k / 2^22, q_k = round(n_k / M
+    2^22), quantized with Flower's quantizer; the sum dequantized, shifted and divided
+    by the weight total as Flower's unmask stage does. (decoded arrays, weight total)"""
+    total = 0
+    summed = None
+    for arrays, n in zip(updates, counts):
+        q = round(n / max_weight * 2**22)
+        total += q
+        quantized = quantize([a * (q / 2**22) for a in arrays], c, 2**22)
+        summed = quantized if summed is None else [s + x for s, x in zip(summed, quantized)]
+    decoded = dequantize(summed, c, 2**22)
+    return [(d - (len(counts) - 1) * c) * (2**22 / total) for d in decoded], total
+
+
+def test_an_honest_sum_passes_its_checks_and_a_changed_weight_total_does_not():
+    """Flower's own quantizer is the truth: three honest clients pass; a weight total
+    off by more than K/2 (or 0: an inf/NaN model), or a count slot half a client more,
+    is refused."""
+    rng = np.random.default_rng(0)
+    counts, c, m = [10, 20, 30], 8.0, 30.0
+    updates = []
+    for n in counts:
+        tail, _ = encode_tail({"accuracy": rng.uniform(), "train-loss": 2.0}, n,
+                              tail_scale(c, m))
+        updates.append([rng.uniform(-1, 1, (4, 3)), tail])
+    arrays, total = flower_secure_sum(updates, counts, m, c)
+    assert check_secure_sum(arrays, total, counts, m, c) is None
+    assert "a weight was changed" in check_secure_sum(arrays, total + 2, counts, m, c)
+    assert "a weight was changed" in check_secure_sum(arrays, 0, counts, m, c)
+    liar = [updates[0][0], updates[0][1] * np.array([1.5, 1.0, 1.0])]  # 1.5 clients
+    arrays, total = flower_secure_sum([liar, *updates[1:]], counts, m, c)
+    assert "count slot sums to 3.5 clients" in check_secure_sum(arrays, total, counts, m, c)
+
+
+def plain_round_at(flat: dict, server_round: int, weights: list[np.ndarray]):
+    """Round ``server_round`` without secure aggregation from ``weights``: its params."""
+    grid = InProcessGrid(client_app, flat, 4)
+    cfg = load_run_config(flat)
+    sizes = [len(partition_data(cfg, k, CPU)) for k in range(cfg.num_clients)]
+    driver = RoundDriver(make_pipeline(cfg, plan_sizes=sizes, max_private=10**6))
+    params = ndarrays_to_parameters(weights)
+    results, failures = [], []
+    for proxy, ins in driver.configure_fit(server_round, params, grid.manager()):
+        try:
+            results.append((proxy, proxy.fit(ins, None, server_round)))
+        except ValueError as err:  # Flower's proxy raises for a failed client
+            failures.append(err)
+    new, _ = driver.aggregate_fit(server_round, results, failures)
+    return driver.fields(), parameters_to_ndarrays(new)
+
+
+def test_a_secure_run_with_one_adversarial_client_completes_with_the_honest_result(
+        micro_mnist_dir, tmp_path):
+    """Client 0 lies in every way the mask allows, one per round: its accuracy (round
+    1), its weight (round 2), its whole vector (round 3), an unreadable vector (round
+    4). The run completes; rounds 1-3 are refused (the global model kept, no A(t));
+    round 4 starts again without it and gives the honest clients' FedAvg."""
+    faults = "secure-acc=410@0@1;weight=1000@0@2;garbage@0@3;garbage-bytes@0@4"
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults=faults, rounds=4,
+                        prestopping=False)
+    secure_loop(flat, tmp_path)
+    recs = records(tmp_path)
+    assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
+    for r in recs[1:4]:
+        assert r["skipped"] and r["refused_sum"] and r.get("A") is None
+    assert {r["test_acc"] for r in recs[:4]} == {recs[0]["test_acc"]}  # the model kept
+    last = recs[4]
+    assert last["partition_ids"] == [1, 2, 3] and last["secure_attempts"] == 2
+    assert last["rejected_reasons"][0]["reason"] == "unreadable masked vector (ValueError)"
+    assert 0 <= last["A"] <= 1
+    cfg = load_run_config(flat)
+    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
+    honest, want = plain_round_at({**flat, "faults": "raise@0@4", "secure-aggregation": False},
+                                  4, init)
+    assert honest["partition_ids"] == [1, 2, 3]
+    got = torch.load(tmp_path / "model.pt")
+    for name, w in zip(got, want):
+        np.testing.assert_allclose(got[name].numpy(), w, atol=2e-5)
+    assert last["A"] == pytest.approx(np.mean(honest["client_acc"]), abs=1e-6)
+
+
+# -- malformed secure replies: failures, never a crash --------------------------------------
+@pytest.mark.parametrize("fault, partitions, reason", [
+    ("garbage-bytes@0@1", [1, 2, 3], "unreadable masked vector (ValueError)"),
+    ("unmask-nid=999@1@1", [0, 1, 2, 3], "unmask reply naming node ids it was not asked "
+                                          "about ([999])"),
+], ids=["unreadable-vector", "bogus-unmask-node"])
+def test_a_malformed_secure_reply_is_refused_not_a_crash(micro_mnist_dir, tmp_path, fault,
+                                                          partitions, reason):
+    """An unreadable masked vector: refused, the round starts again without its node.
+    An unmask reply naming a node id it was not asked about (a KeyError inside
+    Flower's workflow at 28de8bc): refused, its shares unused; the others' suffice."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults=fault)
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    assert params is not None and fields["partition_ids"] == partitions
+    assert [r["reason"] for r in fields["rejected_reasons"]] == [reason]
+    assert 0 <= fields["A"] <= 1
+
+
+# -- identity and partitions -----------------------------------------------------------------
+def keypair() -> tuple[bytes, str]:
+    """(the public key as Flower stores it (PEM), its OpenSSH line (key.pub))."""
+    public = ec.generate_private_key(ec.SECP384R1()).public_key()
+    pem = public.public_bytes(serialization.Encoding.PEM,
+                              serialization.PublicFormat.SubjectPublicKeyInfo)
+    line = public.public_bytes(serialization.Encoding.OpenSSH,
+                               serialization.PublicFormat.OpenSSH).decode()
+    return pem, line
+
+
+def write_allowlist(path, entries: list[dict]) -> str:
+    lines = []
+    for entry in entries:
+        lines += ["[[node]]", *(f"{k} = {json.dumps(v)}" for k, v in entry.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def federation(micro_mnist_dir, tmp_path, n: int, listed: dict[int, dict], **extra):
+    """``n`` in-process nodes with keys, an allowlist with ``listed`` {k: entry fields}
+    (partition k of the run's data by default), and the pipeline of the run."""
+    keys = {1000 + k: keypair() for k in range(n)}
+    entries = [{"public-key": keys[1000 + k][1], "partition-id": k, "data": "partition",
+                "max-samples": 20, **fields} for k, fields in listed.items()]
+    path = write_allowlist(tmp_path / "allowlist.toml", entries)
+    flat = micro_config(micro_mnist_dir, tmp_path / "out", n, allowlist=path, **extra)
+    grid = InProcessGrid(client_app, flat, n, {nid: pem for nid, (pem, _) in keys.items()})
+    cfg = load_run_config(flat)
+    sizes = [len(partition_data(cfg, k, CPU)) for k in range(n)]
+    return grid, make_pipeline(cfg, plan_sizes=sizes, max_private=10**6,
+                               allowlist=Allowlist.load(path, n))
+
+
+@pytest.mark.parametrize("fault, liar, claimed, own", [
+    ("claim=0@3", "1003", 0, 3), ("claim=3@0", "1000", 3, 0)],
+    ids=["liar-second", "liar-first"])
+def test_only_listed_keys_join_and_none_takes_another_partition(micro_mnist_dir, tmp_path,
+                                                                fault, liar, claimed, own):
+    """Nodes 1000-1003 are listed for partitions 0-3, node 1004 is not. A listed node
+    claiming another's partition (with that partition's public plan size) is refused
+    whatever the order of arrival; the unlisted key is refused."""
+    grid, pipeline = federation(micro_mnist_dir, tmp_path, 5, {k: {} for k in range(4)},
+                                faults=fault)
+    serving = pipeline.registry.serving(grid.manager(), 1)
+    assert {pid: p.cid for pid, p in serving.items()} == {
+        k: str(1000 + k) for k in range(4) if k != own}
+    refused = {r["node"]: r["reason"] for r in pipeline.registry.take_news()["refused_nodes"]}
+    assert refused[liar] == (f"declares partition {claimed}, but the allowlist gives its key "
+                             f"partition {own}")
+    assert re.fullmatch(r"its public key \(SHA256:[A-Za-z0-9+/]{43}\) is not on the allowlist",
+                        refused["1004"])
+
+
+def test_a_private_node_declares_at_most_its_allowlist_entry(micro_mnist_dir, tmp_path):
+    """Node 1002 declares private data with 4,000 samples (at 28de8bc this skipped the
+    exact-size check); its entry says partition data: refused. Node 1003 is listed as
+    private with at most 30: 4,000 is refused, its own 20 accepted."""
+    grid, pipeline = federation(micro_mnist_dir, tmp_path, 4,
+                                {0: {}, 1: {}, 2: {}, 3: {"data": "private", "max-samples": 30}},
+                                faults="private=4000@2-3")
+    registry = pipeline.registry
+    registry.serving(grid.manager(), 1)
+    reasons = {r["node"]: r["reason"] for r in registry.take_news()["refused_nodes"]}
+    assert reasons == {"1002": "declares private data, but the allowlist says partition",
+                       "1003": "declares 4000 samples, above its allowlist entry's "
+                               "max-samples 30"}
+    honest = {"partition-id": 3, "num-examples": 20, "data": "private", "held-out": 0}
+    assert registry.admit("1003", honest, grid.public_keys[1003]) is None
+
+
+def test_without_an_allowlist_a_second_claim_never_replaces_the_holder(micro_mnist_dir,
+                                                                       tmp_path):
+    """Node 1003 claims partition 0 with its public plan size after node 1000 did: at
+    28de8bc it replaced node 1000; now it is refused while node 1000 is connected."""
+    flat = micro_config(micro_mnist_dir, tmp_path, faults="claim=0@3")
+    grid = InProcessGrid(client_app, flat, 4)
+    cfg = load_run_config(flat)
+    pipeline = make_pipeline(cfg, plan_sizes=[len(partition_data(cfg, k, CPU))
+                                              for k in range(4)], max_private=10**6)
+    serving = pipeline.registry.serving(grid.manager(), 1)
+    assert {pid: p.cid for pid, p in serving.items()} == {0: "1000", 1: "1001", 2: "1002"}
+    [refused] = pipeline.registry.take_news()["refused_nodes"]
+    assert refused == {"node": "1003", "partition": 0, "reason": (
+        "partition 0 is served by node 1000; a second node may take it only once that one "
+        "has left")}
+
+
+def test_an_evaluation_reply_counts_exactly_its_declared_held_out_samples(micro_mnist_dir,
+                                                                          tmp_path):
+    """Node 0 reports the training set's size as its held-out count (within the global
+    bound of 28de8bc, where it outweighed every other node): refused; the federated
+    accuracy is the others' weighted mean."""
+    flat = micro_config(micro_mnist_dir, tmp_path, evaluation="both",
+                        **{"local-test-fraction": 0.25})
+    cfg = load_run_config(flat)
+    train = len(partition_data(cfg, 0, CPU).data.train_y)
+    flat["faults"] = f"eval-samples={train}@0"
+    grid = InProcessGrid(client_app, flat, 4)
+    parts = [len(ix) for ix in data_plan(cfg).client_indices]
+    pipeline = make_pipeline(cfg, plan_sizes=[n - held_out_count(cfg, n) for n in parts],
+                             plan_held_out=[held_out_count(cfg, n) for n in parts],
+                             max_private=train)
+    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
+    plan = pipeline.plan_evaluation(0, ndarrays_to_parameters(init), grid.manager())
+    results = [(proxy, proxy.evaluate(ins, None, 0)) for proxy, ins in plan.instructions]
+    fields, _, metrics = pipeline.close_evaluation(plan, results, [])
+    held = held_out_count(cfg, parts[0])
+    assert [r["reason"] for r in fields["federated_rejected_reasons"]] == [
+        f"held-out sample count {train} differs from the {held} held-out samples its node "
+        "declared"]
+    others = [res for proxy, res in results if proxy.cid != "1000"]
+    want = np.average([r.metrics["accuracy"] for r in others],
+                      weights=[r.num_examples for r in others])
+    assert fields["federated_acc"] == pytest.approx(want)
+    assert fields["federated_samples"] == sum(r.num_examples for r in others)
+
+
+# -- plain updates bounded by norm ----------------------------------------------------------
+def norm_driver(**keys):
+    driver = make_driver(**{"method": "fedavg", "num-clients": 3, "fraction": 1.0, **keys})
+    nodes = partition_nodes(3)
+    driver.configure_fit(1, PARAMS, manager(nodes))
+    return driver, nodes
+
+
+def update_of_norm(norm: float) -> list[np.ndarray]:
+    """GLOBAL plus an update of L2 norm ``norm`` over its 17 float weights."""
+    return [w + np.float32(norm / np.sqrt(17)) for w in GLOBAL]
+
+
+@pytest.mark.parametrize("keys, accepted, refused", [
+    ({"dp-clip": 1.0}, 1.0, 1.01),
+    # with noise of multiplier 0.1 on 17 weights: 1 x (1 + 0.1 (sqrt(17) + 8)) = 2.2123
+    ({"dp-clip": 1.0, "dp-noise-multiplier": 0.1}, 2.2, 2.23),
+    ({"max-update-norm": 5.0}, 5.0, 5.01),
+    ({"dp-clip": 1.0, "max-update-norm": 0.5}, 0.5, 0.51),
+], ids=["dp-clip", "dp-clip-noised", "max-update-norm", "the-smaller"])
+def test_the_server_verifies_the_clipping_norm_of_every_plain_update(keys, accepted, refused):
+    driver, nodes = norm_driver(**keys)
+    replies = [(nodes[0], FitRes(OK, ndarrays_to_parameters(update_of_norm(accepted)), 10,
+                                 {"partition-id": 0})),
+               (nodes[1], FitRes(OK, ndarrays_to_parameters(update_of_norm(refused)), 10,
+                                 {"partition-id": 1})),
+               (nodes[2], FitRes(OK, ndarrays_to_parameters(
+                   [np.full_like(w, 1e30) for w in GLOBAL]), 10, {"partition-id": 2}))]
+    driver.aggregate_fit(1, replies, [])
+    fields = driver.fields()
+    assert fields["partition_ids"] == [0]
+    assert [r["reason"].split(" above ")[0] for r in fields["rejected_reasons"]] == [
+        f"update norm {refused:.6g}", "update norm 4.12311e+30"]
+
+
+def test_a_plain_update_of_huge_norm_is_refused_and_honest_clipped_noised_ones_pass(
+        micro_mnist_dir, tmp_path):
+    """Real clients with DP clipping and noise all pass the server's verification (no
+    false refusal on LeNet's 44,426 weights); an update scaled 10^6-fold is refused by
+    max-update-norm."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **{"dp-clip": 1.0,
+                                                      "dp-noise-multiplier": 0.01})
+    fields, _ = plain_round_at(flat, 1, init_weights(flat))
+    assert fields["partition_ids"] == [0, 1, 2, 3] and fields["rejected"] == 0
+    flat = micro_config(micro_mnist_dir, tmp_path, faults="scale=1e6@2@1",
+                        **{"max-update-norm": 100.0})
+    fields, _ = plain_round_at(flat, 1, init_weights(flat))
+    assert fields["partition_ids"] == [0, 1, 3]
+    assert "above 100, the bound max-update-norm sets" in fields["rejected_reasons"][0]["reason"]
+
+
+def init_weights(flat: dict) -> list[np.ndarray]:
+    cfg = load_run_config(flat)
+    return get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
+
+
+# -- the allowlist file ------------------------------------------------------------------------
+def test_a_key_matches_its_entry_in_any_form_and_ssh_keygens_fingerprint():
+    pem, line = keypair()
+    assert fingerprint(pem) == fingerprint(line) == fingerprint(fingerprint(line))
+    # known answer: `ssh-keygen -l -f` of this key printed this fingerprint
+    known = ("ecdsa-sha2-nistp384 AAAAE2VjZHNhLXNoYTItbmlzdHAzODQAAAAIbmlzdHAzODQAAABhBBEt2ByEa8u"
+             "JUTjOFuvX3XzAFQqeNi0vZANzbJ87TRbRBueeYXiX6VN8KYNCz0CsJ7fzFE8K7PSIxw0RO42de+UaTi7Y"
+             "xA3hiUbjJRPvExZN5H4B5GLNdbKTCLoEO3UC7A== site-a")
+    assert fingerprint(known) == "SHA256:WtRWUOoZXUDNiVexE3F9Lyew0uMiPBmBBQKomikjunM"
+    assert fingerprint(b"\x01" * 32) != fingerprint(line)  # a simulated node's random key
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read it"),
+    ("[[node]\n", "not valid TOML"),
+    ('[[node]]\npublic-key = "ssh-rsa nonsense"\npartition-id = 0\ndata = "partition"\n'
+     'max-samples = 5\n', "node.0.public-key: 'ssh-rsa nonsense'... is neither an OpenSSH"),
+    ('[[node]]\npublic-key = "SHA256:a"\npartition-id = 0\ndata = "cloud"\nmax-samples = 5\n',
+     "node.0.data: Input should be 'partition' or 'private'"),
+    ('[[node]]\npublic-key = "SHA256:a"\npartition-id = 0\ndata = "partition"\nmax-samples = 5\n'
+     '[[node]]\npublic-key = "SHA256:b"\npartition-id = 0\ndata = "partition"\nmax-samples = 5\n',
+     "partition-id 0 appears in more than one entry"),
+    ('[[node]]\npublic-key = "SHA256:a"\npartition-id = 9\ndata = "partition"\nmax-samples = 5\n',
+     "partition-id 9 is outside 0..3"),
+    ('[[node]]\npublic-key = "SHA256:a"\npartition-id = 0\ndata = "partition"\nmax-samples = 5\n'
+     'held-out = 3\n', "node.0.held-out: Extra inputs are not permitted"),
+], ids=["missing", "toml", "bad-key", "data-kind", "partition-twice", "outside", "typo"])
+def test_a_bad_allowlist_is_refused_naming_the_entry_and_the_fix(tmp_path, content, message):
+    path = tmp_path / "allowlist.toml"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(AllowlistError, match=re.escape(message)):
+        Allowlist.load(str(path), 4)
+
+
+def test_faults_of_the_attack_suite_parse_and_refuse_what_they_cannot_mean():
+    faults = parse_faults("secure-acc=410@0@1;weight=1000@1;garbage@2;unmask-nid=999@3;"
+                          "claim=0@3;private=4000@2;held-out=3@1;eval-samples=600@0;scale=1e6@2")
+    assert [f.kind for f in faults][:3] == ["secure-acc", "weight", "garbage"]
+    for bad in ("weight=1@0", "weight=2.5@0", "claim=x@0", "secure-acc=a@0"):
+        with pytest.raises(ValueError, match="KIND@PIDS"):
+            parse_faults(bad)
+
+
+# -- the same attacks through Flower's simulation (`flwr run`) ---------------------------------
+@pytest.mark.flower
+def test_the_secure_attacks_replay_in_a_simulation(micro_mnist_dir, tmp_path):
+    """One client lies inside the mask in rounds 1-3 (its accuracy, its weight, an
+    unreadable vector): rounds 1 and 2 are refused, round 3 starts again without it,
+    round 4 is whole; the run completes."""
+    summary, recs = simulate(micro_mnist_dir, tmp_path / "run", "fedefc", **{
+        "rounds": 4, "fraction": 1.0, "secure-aggregation": "true",
+        "faults": '"secure-acc=410@0@1;weight=1000@1@2;garbage-bytes@2@3"'})
+    assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
+    assert "of the decoded sum holds" in recs[1]["refused_sum"] and recs[1].get("A") is None
+    assert "a weight was changed inside the mask" in recs[2]["refused_sum"]
+    assert recs[3]["partition_ids"] == [0, 1, 3] and recs[3]["secure_attempts"] == 2
+    assert recs[3]["rejected_reasons"][0]["reason"] == "unreadable masked vector (ValueError)"
+    assert recs[4]["partition_ids"] == [0, 1, 2, 3] and 0 <= recs[4]["A"] <= 1
+    assert summary["rejected_replies"] == 1
+
+
+@pytest.mark.flower
+def test_the_identity_and_norm_attacks_replay_in_a_simulation(micro_mnist_dir, tmp_path):
+    """Partition 3's node claims partition 0 (only one of the two serves it, whichever
+    came first: a simulation has no allowlist), partition 1's update is scaled 10^6-fold
+    in round 2, partition 2 reports 10^5 held-out samples in every evaluation."""
+    summary, recs = simulate(micro_mnist_dir, tmp_path / "run", "fedavg", **{
+        "fraction": 1.0, "evaluation": '"both"', "max-update-norm": 100.0,
+        "faults": '"claim=0@3;scale=1e6@1@2;eval-samples=100000@2"'})
+    [refused] = recs[1]["refused_nodes"]
+    assert refused["partition"] == 0 and refused["reason"].startswith("partition 0 is served")
+    assert all(set(r["partition_ids"]) <= {0, 1, 2} for r in recs[1:])
+    assert recs[2]["partition_ids"] == [0, 2]
+    assert "the bound max-update-norm sets" in recs[2]["rejected_reasons"][0]["reason"]
+    for r in recs:
+        [evaluation] = r["federated_rejected_reasons"]
+        assert evaluation["partition"] == 2 and evaluation["reason"].startswith(
+            "held-out sample count 100000 differs from the")
+    assert summary["rejected_replies"] == 1
