@@ -126,7 +126,7 @@ class InProcessGrid:
     bytes) are what ``get_nodes`` reports, as a SuperLink with node authentication does."""
 
     def __init__(self, app, run_config: dict[str, Any], n_nodes: int,
-                 node_configs: dict[int, dict[str, Any]] | None = None,
+                 node_configs: dict[int, dict[str, Any]] | None = None, *,
                  public_keys: dict[int, bytes] | None = None):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app
