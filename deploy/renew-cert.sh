@@ -51,6 +51,12 @@ fi
 
 [ -f "$ca_key" ] || { echo "$0: the CA key $ca_key is not here; bring it from where it is kept" \
                            "offline and give --ca-key FILE" >&2; exit 2; }
+if [ "$(openssl pkey -in "$ca_key" -pubout 2>/dev/null)" != \
+     "$(openssl x509 -in "$dir/ca.crt" -noout -pubkey)" ]; then
+    echo "$0: $ca_key is not the key of the CA $dir/ca.crt (the SuperNodes trust that CA);" \
+         "give that CA's key with --ca-key. Nothing changed." >&2
+    exit 1
+fi
 days="${CERT_DAYS:-365}"
 # the current certificate's names: "DNS:a, IP Address:1.2.3.4" -> "DNS:a,IP:1.2.3.4"
 san="$(openssl x509 -in "$dir/server.pem" -noout -ext subjectAltName | tail -n +2 \

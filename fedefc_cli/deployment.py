@@ -202,6 +202,7 @@ class NodeSpec:
     auth_key: str | None = None  # private key; its public key is auth_key + ".pub"
     superexec_secret: str | None = None  # shared by this SuperNode and its SuperExec
     trusted_keys: str | None = None  # run only apps signed by these keys (app_signing)
+    extra_flags: tuple[str, ...] = ()  # more flower-supernode flags
 
 
 class LocalDeployment(ProcessGroup):
@@ -269,7 +270,7 @@ class LocalDeployment(ProcessGroup):
         proc = self.procs.start(f"{name} flower-supernode", [flower_bin("flower-supernode"),
                                 *supernode_flags(self.address, node.node_config, "127.0.0.1",
                                                  port, self.ca_cert, node.auth_key,
-                                                 node.superexec_secret)],
+                                                 node.superexec_secret), *node.extra_flags],
                                 env, folder, folder / "supernode.log")
         self.procs.start(f"{name} flower-superexec", superexec_command(
             f"127.0.0.1:{port}", None, node.superexec_secret, node.trusted_keys, folder),

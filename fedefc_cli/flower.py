@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr.common.config import parse_config_args
+
 from .app_signing import stage_signed_app
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
@@ -161,8 +163,6 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
     with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
         cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
         if sign_key:
-            from flwr.common.config import parse_config_args
-
             app_dir = stage_signed_app(app_dir, parse_config_args([str(cfg_file)]),
                                        sign_key[0], sign_key[1], Path(tmp) / "app")
         res = flwr_json(["run", str(app_dir), connection, "--run-config", str(cfg_file)],

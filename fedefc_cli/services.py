@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+from .deployment import Pair, superlink_pair, supernode_pair
 from .errors import UsageError
 from .run_configs import APP_DIR
 
@@ -61,12 +62,11 @@ def check_service_user(user: str, private_files: list[str]) -> None:
     if entry.pw_uid == 0:
         raise UsageError("--user root: the services must not run as root; create a dedicated "
                          "user (sudo useradd --system ... fedefc)")
-    for path in private_files:
-        owner = Path(path).stat().st_uid
-        if owner != entry.pw_uid:
-            raise UsageError(f"{path} is owned by uid {owner}, but the service runs as {user} "
-                             f"(uid {entry.pw_uid}), which must read it: sudo chown {user}: "
-                             f"{path} (it stays mode 0600)")
+    foreign = [path for path in private_files if Path(path).stat().st_uid != entry.pw_uid]
+    if foreign:
+        raise UsageError(f"{', '.join(foreign)}: not owned by {user} (uid {entry.pw_uid}), "
+                         f"the user the service runs as, who must read them: sudo chown "
+                         f"{user}: {' '.join(foreign)} (they stay mode 0600)")
 
 
 def unit(description: str, argv: list[str], user: str, state: Path,
@@ -91,7 +91,7 @@ def unit(description: str, argv: list[str], user: str, state: Path,
     return "\n".join(lines)
 
 
-def write_units(pair, user: str, units_dir: Path, private_files: list[str]) -> list[Path]:
+def write_units(pair: Pair, user: str, units_dir: Path, private_files: list[str]) -> list[Path]:
     """The pair's two unit files (``fedefc-NAME.service`` and
     ``fedefc-NAME-superexec.service``) in ``units_dir``; returns their paths."""
     check_service_user(user, private_files)
@@ -115,8 +115,6 @@ def write_units(pair, user: str, units_dir: Path, private_files: list[str]) -> l
 
 def cmd_service(args: argparse.Namespace) -> int:
     """``fedefc deploy service superlink|supernode ...``: write the units."""
-    from .deployment import superlink_pair, supernode_pair
-
     if not args.state_dir:
         raise UsageError("--state-dir is required for a service: an absolute folder owned by "
                          "the service user, e.g. /var/lib/fedefc/superlink")

@@ -23,9 +23,11 @@ tests/test_trusted_apps.py so that an upgrade that moves them fails loudly.
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import shlex
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,6 @@ ROLES = {  # role -> (Flower's process module, its entry point, the executable's
 def guard(module: Any, trusted_keys: str) -> None:
     """Make ``module`` (Flower's ClientApp or ServerApp process) check every FAB before it
     installs it. The trusted keys are read now, so a bad file stops the process at once."""
-    import io
-    import zipfile
-
     trusted = load_trusted_keys(trusted_keys)
     seen: dict[str, Any] = {}
     install, run_from_proto = module.install_from_fab, module.run_from_proto

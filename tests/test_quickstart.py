@@ -29,7 +29,7 @@ import pytest
 
 from fedefc_cli import deployment
 from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
-from fedefc_cli.flower import free_port
+from fedefc_cli.flower import RunOutcome, free_port
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
 
@@ -285,8 +285,8 @@ def test_superlink_refuses_a_readable_tls_key(tmp_path, capsys):
     certs = tmp_path / "certs"
     assert script("gen-certs.sh", certs, "localhost").returncode == 0
     (certs / "server.key").chmod(0o640)
-    assert main(["deploy", "superlink", "--certs", str(certs), "--port", str(free_port()),
-                 "--state-dir", str(tmp_path / "l")]) == 2
+    assert main(["deploy", "superlink", "--host", "127.0.0.1", "--certs", str(certs),
+                 "--port", str(free_port()), "--state-dir", str(tmp_path / "l")]) == 2
     err = capsys.readouterr().err
     assert f"TLS private key {certs / 'server.key'} is readable" in err and "chmod 600" in err
 
@@ -319,17 +319,50 @@ def test_supernode_exit_hint_names_the_unregistered_key():
     assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", None, "x") is None
 
 
-@pytest.mark.parametrize("status,code", [("finished:failed", 1), ("finished:completed", 0)])
+@pytest.mark.parametrize("status,failure,code", [
+    ("finished:failed", "no node trained in round 1", 1),
+    ("finished:completed", "every round failed", 1),  # a hollow run: never a success
+    ("finished:failed", None, 1),
+    ("finished:completed", None, 0)], ids=["failed", "hollow", "no-reason", "completed"])
 def test_submit_claims_results_only_after_a_completed_run(monkeypatch, capsys, tmp_path,
-                                                          status, code):
+                                                          status, failure, code):
     monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: ("42", status))
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deployment, "submit_run",
+                        lambda *a, **k: RunOutcome("42", status, failure))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == code
     out, err = capsys.readouterr()
     assert ("results in" in out) == (code == 0)
     if code:
-        assert "run 42 ended finished:failed: it did not complete" in err
+        assert f"run 42 ended {status}: it did not complete. Reason: " \
+               f"{failure or 'its log names no reason'}" in err
         assert "flwr log 42 fedefc" in err
+        assert f"if anything, is in {tmp_path}/r on the SuperLink machine" in err
+
+
+def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,
+                                                                    tmp_path):
+    reason = (f"out-dir='{tmp_path}/r' already holds results (summary.json); choose a new "
+              "folder so nothing is overwritten")
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deployment, "submit_run",
+                        lambda *a, **k: RunOutcome("7", "finished:failed", reason))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 1
+    err = capsys.readouterr().err
+    assert f"Its out-dir {tmp_path}/r holds an earlier run's results, left untouched; this " \
+           "run wrote nothing there" in err
+    assert "whatever it wrote" not in err and "if anything" not in err
+
+
+def test_submit_refuses_while_another_run_is_running(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [("5", "running")])
+    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 2
+    err = capsys.readouterr().err
+    assert "is running another run: 5 (running); nothing submitted" in err
+    assert "flwr stop 5 fedefc" in err
 
 
 def test_export_serves_a_two_node_federation_and_refuses_to_overwrite(tmp_path, capsys):

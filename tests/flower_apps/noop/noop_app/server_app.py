@@ -61,7 +61,10 @@ def main(grid: Grid, context: Context) -> None:
     for rnd in range(1, int(cfg["rounds"]) + 1):
         content = RecordDict({"arrays": weights, "config": ConfigRecord({"round": rnd})})
         records.append({"round": rnd, **_exchange(grid, nodes, "train", content)})
-        log(INFO, "noop round %s: %s", rnd, records[-1])
+        log(INFO, "noop round %s: %s replies to %s messages in %.1f s", rnd,
+            records[-1]["replies"], records[-1]["sent"], records[-1]["round_s"])
+        for reason in records[-1]["errors"]:
+            log(INFO, "reply error: %s", reason)
     if out:
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (out / "summary.json").write_text(json.dumps({"status": "completed",
