@@ -23,6 +23,7 @@ already identical (the server sorts replies and samples by partition id).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -410,6 +411,11 @@ def compose_services(tls: bool) -> dict[str, dict]:
     return services
 
 
+def compose_runtime_host(k: int) -> str:
+    """Where SuperNode k serves its Runtime API: its address on its own network node-k."""
+    return f"10.250.{k}.2"
+
+
 def expected_commands(tls: bool) -> dict[str, list[str]]:
     """What fedefc_cli.deployment (the native runs) gives for the compose services."""
     ca = "/certs/ca.crt" if tls else None
@@ -419,9 +425,9 @@ def expected_commands(tls: bool) -> dict[str, list[str]]:
             "superexec-serverapp": superexec_flags("superlink:8000", ca, secret)}
     for k in range(NODES):
         node_config = {"partition-id": k, "num-partitions": NODES, **COMPOSE_NODE_CONFIG}
-        cmds[f"supernode-{k}"] = supernode_flags("superlink:8000", node_config, "0.0.0.0",
-                                                 9094, ca, "/keys/node" if tls else None,
-                                                 secret)
+        cmds[f"supernode-{k}"] = supernode_flags("superlink:8000", node_config,
+                                                 compose_runtime_host(k), 9094, ca,
+                                                 "/keys/node" if tls else None, secret)
         cmds[f"superexec-clientapp-{k}"] = superexec_flags(f"supernode-{k}:9094", None, secret)
     return cmds
 
@@ -460,7 +466,17 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
             assert image.startswith(f"flwr/{binary.removeprefix('flower-')}:")
         unknown = {f for f in cmd if f.startswith("--")} - help_flags[binary]
         assert not unknown, f"{name}: flags not accepted by {binary} 1.42: {unknown}"
+    networks = yaml.safe_load((DEPLOY_DIR / "compose.yml").read_text())["networks"]
     for k in range(NODES):  # own data, own cache, own network per node
+        # the Runtime API binds the node's address on its own internal network only, so
+        # nothing on the shared network `link` (other nodes, the SuperLink) reaches it
+        node_net = networks[f"node-{k}"]
+        assert node_net["internal"] is True
+        subnet = ipaddress.ip_network(node_net["ipam"]["config"][0]["subnet"])
+        host = compose_runtime_host(k)
+        assert services[f"supernode-{k}"]["networks"][f"node-{k}"] == {"ipv4_address": host}
+        assert ipaddress.ip_address(host) in subnet
+        assert set(services[f"supernode-{k}"]["networks"]) == {"link", f"node-{k}"}
         volumes = services[f"superexec-clientapp-{k}"]["volumes"]
         assert any(v.endswith(f"/data/node-{k}:/node-data:ro") for v in volumes)
         assert f"node-{k}-cache:/cache" in volumes

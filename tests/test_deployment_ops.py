@@ -1,6 +1,8 @@
 """The operator's side, on real Flower processes: failed runs reported as failed, one run at
 a time, results not pullable through Flower, and outsiders' apps refused where they
-would run (docs/DEPLOYMENT.md, "When a run fails", "Results", "Outsiders on the network").
+would run (docs/DEPLOYMENT.md, "When a run fails", "Results", "Outsiders on the network"), and
+the Fleet-only proxy in front of the SuperLink (deploy/nginx-fleet-only.conf; skipped
+where nginx is not installed).
 
 Two small federations on 127.0.0.1, started concurrently, run the message-only app
 tests/flower_apps/noop (its ServerApp fails, or logs a failure and returns, or holds
@@ -21,6 +23,7 @@ file, so the tests see which code ran where):
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 import time
@@ -36,10 +39,13 @@ from fedefc_cli.deployment import (
     DEPLOY_DIR,
     LocalDeployment,
     NodeSpec,
+    TLSFiles,
     refuse_a_busy_superlink,
+    write_connection,
 )
 from fedefc_cli.errors import UsageError
-from fedefc_cli.flower import flower_bin, flwr_json, submit_run
+from fedefc_cli.flower import flower_bin, flwr_json, free_port, submit_run
+from fedefc_cli.procs import wait_for_port
 from fedefc_cli.run_configs import write_run_config
 
 pytestmark = pytest.mark.flower
@@ -235,3 +241,64 @@ def test_flowers_own_trusted_entities_refuse_every_app_sent_by_flwr_run(runs):
     found = runs["link"].result()
     assert found["signed"].completed and found["signed-marks"] == ["serverapp"]
     assert "The FAB could not be verified." in found["signed-metrics"]
+
+
+class BehindNginx(LocalDeployment):
+    """The SuperLink on loopback with TLS and SuperNode authentication, its SuperNodes
+    dialling nginx with deploy/nginx-fleet-only.conf (paths and addresses filled in)."""
+
+    def __init__(self, work: Path, nodes: list[NodeSpec], tls: TLSFiles):
+        super().__init__(work / "federation", nodes, tls=tls)
+        self.work, self.front_port, self.nginx = work, free_port(), None
+
+    def start_node(self, name: str, node: NodeSpec):
+        if self.nginx is None:
+            conf = (DEPLOY_DIR / "nginx-fleet-only.conf").read_text()
+            for old, new in (("203.0.113.7:8443", f"127.0.0.1:{self.front_port}"),
+                             ("/etc/fedefc/certs", str(Path(self.tls.ca_cert).parent)),
+                             ("127.0.0.1:8000", self.address)):
+                assert old in conf
+                conf = conf.replace(old, new)
+            w = self.work
+            (w / "nginx.conf").write_text(f"pid {w}/nginx.pid; error_log {w}/error.log; "
+                                          f"events {{}} http {{ access_log {w}/access.log; "
+                                          f"{conf} }}")
+            self.nginx = self.procs.start("nginx", ["nginx", "-g", "daemon off;", "-c",
+                                                    str(w / "nginx.conf"), "-p", str(w)],
+                                          self.cli_env, w)
+            wait_for_port("127.0.0.1", self.front_port, self.procs)
+        link, self.address = self.address, f"localhost:{self.front_port}"
+        try:
+            return super().start_node(name, node)
+        finally:
+            self.address = link
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
+def test_behind_the_fleet_only_proxy_nodes_train_and_the_control_api_is_closed(tmp_path):
+    """deploy/nginx-fleet-only.conf: an authenticated SuperNode trains through it (the
+    messages of a 2-million-value model included); an outsider with the CA certificate
+    who dials it gets 403 for every Control API call."""
+    for name, args in (("gen-certs.sh", [tmp_path / "certs", "localhost"]),
+                       ("gen-node-keys.sh", [tmp_path / "keys", "node-0"])):
+        subprocess.run(["bash", str(DEPLOY_DIR / name), *map(str, args)], check=True,
+                       capture_output=True)
+    node = NodeSpec({"partition-id": 0, "num-partitions": 1},
+                    auth_key=str(tmp_path / "keys" / "node-0"))
+    with BehindNginx(tmp_path, [node], TLSFiles.in_dir(tmp_path / "certs")) as dep:
+        outcome = dep.submit(noop(tmp_path / "marks", floats=2_000_000,
+                                  **{"out-dir": str(tmp_path / "out")}),
+                             app_dir=NOOP_APP, timeout=TIMEOUT)
+        outside = tmp_path / "outsider-home"
+        write_connection(outside, "front", f"localhost:{dep.front_port}", dep.ca_cert)
+        env = {**dep.cli_env, "FLWR_HOME": str(outside)}
+        listed = flwr_json(["ls", "front"], env, tmp_path)
+        started = flwr_json(["run", str(NOOP_APP), "front"], env, tmp_path)
+    assert outcome.completed
+    assert '"replies": 1, "errors": []' in (tmp_path / "out" / "metrics.jsonl").read_text()
+    for res, path in ((listed, "list-runs"), (started, "start-run")):
+        assert res["success"] is False
+        assert f"403 Forbidden' for url 'https://localhost:{dep.front_port}/v1/control/{path}" \
+            in res["error-message"]
+    access = (tmp_path / "access.log").read_text()
+    assert '"POST /v1/fleet/pull-messages HTTP/1.1" 200' in access
