@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+import yaml
 from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import parse_config_args
 from packaging.requirements import Requirement
@@ -443,3 +444,74 @@ def test_noop_app_pyproject_is_valid_toml_with_declared_keys():
     assert {"mode", "rounds", "nodes", "floats", "marker-dir"} <= set(
         config["tool"]["flwr"]["app"]["config"])
     assert tomli_w.dumps(config)  # tomli_w (the signer's writer) can write it back
+
+
+# -- the compose TLS variant's files ---------------------------------------------------------
+CONTAINER_UID = 49999  # the flwr images' user "app"
+
+
+def compose_tls_block() -> list[str]:
+    text = (APP_DIR / "docs" / "DEPLOYMENT.md").read_text()
+    section = text[text.index("**TLS variant**"):]
+    block = section[section.index("```bash\n") + 8:section.index("```", section.index(
+        "```bash\n") + 8)]
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_compose_tls_steps_leave_each_file_readable_by_who_needs_it_next(tmp_path):
+    """The doc's TLS compose steps, up to and with its ``sudo chown``, as a non-root user
+    (uid 1000 when the tests run as root, whose files are then given to it first): every
+    file a container mounts is readable by uid 49999, every file the later steps read by
+    the user, and the private files stay 0600."""
+    demo = tmp_path / "demo"
+    user = os.getuid() or 1000
+    lines = compose_tls_block()
+    expand = lambda words: subprocess.run(  # noqa: E731 - bash brace expansion
+        ["bash", "-c", f"printf '%s\\0' {words}"], capture_output=True, text=True,
+        check=True).stdout.split("\0")[:-1]
+    chowned: list[Path] = []
+    for line in lines:
+        if line.startswith("deploy/gen-"):
+            name, rest = line.split(" ", 1)
+            args = [a.replace("deploy/demo", str(demo)) for a in expand(rest.split("#")[0])]
+            assert script(name.removeprefix("deploy/"), *args).returncode == 0, line
+        elif line.startswith("sudo chown"):
+            words = expand(line.removeprefix("sudo chown "))
+            assert words[0] == f"{CONTAINER_UID}:{CONTAINER_UID}" and "-R" not in words
+            chowned = [Path(w.replace("deploy/demo", str(demo))) for w in words[1:]]
+            break
+    assert chowned, "the doc's TLS steps have no chown line"
+    if os.getuid() == 0:  # as the user would own them, then the doc's chown
+        for path in [demo, *demo.rglob("*")]:
+            os.chown(path, user, user)
+        for path in chowned:
+            os.chown(path, CONTAINER_UID, CONTAINER_UID)
+        owner = {p: p.stat().st_uid for p in demo.rglob("*")}
+    else:  # the chown's effect, computed
+        owner = {p: CONTAINER_UID if p in chowned else p.stat().st_uid for p in demo.rglob("*")}
+
+    def can_read(path: Path, uid: int) -> bool:
+        st = path.stat()
+        return bool(st.st_mode & 0o004) or (owner[path] == uid and bool(st.st_mode & 0o400))
+
+    mounted = set()
+    for service in yaml.safe_load((DEPLOY_DIR / "compose.tls.yml").read_text())[
+            "services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.replace("${FEDEFC_DEMO_DIR:-./demo}", str(demo)).split(":")[0]
+            mounted.add(Path(source))
+    for path in mounted:  # single files (a file mount ignores its folders' modes)
+        assert path.is_file(), path
+        assert can_read(path, CONTAINER_UID), f"a container cannot read {path}"
+    later = [Path(w.replace("deploy/demo", str(demo))) for line in lines
+             if not line.startswith(("deploy/gen-", "sudo")) for w in expand(line)
+             if w.startswith("deploy/demo/")]
+    assert {p.name for p in later} == {"ca.crt", "node-0.pub", "node-1.pub", "node-2.pub"}
+    for path in later:
+        assert can_read(path, user), f"the user cannot read {path} after the chown"
+        for folder in path.relative_to(demo).parents:
+            assert (demo / folder).stat().st_mode & 0o100 and owner.get(demo / folder, user) \
+                == user
+    for path in chowned:
+        assert path.stat().st_mode & 0o777 == 0o600 and path in mounted
+    assert set(chowned) == {p for p in mounted if not can_read(p, user) or p in chowned}
