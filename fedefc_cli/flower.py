@@ -4,8 +4,10 @@ Facts of Flower 1.42 this module is built around (docs/ARCHITECTURE.md, "Flower'
 processes"): ``flwr run`` keeps its connections in ``$FLWR_HOME/config.toml``, so every
 run here gets a private ``FLWR_HOME``; the SuperLink would ``uv sync`` the app's
 dependencies for every run unless told not to (it fails offline); ``flwr run --stream``
-exits 0 even when the run failed, so the outcome is read from ``flwr ls``; and Flower's
-processes start each other by name, so this environment's scripts go first on PATH.
+exits 0 even when the run failed, so the outcome is read from ``flwr ls``, and from the
+run's log, where a ServerApp that trained nothing says ``RUN FAILED: <reason>``
+(:class:`RunOutcome`); and Flower's processes start each other by name, so this
+environment's scripts go first on PATH.
 """
 
 from __future__ import annotations

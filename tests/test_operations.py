@@ -33,7 +33,7 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import parse_config_args
 from packaging.requirements import Requirement
 
-from fedefc_cli import app_signing, deployment, services, trusted_apps
+from fedefc_cli import app_signing, deployment, services, simulation, trusted_apps
 from fedefc_cli.app_signing import (
     SIGNATURE_FILE,
     SigningKeyError,
@@ -44,6 +44,7 @@ from fedefc_cli.app_signing import (
     stage_signed_app,
 )
 from fedefc_cli.deployment import DEPLOY_DIR
+from fedefc_cli.errors import LaunchError
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR, write_run_config
 
@@ -515,3 +516,29 @@ def test_compose_tls_steps_leave_each_file_readable_by_who_needs_it_next(tmp_pat
     for path in chowned:
         assert path.stat().st_mode & 0o777 == 0o600 and path in mounted
     assert set(chowned) == {p for p in mounted if not can_read(p, user) or p in chowned}
+
+
+def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp_path,
+                                                                              monkeypatch):
+    """``fedefc run`` and the grids: Flower said completed, the summary says failed."""
+    out = tmp_path / "run"
+    results_folder(out, {"status": "failed", "failure": "every round failed"})
+
+    class Finished:
+        log_path = tmp_path / "superlink.log"
+
+        def __init__(self, work):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, *args, **kwargs):
+            return 9, "finished:completed"
+
+    monkeypatch.setattr(simulation, "LocalSimulation", Finished)
+    with pytest.raises(LaunchError, match="run 9 FAILED: every round failed"):
+        simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2}, checked=True)
