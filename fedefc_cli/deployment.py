@@ -14,10 +14,13 @@ test use them all.
 
 - ``superlink``: the SuperLink and its SuperExec in the foreground (Ctrl-C stops both);
 - ``supernode``: a SuperNode and its SuperExec in the foreground;
+- ``service``: the same two processes as systemd units (:mod:`.services`);
 - ``connection``: add a ``[superlink.NAME]`` entry to ``$FLWR_HOME/config.toml``;
 - ``register``: register SuperNode public keys with a SuperLink (node authentication);
-- ``submit``: ``flwr run`` the app on a connection, follow its log, and exit non-zero
-  unless ``flwr ls`` reports ``finished:completed``;
+- ``submit``: ``flwr run`` the app on a connection (signed with ``--sign-key``:
+  :mod:`.app_signing`), refused while another run runs there; follow its log, and exit
+  non-zero, with the reason, unless it completed (:class:`.flower.RunOutcome`);
+- ``fetch``: copy a run's out-dir from the SuperLink machine and summarize it;
 - ``export``: write every partition of a run config as a private-data ``.npz``.
 
 Private keys and SuperExec secrets must be the owner's alone: ``superlink`` and
@@ -158,8 +161,6 @@ def supernode_flags(superlink: str, node_config: dict[str, Any], host: str, port
     return flags
 
 
-
-
 def superexec_command(runtime_address: str, ca_cert: str | None, superexec_secret: str | None,
                       trusted_keys: str | None, state: Path) -> list[str]:
     """The SuperExec's command line: ``flower-superexec`` with :func:`superexec_flags`; with
@@ -293,12 +294,10 @@ class LocalDeployment(ProcessGroup):
         raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:.0f} s")
 
     def submit(self, run_config: dict[str, Any], timeout: float = 1800.0,
-               app_dir: Path = APP_DIR, sign_key: tuple[str, str] | None = None,
-               wait_nodes: bool = True) -> RunOutcome:
+               app_dir: Path = APP_DIR, sign_key: tuple[str, str] | None = None) -> RunOutcome:
         """Submit an app (this project's by default) with ``run_config``, signed with
-        ``sign_key`` when given; return how it ended."""
-        if wait_nodes:
-            self.wait_online(len(self.nodes))
+        ``sign_key`` when given, once every SuperNode is online; return how it ended."""
+        self.wait_online(len(self.nodes))
         return submit_run(self.CONNECTION, run_config, self.cli_env, self.cli_dir, app_dir,
                           log=self.cli_dir / "run.log", timeout=timeout, sign_key=sign_key)
 

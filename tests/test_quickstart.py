@@ -168,7 +168,7 @@ def documented_private_files(home: Path) -> list[Path]:
             args = expand(rest, home)
             if script == "deploy/gen-certs.sh":
                 files += [Path(args[0]) / "ca.key", Path(args[0]) / "server.key"]
-            elif script == "deploy/gen-node-keys.sh":
+            elif script in ("deploy/gen-node-keys.sh", "deploy/gen-signing-key.sh"):
                 files += [Path(args[0]) / name for name in args[1:]]
             elif script == "deploy/gen-secret.sh":
                 files += [Path(a) for a in args]
@@ -178,7 +178,8 @@ def documented_private_files(home: Path) -> list[Path]:
 def test_documented_keys_and_secrets_are_out_of_a_commits_reach(tmp_path):
     files = documented_private_files(tmp_path)
     names = {f.name for f in files}
-    assert {"ca.key", "server.key", "node-0", "superlink.secret", "node-0.secret"} <= names
+    assert {"ca.key", "server.key", "node-0", "superlink.secret", "node-0.secret",
+            "coordinator"} <= names
     for file in files:
         path = file if file.is_absolute() else APP_DIR / file
         if path.is_relative_to(APP_DIR):  # inside the checkout: must be git-ignored
