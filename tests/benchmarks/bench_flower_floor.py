@@ -18,7 +18,13 @@ ratio FedEFC / floor and the difference per round, FedEFC's local update (the sl
 per-message cost above the floor. Then the ClientApp module's import time in fresh
 processes, FedEFC's and the no-op's (``python -X importtime``-free wall clock, median).
 
+``--compare DIR`` runs FedEFC once more from another copy of this project (e.g. an
+earlier commit, ``git archive COMMIT | tar -x -C DIR``) on the same federation: a
+before/after under the same load. Its ClientApps run that copy's code (the app travels
+with ``flwr run``).
+
     python tests/benchmarks/bench_flower_floor.py [--rounds 5] [--clients 3] [--repeats 5]
+        [--compare DIR]
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ def rounds_of(out: Path) -> list[dict]:
 
 
 def run(dep: LocalDeployment, run_config: dict, app_dir: Path) -> tuple[float, dict]:
+    """Run an app on the federation: its wall time and the messages the nodes received."""
     before = received(dep)
     start = time.monotonic()
     outcome = dep.submit(run_config, timeout=3600, app_dir=app_dir)
@@ -100,42 +107,52 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5, help="import-time repetitions")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="another copy of this project to run FedEFC from as well")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    apps = {"FedEFC": APP_DIR}
+    if args.compare:
+        apps[f"FedEFC ({args.compare})"] = args.compare.resolve()
+    results: dict[str, tuple[list[dict], float, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="fedefc-bench-floor-") as tmp:
         work = Path(tmp)
-        cfg = fedefc_config(work / "fedefc", args)
-        floats = model_floats(cfg)
+        floats = model_floats(fedefc_config(work / "probe", args))
         noop = {"mode": "ok", "rounds": args.rounds, "nodes": args.clients, "floats": floats,
                 "query": True, "out-dir": str(work / "noop")}
         nodes = [NodeSpec({"partition-id": k, "num-partitions": args.clients,
                            "cache-dir": str(work / f"cache-{k}")}) for k in range(args.clients)]
         with LocalDeployment(work / "federation", nodes) as dep:
             dep.wait_online(args.clients)
-            noop_wall, noop_msgs = run(dep, noop, NOOP_APP)
-            fedefc_wall, fedefc_msgs = run(dep, cfg, APP_DIR)
-        fed, flo = rounds_of(work / "fedefc"), rounds_of(work / "noop")
-    fed_later = statistics.mean(r["round_s"] for r in fed[1:])
-    flo_later = statistics.mean(r["round_s"] for r in flo[1:])
-    fit_later = statistics.mean(max(r["fit_s"]) for r in fed[1:])
+            wall, msgs = run(dep, noop, NOOP_APP)
+            results["Flower's floor (noop)"] = (rounds_of(work / "noop"), wall, msgs)
+            for i, (name, app) in enumerate(apps.items()):
+                out = work / f"fedefc-{i}"
+                wall, msgs = run(dep, fedefc_config(out, args), app)
+                results[name] = (rounds_of(out), wall, msgs)
+    floor = results["Flower's floor (noop)"]
+    floor_later = statistics.mean(r["round_s"] for r in floor[0][1:])
     print(f"\nmodel: LeNet, {floats} float32 values per message; {args.clients} nodes, "
-          f"{args.rounds} rounds")
-    print(f"messages received by the SuperNodes: FedEFC {fedefc_msgs}, floor {noop_msgs}")
-    print("                      round 1 s   later rounds s (mean)   run wall s")
-    for name, recs, later, wall in (("FedEFC", fed, fed_later, fedefc_wall),
-                                    ("Flower's floor (noop)", flo, flo_later, noop_wall)):
-        print(f"{name:21} {recs[0]['round_s']:9.2f}   {later:21.2f}   {wall:10.1f}")
-    print(f"ratio FedEFC / floor: later rounds {fed_later / flo_later:.2f}x, round 1 "
-          f"{fed[0]['round_s'] / flo[0]['round_s']:.2f}x, run {fedefc_wall / noop_wall:.2f}x")
-    print(f"FedEFC above the floor per later round: {fed_later - flo_later:+.2f} s, of which "
-          f"local training (slowest fit-s) {fit_later:.2f} s; the rest, "
-          f"{fed_later - flo_later - fit_later:+.2f} s, is the project's own per-message "
-          "start-up (imports, data from the cache, model) and the server's evaluation")
-    fedefc_import = import_time("fedefc_client.client_app", APP_DIR, args.repeats)
-    noop_import = import_time("noop_app.client_app", NOOP_APP, args.repeats)
-    print(f"ClientApp module import in a fresh process (median of {args.repeats}): FedEFC "
-          f"{fedefc_import:.2f} s, no-op {noop_import:.2f} s, difference "
-          f"{fedefc_import - noop_import:+.2f} s")
+          f"{args.rounds} rounds; messages received by the SuperNodes per run:")
+    for name, (_, _, msgs) in results.items():
+        print(f"  {name}: {msgs}")
+    print(f"{'':36} round 1 s  later rounds s (mean)  run wall s  later / floor")
+    for name, (recs, wall, _) in results.items():
+        later = statistics.mean(r["round_s"] for r in recs[1:])
+        print(f"{name:36} {recs[0]['round_s']:9.2f}  {later:21.2f}  {wall:10.1f}  "
+              f"{later / floor_later:12.2f}x")
+        if "fit_s" in recs[-1]:
+            fit = statistics.mean(max(r["fit_s"]) for r in recs[1:])
+            print(f"{'':36} above the floor per later round {later - floor_later:+.2f} s: "
+                  f"local training (slowest fit-s) {fit:.2f} s, the rest "
+                  f"{later - floor_later - fit:+.2f} s (the ClientApp's start-up: imports, "
+                  "data from the cache, model; the server's evaluation)")
+    for name, app in apps.items():
+        seconds = import_time("fedefc_client.client_app", app, args.repeats)
+        print(f"ClientApp module import in a fresh process, {name} (median of "
+              f"{args.repeats}): {seconds:.2f} s")
+    print(f"no-op ClientApp module import: "
+          f"{import_time('noop_app.client_app', NOOP_APP, args.repeats):.2f} s")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
