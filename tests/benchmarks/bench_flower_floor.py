@@ -15,8 +15,10 @@ Printed: each app's seconds per round (round 1 apart: it holds the node registry
 FedEFC's data preparation), the messages each SuperNode received (they must match), the
 ratio FedEFC / floor and the difference per round, FedEFC's local update (the slowest
 ``fit-s``: training only, timed inside the client), and what remains: the project's own
-per-message cost above the floor. Then the ClientApp module's import time in fresh
-processes, FedEFC's and the no-op's (``python -X importtime``-free wall clock, median).
+per-message cost above the floor. Wall times follow the machine's load; so last, in CPU
+seconds, what one message costs in a fresh app process, the no-op's and FedEFC's, split
+into the ClientApp module's import and the message's handling (clientapp_message.py;
+``--messages-only`` runs just that).
 
 ``--compare DIR`` runs FedEFC once more from another copy of this project (e.g. an
 earlier commit, ``git archive COMMIT | tar -x -C DIR``) on the same federation: a
@@ -90,23 +92,46 @@ def run(dep: LocalDeployment, run_config: dict, app_dir: Path) -> tuple[float, d
     return wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-def import_time(module: str, path: Path, repeats: int) -> float:
-    """Median wall seconds of a fresh interpreter importing ``module`` (from ``path``)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), os.environ.get(
-        "PYTHONPATH", "")])}
-    times = []
+def message_cpu(kind: str, app: Path, work: Path) -> dict[str, float]:
+    """CPU seconds of a fresh process handling one message of ``kind`` (noop | fedefc)
+    from the app copy ``app``: its import, its handling (clientapp_message.py)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app), str(APP_DIR)])}
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("clientapp_message.py")),
+                          kind, str(work / "cache"), str(work / f"out-{time.monotonic_ns()}")],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def per_message(apps: dict[str, Path], work: Path, repeats: int) -> None:
+    """Per message, in CPU seconds (what load does not change much): the no-op's and each
+    FedEFC copy's ClientApp process, interleaved, after one warm-up each (data cache,
+    bytecode), medians."""
+    kinds = {"Flower's floor (noop)": ("noop", NOOP_APP), **{n: ("fedefc", a)
+                                                             for n, a in apps.items()}}
+    for kind, app in kinds.values():
+        message_cpu(kind, app, work)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
     for _ in range(repeats):
-        start = time.monotonic()
-        subprocess.run([sys.executable, "-c", f"import {module}"], env=env, check=True)
-        times.append(time.monotonic() - start)
-    return statistics.median(times)
+        for name, (kind, app) in kinds.items():
+            samples[name].append(message_cpu(kind, app, work))
+    print(f"\nCPU seconds of one message's app process (median of {repeats}):")
+    print(f"{'':36} import  handling  total  above the floor")
+    floor = None
+    for name, runs in samples.items():
+        imp = statistics.median(r["import_cpu_s"] for r in runs)
+        msg = statistics.median(r["message_cpu_s"] for r in runs)
+        floor = imp + msg if floor is None else floor
+        print(f"{name:36} {imp:6.2f}  {msg:8.2f}  {imp + msg:5.2f}  {imp + msg - floor:+15.2f}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=5, help="import-time repetitions")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="repetitions of the per-message CPU measurement")
+    ap.add_argument("--messages-only", action="store_true",
+                    help="only the per-message CPU measurement (no federation)")
     ap.add_argument("--compare", type=Path, default=None,
                     help="another copy of this project to run FedEFC from as well")
     args = ap.parse_args()
@@ -114,6 +139,10 @@ def main() -> int:
     apps = {"FedEFC": APP_DIR}
     if args.compare:
         apps[f"FedEFC ({args.compare})"] = args.compare.resolve()
+    if args.messages_only:
+        with tempfile.TemporaryDirectory(prefix="fedefc-bench-msg-") as tmp:
+            per_message(apps, Path(tmp), args.repeats)
+        return 0
     results: dict[str, tuple[list[dict], float, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="fedefc-bench-floor-") as tmp:
         work = Path(tmp)
@@ -147,12 +176,8 @@ def main() -> int:
                   f"local training (slowest fit-s) {fit:.2f} s, the rest "
                   f"{later - floor_later - fit:+.2f} s (the ClientApp's start-up: imports, "
                   "data from the cache, model; the server's evaluation)")
-    for name, app in apps.items():
-        seconds = import_time("fedefc_client.client_app", app, args.repeats)
-        print(f"ClientApp module import in a fresh process, {name} (median of "
-              f"{args.repeats}): {seconds:.2f} s")
-    print(f"no-op ClientApp module import: "
-          f"{import_time('noop_app.client_app', NOOP_APP, args.repeats):.2f} s")
+    with tempfile.TemporaryDirectory(prefix="fedefc-bench-msg-") as tmp:
+        per_message(apps, Path(tmp), args.repeats)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
