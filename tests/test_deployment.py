@@ -70,7 +70,7 @@ from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from tests.helpers import records
-from tests.test_quickstart import run_quick_start, section
+from tests.test_quickstart import run_quick_start, run_tls_walkthrough, section
 
 NODES = 3
 CPU = torch.device("cpu")
@@ -223,6 +223,10 @@ def quick_start_job(data_dir: Path, base: Path) -> dict:  # noqa: ARG001 - its o
     return run_quick_start(base)
 
 
+def tls_walkthrough_job(data_dir: Path, base: Path) -> dict:  # noqa: ARG001 - its own data
+    return run_tls_walkthrough(base)
+
+
 @pytest.fixture(scope="module")
 def runs(own_data, tmp_path_factory) -> dict[str, Future]:
     """The three jobs, run concurrently: their processes spend most of their time waiting
@@ -230,7 +234,7 @@ def runs(own_data, tmp_path_factory) -> dict[str, Future]:
     the result it needs, so a failing job fails its own tests only. The repository root
     goes on the processes' PYTHONPATH, so that they import the model (tests/own_models.py)."""
     jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job,
-            "quickstart": quick_start_job}
+            "quickstart": quick_start_job, "tls-walkthrough": tls_walkthrough_job}
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(len(jobs)) as pool:
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                                  os.environ.get("PYTHONPATH")])))
@@ -371,6 +375,31 @@ def test_quick_start_runs_as_documented(runs):
     for folder, logs in (("link", "superlink.log"), ("node-0", "supernode.log")):
         for name in (logs, "superexec.log"):  # --state-dir holds the logs, as promised
             assert (qs["state"] / folder / name).stat().st_size > 0, (folder, name)
+
+
+@pytest.mark.flower
+def test_tls_walkthrough_runs_as_documented(runs):
+    """docs/DEPLOYMENT.md's one-machine TLS block, read from the doc and run as written:
+    certificates, secrets, the signing key, node keys registered, three authenticated
+    SuperNodes with their own data that run only signed apps, a signed run that
+    completes, its results fetched; the block's last line stops every process."""
+    walk = runs["tls-walkthrough"].result()
+    log, home = walk["log"], walk["home"]
+    assert walk["code"] == 0, log[-3000:]
+    assert f"SuperLink on 127.0.0.1:{walk['port']} (TLS, SuperNode authentication, signed " \
+           "apps only)" in log
+    assert re.search(r"run \d+: finished:completed; results in ", log), log[-3000:]
+    fetched = home / "fedefc-results" / "tls-1"
+    assert f"fetched {home}/fedefc-runs/tls-1 -> {fetched}" in log
+    assert (fetched / "model.pt").read_bytes() == \
+        (home / "fedefc-runs" / "tls-1" / "model.pt").read_bytes()
+    summary = json.loads((fetched / "summary.json").read_text())
+    assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
+    # the ServerApp and every node's ClientApps ran the signed app after checking it
+    for folder in ("superlink", "supernode-0", "supernode-1", "supernode-2"):
+        text = (home / ".fedefc" / folder / "superexec.log").read_text()
+        assert "app signed by trusted key 'coordinator'" in text, folder
+    assert walk["left"] == [], "the block's own stop line left processes running"
 
 
 @pytest.mark.flower

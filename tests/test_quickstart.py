@@ -85,19 +85,16 @@ def _kill(pids: list[int], sig: signal.Signals) -> None:
             pass
 
 
-def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
-    """Run the quick start's block with bash in the checkout (as the doc says: the
-    environment active, from the checkout's root). Whatever it leaves running is
-    reported in ``left`` and then stopped, also on a failure or a timeout."""
-    port = free_port()
-    script = re.sub(r"\b8000\b", str(port), quick_start_script())
-    script = script.replace("/tmp/fedefc", str(base / "qs"))
+def run_block(script: str, base: Path, timeout: float = 900.0) -> dict:
+    """Run a bash block of the doc in the checkout (as the doc says: the environment
+    active, from the checkout's root), with ``HOME`` in ``base``. Whatever it leaves
+    running is reported in ``left`` and then stopped, also on a failure or a timeout."""
     home = base / "home"
     home.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
     env.update(HOME=str(home), VIRTUAL_ENV=sys.prefix,
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
-    log = base / "quickstart.log"
+    log = base / "block.log"
     with open(log, "wb") as out:
         shell = subprocess.Popen(["bash", "-c", script], cwd=APP_DIR, env=env, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
@@ -115,8 +112,29 @@ def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
             time.sleep(0.5)
         _kill(processes_with_home(home), signal.SIGKILL)
         shell.wait()
-    return {"code": code, "log": log.read_text(errors="replace"), "left": left,
-            "out": base / "qs" / "runs" / "first", "state": base / "qs", "port": port}
+    return {"code": code, "log": log.read_text(errors="replace"), "left": left, "home": home}
+
+
+def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
+    """The quick start's block, port 8000 and ``/tmp/fedefc`` replaced."""
+    port = free_port()
+    script = re.sub(r"\b8000\b", str(port), quick_start_script())
+    script = script.replace("/tmp/fedefc", str(base / "qs"))
+    return {**run_block(script, base, timeout), "out": base / "qs" / "runs" / "first",
+            "state": base / "qs", "port": port}
+
+
+def tls_walkthrough_script() -> str:
+    """The one-machine block of "Across machines, with TLS and SuperNode authentication"."""
+    blocks = bash_blocks(section("Across machines"))
+    return blocks[0]
+
+
+def run_tls_walkthrough(base: Path, timeout: float = 1200.0) -> dict:
+    """That block as written, port 8000 replaced."""
+    port = free_port()
+    script = re.sub(r"\b8000\b", str(port), tls_walkthrough_script())
+    return {**run_block(script, base, timeout), "port": port}
 
 
 # -- the doc's commands ------------------------------------------------------------------
