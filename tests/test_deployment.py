@@ -395,8 +395,10 @@ def test_tls_walkthrough_runs_as_documented(runs):
         (home / "fedefc-runs" / "tls-1" / "model.pt").read_bytes()
     summary = json.loads((fetched / "summary.json").read_text())
     assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
-    # the ServerApp and every node's ClientApps ran the signed app after checking it
-    for folder in ("superlink", "supernode-0", "supernode-1", "supernode-2"):
+    # the ServerApp (its output is the run's log) and every node's ClientApps ran the
+    # signed app after checking it
+    assert "fedefc: app signed by trusted key 'coordinator'" in log
+    for folder in ("supernode-0", "supernode-1", "supernode-2"):
         text = (home / ".fedefc" / folder / "superexec.log").read_text()
         assert "app signed by trusted key 'coordinator'" in text, folder
     assert walk["left"] == [], "the block's own stop line left processes running"
