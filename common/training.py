@@ -3,14 +3,15 @@
 Batches are built by indexing a tensor that already sits on the training device;
 normalization (and, where the dataset asks, random crop + flip) is done on the batch
 tensor, with no per-sample PIL work (docs/FEDEFC.md §2.3-2.4). A fresh SGD optimizer
-every round.
+every round: :class:`SGD`, PyTorch's update without ``torch.optim`` (see there why).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -135,20 +136,68 @@ BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor],
 OPTIMIZERS = ("sgd", "adam")
 
 
+class Optimizer(Protocol):
+    """What local training needs of an optimizer (:class:`SGD`, ``torch.optim.Adam``)."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> None: ...
+
+
+class SGD:
+    """SGD with momentum and weight decay: ``torch.optim.SGD``'s update (dampening 0, no
+    Nesterov) as its one-tensor-at-a-time implementation (``_single_tensor_sgd``, the one
+    it runs on CPU) computes it, bitwise (tests/test_training.py). Without ``torch.optim``:
+    its ``step()`` imports ``torch._dynamo`` (with sympy and triton), about 2 s of CPU, in
+    every process that trains, and a deployment's SuperNode trains in a fresh process per
+    message (docs/BENCHMARKS.md, "Deployment against Flower's floor"). On CUDA
+    ``torch.optim.SGD`` runs its multi-tensor kernels by default, the same operations per
+    element, which may round differently in the last bit."""
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0):
+        self.params = [p for p in params if p.requires_grad]
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            grad = p.grad
+            if self.weight_decay != 0:
+                grad = grad.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = torch.clone(grad).detach()
+                else:
+                    buf.mul_(self.momentum).add_(grad)
+                grad = buf
+            p.add_(grad, alpha=-self.lr)
+
+
 def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
-                   weight_decay: float) -> torch.optim.Optimizer:
+                   weight_decay: float) -> Optimizer:
     """A fresh optimizer: SGD (the project's, docs/FEDEFC.md §2.3) or Adam
     (FedNoRo's reference, betas (0.9, 0.999); ``momentum`` unused)."""
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                               weight_decay=weight_decay)
+        return SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     raise ValueError(f"optimizer {name!r} is unknown; use one of {OPTIMIZERS}")
 
 
 def train_batches(model: nn.Module, data: TrainingSet, batch_loss: BatchLoss,
-                  optimizer: torch.optim.Optimizer, settings: SGDSettings,
+                  optimizer: Optimizer, settings: SGDSettings,
                   generator: torch.Generator) -> TrainStats:
     """``settings.epochs`` passes over ``data`` in shuffled batches of
     ``settings.batch_size``, one optimizer step per batch (``generator`` fixes the order

@@ -20,6 +20,10 @@
 #   OUT_DIR/server.pem  the SuperLink certificate      (--ssl-certfile)
 #   OUT_DIR/server.key  the SuperLink private key      (--ssl-keyfile; SuperLink only)
 # The SuperLink also takes --ssl-ca-certfile OUT_DIR/ca.crt.
+#
+# Lifetimes: the CA CA_DAYS (default 3650), the SuperLink certificate CERT_DAYS (default
+# 365). Renew the SuperLink certificate before it expires, keeping the CA (nothing to
+# change on the SuperNodes): deploy/renew-cert.sh OUT_DIR.
 set -euo pipefail
 umask 077
 source "$(dirname "$0")/lib.sh"
@@ -33,6 +37,7 @@ command -v openssl >/dev/null || { echo "$0: openssl not found; install it" >&2;
 
 out="$1"; shift
 days="${CERT_DAYS:-365}"
+ca_days="${CA_DAYS:-3650}"
 if [ -e "$out/ca.key" ]; then
     echo "$0: $out/ca.key already exists; choose a new OUT_DIR (nothing overwritten)" >&2
     exit 2
@@ -56,25 +61,15 @@ for entry in "$@" localhost 127.0.0.1; do
 done
 
 openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out "$out/ca.key" 2>/dev/null
-openssl req -x509 -new -key "$out/ca.key" -sha384 -days "$days" \
+openssl req -x509 -new -key "$out/ca.key" -sha384 -days "$ca_days" \
     -subj "/CN=FedEFC SuperLink CA" -out "$out/ca.crt"
-
-openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 -out "$out/server.key" 2>/dev/null
-openssl req -new -key "$out/server.key" -subj "/CN=$1" -out "$out/server.csr"
-ext="$(mktemp)"
-trap 'rm -f "$ext"' EXIT
-cat > "$ext" <<EOF
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = $san
-EOF
-openssl x509 -req -in "$out/server.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" \
-    -CAcreateserial -days "$days" -sha384 -extfile "$ext" -out "$out/server.pem" 2>/dev/null
-rm -f "$out/server.csr" "$out/ca.srl"
+sign_server_cert "$out" "$out/ca.key" "$san" "$1" "$days"
+mv "$out/server.key.new" "$out/server.key"
+mv "$out/server.pem.new" "$out/server.pem"
 chmod 600 "$out/ca.key" "$out/server.key"
 chmod 644 "$out/ca.crt" "$out/server.pem"
 
 echo "CA:          $out/ca.crt (distribute)  $out/ca.key (keep offline)"
 echo "SuperLink:   $out/server.pem  $out/server.key"
 echo "SAN:         $san"
+echo "valid:       CA $ca_days days, SuperLink certificate $days days (deploy/renew-cert.sh)"

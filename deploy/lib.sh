@@ -45,3 +45,27 @@ private_location() {
         exit 2
     fi
 }
+
+# sign_server_cert DIR CA_KEY SAN CN DAYS: a new SuperLink key DIR/server.key.new and
+#   certificate DIR/server.pem.new (subjectAltName SAN, e.g. "DNS:localhost,IP:127.0.0.1";
+#   common name CN; DAYS valid), signed by DIR/ca.crt with CA_KEY (gen-certs.sh,
+#   renew-cert.sh). The caller moves them into place.
+sign_server_cert() {
+    local dir="$1" ca_key="$2" san="$3" cn="$4" days="$5" ext
+    ext="$(mktemp)"
+    cat > "$ext" <<EXT
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = $san
+EXT
+    (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-384 \
+        -out "$dir/server.key.new" 2>/dev/null)
+    openssl req -new -key "$dir/server.key.new" -subj "/CN=$cn" -out "$dir/server.csr"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$ca_key" \
+        -CAcreateserial -days "$days" -sha384 -extfile "$ext" -out "$dir/server.pem.new" \
+        2>/dev/null
+    rm -f "$ext" "$dir/server.csr" "$dir/ca.srl"
+    chmod 600 "$dir/server.key.new"
+    chmod 644 "$dir/server.pem.new"
+}

@@ -14,10 +14,13 @@ test use them all.
 
 - ``superlink``: the SuperLink and its SuperExec in the foreground (Ctrl-C stops both);
 - ``supernode``: a SuperNode and its SuperExec in the foreground;
+- ``service``: the same two processes as systemd units (:mod:`.services`);
 - ``connection``: add a ``[superlink.NAME]`` entry to ``$FLWR_HOME/config.toml``;
 - ``register``: register SuperNode public keys with a SuperLink (node authentication);
-- ``submit``: ``flwr run`` the app on a connection, follow its log, and exit non-zero
-  unless ``flwr ls`` reports ``finished:completed``;
+- ``submit``: ``flwr run`` the app on a connection (signed with ``--sign-key``:
+  :mod:`.app_signing`), refused while another run runs there; follow its log, and exit
+  non-zero, with the reason, unless it completed (:class:`.flower.RunOutcome`);
+- ``fetch``: copy a run's out-dir from the SuperLink machine and summarize it;
 - ``export``: write every partition of a run config as a private-data ``.npz``.
 
 Private keys and SuperExec secrets must be the owner's alone: ``superlink`` and
@@ -28,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -48,10 +53,20 @@ from common.data_files import write_npz
 from common.data_plan import data_plan
 from common.methods import load_run_config
 
+from .app_signing import SigningKeyError
 from .errors import LaunchError, UsageError
-from .flower import flower_bin, flwr_env, flwr_json, free_port, submit_run
+from .flower import (
+    RunOutcome,
+    active_runs,
+    flower_bin,
+    flwr_env,
+    flwr_json,
+    free_port,
+    submit_run,
+)
 from .procs import Processes, ProcessGroup, wait_for_port
 from .run_configs import APP_DIR, merged_config, toml_value
+from .trusted_apps import superexec_argv
 
 DEPLOY_DIR = APP_DIR / "deploy"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "fedefc" / "node-data"
@@ -146,6 +161,17 @@ def supernode_flags(superlink: str, node_config: dict[str, Any], host: str, port
     return flags
 
 
+def superexec_command(runtime_address: str, ca_cert: str | None, superexec_secret: str | None,
+                      trusted_keys: str | None, state: Path) -> list[str]:
+    """The SuperExec's command line: ``flower-superexec`` with :func:`superexec_flags`; with
+    ``trusted_keys`` it runs only apps signed by one of them (:mod:`.trusted_apps`, its
+    launchers in ``state/bin``)."""
+    try:
+        return superexec_argv(flower_bin("flower-superexec"),
+                              superexec_flags(runtime_address, ca_cert, superexec_secret),
+                              trusted_keys, state)
+    except SigningKeyError as err:
+        raise UsageError(f"--trusted-keys: {err}") from None
 
 
 # -- the flwr CLI side ----------------------------------------------------------------------
@@ -176,6 +202,8 @@ class NodeSpec:
     node_config: dict[str, Any]
     auth_key: str | None = None  # private key; its public key is auth_key + ".pub"
     superexec_secret: str | None = None  # shared by this SuperNode and its SuperExec
+    trusted_keys: str | None = None  # run only apps signed by these keys (app_signing)
+    extra_flags: tuple[str, ...] = ()  # more flower-supernode flags
 
 
 class LocalDeployment(ProcessGroup):
@@ -193,8 +221,9 @@ class LocalDeployment(ProcessGroup):
     CONNECTION = "fedefc"
 
     def __init__(self, work_dir: Path, nodes: list[NodeSpec], tls: TLSFiles | None = None,
-                 link_secret: str | None = None):
+                 link_secret: str | None = None, link_trusted_keys: str | None = None):
         super().__init__()
+        self.link_trusted_keys = link_trusted_keys
         self.work_dir = Path(work_dir).resolve()
         self.nodes = nodes
         self.tls = tls
@@ -215,9 +244,9 @@ class LocalDeployment(ProcessGroup):
             "127.0.0.1", self.port, str(folder / "state.db"), self.tls, self.node_auth,
             self.link_secret)], env, folder, folder / "superlink.log")
         wait_for_port("127.0.0.1", self.port, self.procs)
-        self.procs.start("superlink's flower-superexec", [flower_bin("flower-superexec"),
-                         *superexec_flags(self.address, self.ca_cert, self.link_secret)],
-                         env, folder, folder / "superexec.log")
+        self.procs.start("superlink's flower-superexec", superexec_command(
+            self.address, self.ca_cert, self.link_secret, self.link_trusted_keys, folder),
+            env, folder, folder / "superexec.log")
         self.cli_dir.mkdir(parents=True, exist_ok=True)
         write_connection(Path(self.cli_env["FLWR_HOME"]), self.CONNECTION, self.address,
                          self.ca_cert)
@@ -242,11 +271,11 @@ class LocalDeployment(ProcessGroup):
         proc = self.procs.start(f"{name} flower-supernode", [flower_bin("flower-supernode"),
                                 *supernode_flags(self.address, node.node_config, "127.0.0.1",
                                                  port, self.ca_cert, node.auth_key,
-                                                 node.superexec_secret)],
+                                                 node.superexec_secret), *node.extra_flags],
                                 env, folder, folder / "supernode.log")
-        self.procs.start(f"{name} flower-superexec", [flower_bin("flower-superexec"),
-                         *superexec_flags(f"127.0.0.1:{port}", None, node.superexec_secret)],
-                         env, folder, folder / "superexec.log")
+        self.procs.start(f"{name} flower-superexec", superexec_command(
+            f"127.0.0.1:{port}", None, node.superexec_secret, node.trusted_keys, folder),
+            env, folder, folder / "superexec.log")
         return proc
 
     def online_nodes(self) -> int:
@@ -264,11 +293,21 @@ class LocalDeployment(ProcessGroup):
             time.sleep(1.0)
         raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:.0f} s")
 
-    def run(self, run_config: dict[str, Any], timeout: float = 1800.0) -> tuple[str, str]:
-        """Submit the app with ``run_config``; return (run id, status) once it ends."""
+    def submit(self, run_config: dict[str, Any], timeout: float = 1800.0,
+               app_dir: Path = APP_DIR, sign_key: tuple[str, str] | None = None) -> RunOutcome:
+        """Submit an app (this project's by default) with ``run_config``, signed with
+        ``sign_key`` when given, once every SuperNode is online; return how it ended."""
         self.wait_online(len(self.nodes))
-        return submit_run(self.CONNECTION, run_config, self.cli_env, self.cli_dir,
-                          log=self.cli_dir / "run.log", timeout=timeout)
+        return submit_run(self.CONNECTION, run_config, self.cli_env, self.cli_dir, app_dir,
+                          log=self.cli_dir / "run.log", timeout=timeout, sign_key=sign_key)
+
+    def run(self, run_config: dict[str, Any], timeout: float = 1800.0,
+            sign_key: tuple[str, str] | None = None) -> tuple[str, str]:
+        """Submit the app with ``run_config``; return (run id, verdict) once it ends: the
+        verdict is ``finished:completed`` only for a run whose log reports no failure
+        (:attr:`.flower.RunOutcome.verdict`)."""
+        outcome = self.submit(run_config, timeout, sign_key=sign_key)
+        return outcome.run_id, outcome.verdict
 
 
 # -- the fedefc deploy commands ----------------------------------------------------------
@@ -353,7 +392,26 @@ def _foreground(procs: Processes, hint=None) -> int:
     return code
 
 
-def cmd_superlink(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Pair:
+    """A SuperLink or SuperNode and the SuperExec that runs its apps, as one machine runs
+    them: what ``fedefc deploy superlink|supernode`` starts in the foreground and what
+    ``fedefc deploy service`` writes as systemd units (the same commands)."""
+
+    name: str  # "superlink" or "supernode-K"
+    main: list[str]  # flower-superlink / flower-supernode and its flags
+    superexec: list[str]  # the SuperExec's command (superexec_command)
+    state: Path  # its folder (FLWR_HOME, database, logs)
+    listen: tuple[str, int]  # where the SuperExec dials the main process
+    summary: str  # one line: what runs, where it listens
+
+    @property
+    def env(self) -> dict[str, str]:
+        return flwr_env(self.state / "flwr-home")
+
+
+def superlink_pair(args: argparse.Namespace, state: Path | None = None) -> Pair:
+    """The SuperLink machine's processes for ``fedefc deploy superlink`` flags."""
     tls = TLSFiles.in_dir(Path(args.certs).expanduser()) if args.certs else None
     if tls is None and not _is_loopback(args.host) and not args.allow_insecure:
         raise UsageError(
@@ -362,21 +420,29 @@ def cmd_superlink(args: argparse.Namespace) -> int:
             "or --allow-insecure on a trusted private network only")
     secret = (check_private(args.superexec_secret, "--superexec-secret")
               if args.superexec_secret else None)
-    check_port_free(args.host, args.port, "--port")
-    state, env = state_dir(args.state_dir or STATE_ROOT / "superlink")
-    print(f"fedefc deploy: SuperLink on {args.host}:{args.port} "
-          f"({'TLS' if tls else 'insecure'}{', SuperNode authentication' if args.node_auth else ''}"
-          f"); logs {state}/superlink.log, superexec.log; Ctrl-C stops it", flush=True)
+    state = Path(state or args.state_dir or STATE_ROOT / "superlink").expanduser().resolve()
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
-    return _run_pair("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
-        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)],
-        local, args.port, tls.ca_cert if tls else None, secret, env, state)
+    main = [flower_bin("flower-superlink"), *superlink_flags(
+        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)]
+    superexec = superexec_command(f"{local}:{args.port}", tls.ca_cert if tls else None,
+                                  secret, args.trusted_keys, state)
+    summary = (f"SuperLink on {args.host}:{args.port} ({'TLS' if tls else 'insecure'}"
+               f"{', SuperNode authentication' if args.node_auth else ''}"
+               f"{', signed apps only' if args.trusted_keys else ''})")
+    return Pair("superlink", main, superexec, state, (local, args.port), summary)
 
 
-def cmd_supernode(args: argparse.Namespace) -> int:
+def supernode_pair(args: argparse.Namespace, port: int, state: Path | None = None,
+                   service: bool = False) -> Pair:
+    """A client machine's processes for ``fedefc deploy supernode`` flags; its Runtime
+    API on 127.0.0.1:``port``. The prepared-data cache defaults to
+    :data:`DEFAULT_CACHE_DIR`, or for a ``service`` to ``STATE/cache``."""
+    state = Path(state or args.state_dir or STATE_ROOT / f"supernode-{args.partition_id}")
+    state = state.expanduser().resolve()
+    cache = args.cache_dir or (state / "cache" if service else DEFAULT_CACHE_DIR)
     node_config: dict[str, Any] = {"partition-id": args.partition_id,
                                    "num-partitions": args.num_partitions,
-                                   "cache-dir": str(Path(args.cache_dir).expanduser().resolve())}
+                                   "cache-dir": str(Path(cache).expanduser().resolve())}
     if args.data_path:
         node_config["data-path"] = str(Path(args.data_path).expanduser().resolve())
         if not Path(node_config["data-path"]).exists():
@@ -385,39 +451,59 @@ def cmd_supernode(args: argparse.Namespace) -> int:
     key = check_private(args.auth_key, "--auth-key") if args.auth_key else None
     secret = (check_private(args.superexec_secret, "--superexec-secret")
               if args.superexec_secret else None)
+    main = [flower_bin("flower-supernode"), *supernode_flags(
+        args.superlink, node_config, "127.0.0.1", port, ca, key, secret)]
+    superexec = superexec_command(f"127.0.0.1:{port}", None, secret, args.trusted_keys, state)
+    summary = (f"SuperNode (partition-id {args.partition_id}) -> SuperLink {args.superlink}; "
+               f"Runtime API 127.0.0.1:{port}"
+               f"{'; signed apps only' if args.trusted_keys else ''}")
+    return Pair(f"supernode-{args.partition_id}", main, superexec, state, ("127.0.0.1", port),
+                summary)
+
+
+def cmd_superlink(args: argparse.Namespace) -> int:
+    pair = superlink_pair(args)
+    check_port_free(args.host, args.port, "--port")
+    pair.state.mkdir(parents=True, exist_ok=True)
+    print(f"fedefc deploy: {pair.summary}; logs {pair.state}/superlink.log, superexec.log; "
+          "Ctrl-C stops it", flush=True)
+    return _run_pair(pair)
+
+
+def cmd_supernode(args: argparse.Namespace) -> int:
     port = args.runtime_port or free_port()
     check_port_free("127.0.0.1", port, "--runtime-port")
-    state, env = state_dir(args.state_dir or STATE_ROOT / f"supernode-{args.partition_id}")
-    print(f"fedefc deploy: SuperNode (partition-id {args.partition_id}) -> SuperLink "
-          f"{args.superlink}; Runtime API 127.0.0.1:{port}; logs {state}/supernode.log, "
-          "superexec.log; Ctrl-C stops it", flush=True)
+    pair = supernode_pair(args, port)
+    pair.state.mkdir(parents=True, exist_ok=True)
+    print(f"fedefc deploy: {pair.summary}; logs {pair.state}/supernode.log, superexec.log; "
+          "Ctrl-C stops it", flush=True)
+    key = check_private(args.auth_key, "--auth-key") if args.auth_key else None
 
     def hint(name: str, text: str) -> str | None:
         return supernode_exit_hint(text, key, args.superlink) if name == "flower-supernode" \
             else None
 
-    return _run_pair("flower-supernode", [flower_bin("flower-supernode"), *supernode_flags(
-        args.superlink, node_config, "127.0.0.1", port, ca, key, secret)],
-        "127.0.0.1", port, None, secret, env, state, hint)
+    return _run_pair(pair, hint)
 
 
 def _exit_on_signal(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run_pair(name: str, argv: list[str], host: str, port: int, ca: str | None,
-              secret: str | None, env: dict[str, str], state: Path, hint=None) -> int:
-    """Start ``argv`` (a SuperLink or SuperNode, logging to ``state/<name>.log``) and,
-    once it listens on ``host:port``, the SuperExec that serves its apps there; then run
-    both in the foreground. A signal while they start stops whatever started."""
+def _run_pair(pair: Pair, hint=None) -> int:
+    """Start the pair's main process (logging to ``state/<superlink|supernode>.log``) and,
+    once it listens, its SuperExec; then run both in the foreground. A signal while they
+    start stops whatever started."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     procs = Processes()
+    name = Path(pair.main[0]).name
     try:
-        procs.start(name, argv, env, state, state / f"{name.removeprefix('flower-')}.log")
-        wait_for_port(host, port, procs)
-        procs.start("flower-superexec", [flower_bin("flower-superexec"), *superexec_flags(
-            f"{host}:{port}", ca, secret)], env, state, state / "superexec.log")
+        procs.start(name, pair.main, pair.env, pair.state,
+                    pair.state / f"{name.removeprefix('flower-')}.log")
+        wait_for_port(*pair.listen, procs)
+        procs.start("flower-superexec", pair.superexec, pair.env, pair.state,
+                    pair.state / "superexec.log")
     except BaseException:
         procs.stop()
         raise
@@ -490,23 +576,108 @@ def cmd_register(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path) -> None:
+    """UsageError naming the runs that have not finished on the SuperLink: a second run
+    would share the SuperNodes with them (each slowing the other, both recorded as if
+    alone) and its out-dir may be theirs."""
+    busy = active_runs(connection, env, cwd)
+    if busy:
+        listed = ", ".join(f"{run_id} ({status})" for run_id, status in busy)
+        first = busy[0][0]
+        raise UsageError(
+            f"the SuperLink of connection {connection!r} is running another run: {listed}; "
+            f"nothing submitted. Wait for it to end (flwr log {first} {connection} --stream) "
+            f"or stop it (flwr stop {first} {connection}), then submit again")
+
+
+def explain_failure(outcome: RunOutcome, out_dir: str, connection: str) -> str:
+    """What the operator reads when a run did not complete: its status, the reason its
+    log gives, and what is (and is not) in its out-dir."""
+    reason = outcome.failure or "its log names no reason"
+    lines = [f"run {outcome.run_id} ended {outcome.status}: it did not complete. "
+             f"Reason: {reason}",
+             f"Its whole log: flwr log {outcome.run_id} {connection}"]
+    if "already holds results" in reason:
+        lines.append(f"Its out-dir {out_dir} holds an earlier run's results, left untouched; "
+                     "this run wrote nothing there. Submit again with a new out-dir.")
+    else:
+        lines.append(f"What it wrote before failing, if anything, is in {out_dir} on the "
+                     "SuperLink machine (its summary.json, if written, says \"status\": "
+                     "\"failed\" and why).")
+    return "\n".join(lines)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     merged = merged_config(args.preset, args.overrides)
     if not merged.get("out-dir"):
         raise ConfigError("out-dir is required: an absolute folder on the SuperLink machine, "
                           "where the ServerApp writes; e.g. --set out-dir=\"/srv/fedefc/run1\"")
     cfg = load_run_config(merged)
+    sign = None
+    if args.sign_key:
+        key = check_private(args.sign_key, "--sign-key")
+        sign = (key, args.key_id or Path(key).name)
     env = flwr_env(default_flwr_home())
     wait_for_superlink(args.connection, env, Path.cwd())
-    run_id, status = submit_run(args.connection, cfg.to_flat(), env, Path.cwd())
-    if status != "finished:completed":
-        print(f"fedefc deploy: run {run_id} ended {status}: it did not complete (the "
-              f"ServerApp's error is in the log above; again: flwr log {run_id} "
-              f"{args.connection}); whatever it wrote is in {cfg.out_dir} on the SuperLink "
-              "machine", file=sys.stderr)
+    refuse_a_busy_superlink(args.connection, env, Path.cwd())
+    outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign)
+    if not outcome.completed:
+        print(f"fedefc deploy: {explain_failure(outcome, cfg.out_dir, args.connection)}",
+              file=sys.stderr)
         return 1
-    print(f"run {run_id}: {status}; results in {cfg.out_dir} on the SuperLink machine "
-          "(its SUMMARY line above counts client failures and rejected replies)")
+    print(f"run {outcome.run_id}: {outcome.status}; results in {cfg.out_dir} on the SuperLink "
+          "machine (its SUMMARY line above counts client failures and rejected replies; "
+          f"bring them here with: fedefc deploy fetch HOST:{cfg.out_dir} LOCAL_DIR)")
+    return 0
+
+
+RESULT_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.pt")
+
+
+def _is_remote(source: str) -> bool:
+    """``[user@]host:/path`` (scp's form), not a local path."""
+    head, sep, _ = source.partition(":")
+    return bool(sep) and "/" not in head and bool(head)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Copy a run's out-dir from the SuperLink machine (``[user@]host:/abs/out-dir``, by
+    scp over SSH) or from a local path, then check and summarize what arrived."""
+    dest = Path(args.dest).expanduser().resolve()
+    if dest.exists():
+        raise UsageError(f"{dest} already exists; choose a new LOCAL_DIR (nothing overwritten)")
+    if _is_remote(args.source):
+        if not shutil.which("scp"):
+            raise UsageError("scp not found; install openssh-client, or copy the out-dir "
+                             "by other means and give its local path")
+        code = subprocess.call(["scp", "-r", "-p", "-q", args.source, str(dest)])
+        if code != 0:
+            raise LaunchError(f"scp -r {args.source} {dest} failed (exit {code}): check the "
+                              "host name, your SSH access to it, and the out-dir's path there")
+    else:
+        source = Path(args.source).expanduser().resolve()
+        if not source.is_dir():
+            raise UsageError(f"{source} is not a run's out-dir (no such folder); give "
+                             "HOST:/abs/out-dir for the SuperLink machine's folder")
+        shutil.copytree(source, dest)
+    missing = [name for name in RESULT_FILES if not (dest / name).is_file()]
+    summary = {}
+    if (dest / "summary.json").is_file():
+        summary = json.loads((dest / "summary.json").read_text())
+    print(f"fetched {args.source} -> {dest}: "
+          f"{', '.join(sorted(p.name for p in dest.iterdir()))}")
+    if summary.get("status") == "failed":
+        print(f"fedefc deploy: the run FAILED: {summary.get('failure', 'no reason recorded')}",
+              file=sys.stderr)
+        return 1
+    if missing:
+        print(f"fedefc deploy: {', '.join(missing)} missing: the run did not finish (it may "
+              "still run, or have failed before writing them; see flwr log RUN_ID)",
+              file=sys.stderr)
+        return 1
+    shown = {k: summary[k] for k in ("status", "final_acc", "best_acc", "t_e",
+                                     "client_failures", "rejected_replies") if k in summary}
+    print(f"summary: {json.dumps(shown)}")
     return 0
 
 

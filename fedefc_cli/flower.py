@@ -4,8 +4,10 @@ Facts of Flower 1.42 this module is built around (docs/ARCHITECTURE.md, "Flower'
 processes"): ``flwr run`` keeps its connections in ``$FLWR_HOME/config.toml``, so every
 run here gets a private ``FLWR_HOME``; the SuperLink would ``uv sync`` the app's
 dependencies for every run unless told not to (it fails offline); ``flwr run --stream``
-exits 0 even when the run failed, so the outcome is read from ``flwr ls``; and Flower's
-processes start each other by name, so this environment's scripts go first on PATH.
+exits 0 even when the run failed, so the outcome is read from ``flwr ls``, and from the
+run's log, where a ServerApp that trained nothing says ``RUN FAILED: <reason>``
+(:class:`RunOutcome`); and Flower's processes start each other by name, so this
+environment's scripts go first on PATH.
 """
 
 from __future__ import annotations
@@ -13,17 +15,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr.common.config import parse_config_args
+
 from common.private_files import open_private
 
+from .app_signing import stage_signed_app
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
 from .run_configs import APP_DIR, write_run_config
@@ -75,31 +84,104 @@ def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> 
     return str(runs[0]["status"])
 
 
+def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[str, str]]:
+    """(run id, status) of every run of the SuperLink that has not finished."""
+    res = flwr_json(["ls", connection], env, cwd)
+    return [(str(r["run-id"]), str(r["status"])) for r in res.get("runs") or []
+            if not str(r.get("status", "")).startswith("finished")]
+
+
+# The ServerApp's contract (docs/DEPLOYMENT.md, "When a run fails"): a run that trained
+# nothing logs a last line ``RUN FAILED: <reason>`` and raises.
+FAILED_LINE = re.compile(r"RUN FAILED: (.*)")
+ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception)\b")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a submitted run ended: Flower's status and, if the log says so, why it failed."""
+
+    run_id: str
+    status: str  # as ``flwr ls`` reports it
+    failure: str | None  # the last ``RUN FAILED:`` line's reason, else the last error line
+
+    @property
+    def completed(self) -> bool:
+        """Flower reports ``finished:completed`` and the log reports no failure."""
+        return self.status == "finished:completed" and self.failure is None
+
+    @property
+    def verdict(self) -> str:
+        """``finished:completed`` for a good run only; a run that Flower calls completed
+        but whose log reports ``RUN FAILED`` says so."""
+        if self.status == "finished:completed" and self.failure is not None:
+            return f"finished:completed but RUN FAILED: {self.failure}"
+        return self.status
+
+
+def failure_reason(lines: list[str], status: str) -> str | None:
+    """The last ``RUN FAILED:`` reason of a run's log; for a run Flower did not report
+    completed, else the last line that names an error (or None)."""
+    for line in reversed(lines):
+        if match := FAILED_LINE.search(line):
+            return match.group(1).strip()
+    if status == "finished:completed":
+        return None
+    errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
+    return errors[-1] if errors else None
+
+
+def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
+                timeout: float) -> list[str]:
+    """``flwr log RUN_ID --stream`` until the run ends, copied to ``out`` (a binary file)
+    or stdout; returns its lines."""
+    proc = subprocess.Popen([flower_bin("flwr"), "log", run_id, connection, "--stream"],
+                            env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        for raw in proc.stdout:
+            if out is not None:
+                out.write(raw)
+                out.flush()
+            else:
+                sys.stdout.buffer.write(raw)
+                sys.stdout.flush()
+            lines.append(raw.decode(errors="replace").rstrip("\n"))
+        proc.wait()
+    finally:
+        timer.cancel()
+    if proc.returncode == -signal.SIGKILL:
+        raise LaunchError(f"run {run_id} did not end within {timeout:.0f} s")
+    return lines
+
+
 def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str], cwd: Path,
-               app_dir: Path = APP_DIR, log: Path | None = None,
-               timeout: float = 3600.0) -> tuple[str, str]:
-    """``flwr run`` the app, follow its log until it ends (to ``log``, else stdout);
-    return (run id, status)."""
+               app_dir: Path = APP_DIR, log: Path | None = None, timeout: float = 3600.0,
+               sign_key: tuple[str, str] | None = None) -> RunOutcome:
+    """``flwr run`` the app (signed with ``sign_key`` = (private key file, key id) when
+    given: :mod:`.app_signing`), follow its log until it ends (to ``log``, else stdout)
+    and return how it ended."""
     with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
         cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
+        if sign_key:
+            app_dir = stage_signed_app(app_dir, parse_config_args([str(cfg_file)]),
+                                       sign_key[0], sign_key[1], Path(tmp) / "app")
         res = flwr_json(["run", str(app_dir), connection, "--run-config", str(cfg_file)],
                         env, cwd)
     if not res.get("success") or not res.get("run-id"):
         raise LaunchError(f"flwr run was refused: {res}")
     run_id = str(res["run-id"])
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
-        try:
-            subprocess.run([flower_bin("flwr"), "log", run_id, connection, "--stream"], env=env,
-                           cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                           timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise LaunchError(f"run {run_id} did not end within {timeout:.0f} s") from None
+        lines = _follow_log(connection, run_id, env, cwd, out, timeout)
     deadline = time.monotonic() + 60
     status = run_status(connection, run_id, env, cwd)
     while not status.startswith("finished") and time.monotonic() < deadline:
         time.sleep(1)
         status = run_status(connection, run_id, env, cwd)
-    return run_id, status
+    return RunOutcome(run_id, status, failure_reason(lines, status))
 
 
 class LocalSimulation(ProcessGroup):

@@ -4,7 +4,8 @@
     fedefc resume OUT_DIR [--set rounds=N]          continue an interrupted job
     fedefc presets                                  list configs/*.toml
     fedefc grid run|report|list GRID [--set ...]    the experiment runner
-    fedefc deploy superlink|supernode|connection|register|submit|export ...
+    fedefc deploy superlink|supernode|service|connection|register|submit|fetch|
+                  renew-cert|export ...
                                                     a deployment across machines
     fedefc data SOURCE OUT --size N                 a folder of images -> a node's data.npz
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from . import deployment, prepare_data
+from . import deployment, prepare_data, services
 from .errors import EXIT_CODES
 from .grid import Grid, run_grid
 from .report import write_report
@@ -101,6 +102,56 @@ def _preset(parser: argparse.ArgumentParser) -> None:
                              "(default: the pyproject.toml defaults)")
 
 
+def _trusted_keys(parser: argparse.ArgumentParser, apps: str) -> None:
+    parser.add_argument("--trusted-keys", help=f"run only {apps} signed by a key in this file "
+                        "(Flower's --trusted-entities YAML, from deploy/gen-signing-key.sh; "
+                        "docs/DEPLOYMENT.md, \"Outsiders on the network\")")
+
+
+def _superlink_args(link: argparse.ArgumentParser) -> None:
+    link.add_argument("--host", required=True,
+                      help="the address to serve on: 127.0.0.1 to try it on one machine; the "
+                           "interface the SuperNodes reach (e.g. 203.0.113.7), or 0.0.0.0 for "
+                           "all, in a deployment (docs/DEPLOYMENT.md, \"Ports\")")
+    link.add_argument("--port", type=int, default=8000,
+                      help="the one port of the Fleet, Control and Runtime APIs")
+    link.add_argument("--state-dir", default=None,
+                      help="its folder: database (node registrations), FLWR_HOME, and the "
+                           "logs superlink.log and superexec.log (default ~/.fedefc/superlink)")
+    link.add_argument("--certs", help="folder written by deploy/gen-certs.sh (enables TLS)")
+    link.add_argument("--node-auth", action="store_true",
+                      help="accept registered SuperNodes only (needs --certs)")
+    link.add_argument("--superexec-secret", help="shared-secret file (deploy/gen-secret.sh; "
+                      "owner-only): only a SuperExec holding it may run ServerApps")
+    link.add_argument("--allow-insecure", action="store_true",
+                      help="serve without TLS on a non-loopback host (trusted network only)")
+    _trusted_keys(link, "ServerApps")
+
+
+def _supernode_args(node: argparse.ArgumentParser) -> None:
+    node.add_argument("--superlink", required=True, help="SuperLink address host:port")
+    node.add_argument("--partition-id", type=int, required=True,
+                      help="this node's identity (and its partition without --data-path)")
+    node.add_argument("--num-partitions", type=int, required=True,
+                      help="the run's num-clients")
+    node.add_argument("--data-path", help="private data: an .npz or an ImageFolder directory")
+    node.add_argument("--cache-dir", default=None,
+                      help=f"prepared-data cache (default {deployment.DEFAULT_CACHE_DIR}; for a "
+                           "service STATE_DIR/cache)")
+    node.add_argument("--ca-cert", help="the SuperLink's CA certificate (enables TLS)")
+    node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh; "
+                      "owner-only); its public key KEY.pub must be registered")
+    node.add_argument("--superexec-secret", help="shared-secret file for this node's SuperExec "
+                      "(deploy/gen-secret.sh; owner-only; one per node)")
+    node.add_argument("--runtime-port", type=int, default=0,
+                      help="local Runtime API port, served on 127.0.0.1 only (default: a free "
+                           "port, so several nodes can share a host)")
+    node.add_argument("--state-dir", default=None,
+                      help="its folder: FLWR_HOME and the logs supernode.log and superexec.log "
+                           "(default ~/.fedefc/supernode-PARTITION_ID)")
+    _trusted_keys(node, "ClientApps")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedefc", description="FedEFC on Flower.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -135,42 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     dep = sub.add_parser("deploy", help="run FedEFC across machines (docs/DEPLOYMENT.md)")
     dsub = dep.add_subparsers(dest="deploy_command", required=True, metavar="DEPLOY_COMMAND")
     link = dsub.add_parser("superlink", help="the SuperLink and its SuperExec (foreground)")
-    link.add_argument("--host", default="0.0.0.0", help="interface to serve on")
-    link.add_argument("--port", type=int, default=8000,
-                      help="the one port of the Fleet, Control and Runtime APIs")
-    link.add_argument("--state-dir", default=None,
-                      help="its folder: database (node registrations), FLWR_HOME, and the "
-                           "logs superlink.log and superexec.log (default ~/.fedefc/superlink)")
-    link.add_argument("--certs", help="folder written by deploy/gen-certs.sh (enables TLS)")
-    link.add_argument("--node-auth", action="store_true",
-                      help="accept registered SuperNodes only (needs --certs)")
-    link.add_argument("--superexec-secret", help="shared-secret file (deploy/gen-secret.sh; "
-                      "owner-only): only a SuperExec holding it may run ServerApps")
-    link.add_argument("--allow-insecure", action="store_true",
-                      help="serve without TLS on a non-loopback host (trusted network only)")
+    _superlink_args(link)
     link.set_defaults(func=deployment.cmd_superlink)
 
     node = dsub.add_parser("supernode", help="a SuperNode and its SuperExec (foreground)")
-    node.add_argument("--superlink", required=True, help="SuperLink address host:port")
-    node.add_argument("--partition-id", type=int, required=True,
-                      help="this node's identity (and its partition without --data-path)")
-    node.add_argument("--num-partitions", type=int, required=True,
-                      help="the run's num-clients")
-    node.add_argument("--data-path", help="private data: an .npz or an ImageFolder directory")
-    node.add_argument("--cache-dir", default=str(deployment.DEFAULT_CACHE_DIR),
-                      help="prepared-data cache (default %(default)s)")
-    node.add_argument("--ca-cert", help="the SuperLink's CA certificate (enables TLS)")
-    node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh; "
-                      "owner-only); its public key KEY.pub must be registered")
-    node.add_argument("--superexec-secret", help="shared-secret file for this node's SuperExec "
-                      "(deploy/gen-secret.sh; owner-only; one per node)")
-    node.add_argument("--runtime-port", type=int, default=0,
-                      help="local Runtime API port, served on 127.0.0.1 only (default: a free "
-                           "port, so several nodes can share a host)")
-    node.add_argument("--state-dir", default=None,
-                      help="its folder: FLWR_HOME and the logs supernode.log and superexec.log "
-                           "(default ~/.fedefc/supernode-PARTITION_ID)")
+    _supernode_args(node)
     node.set_defaults(func=deployment.cmd_supernode)
+
+    service = dsub.add_parser("service", help="write systemd units for the SuperLink or a "
+                              "SuperNode (the same flags as superlink / supernode)")
+    roles = service.add_subparsers(dest="role", required=True, metavar="ROLE")
+    for role, add in (("superlink", _superlink_args), ("supernode", _supernode_args)):
+        unit = roles.add_parser(role, help=f"units for the {role} and its SuperExec")
+        add(unit)
+        unit.add_argument("--user", required=True,
+                          help="the dedicated system user the services run as (not root)")
+        unit.add_argument("--units-dir", required=True,
+                          help="where to write the .service files (then copied to "
+                               "/etc/systemd/system)")
+        unit.set_defaults(func=services.cmd_service)
 
     conn = dsub.add_parser("connection", help="add a SuperLink connection for the flwr CLI")
     conn.add_argument("name")
@@ -185,11 +219,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="NAME.pub files written by deploy/gen-node-keys.sh")
     reg.set_defaults(func=deployment.cmd_register)
 
-    submit = dsub.add_parser("submit", help="run the app on a connection")
+    submit = dsub.add_parser("submit", help="run the app on a connection; exit 1 unless it "
+                             "completed")
     submit.add_argument("connection")
     _preset(submit)
     _overrides(submit, 'out-dir="/srv/fedefc/run1"')
+    submit.add_argument("--sign-key", help="the coordinator's signing key "
+                        "(deploy/gen-signing-key.sh; owner-only): sign the app and this run's "
+                        "config for machines started with --trusted-keys")
+    submit.add_argument("--key-id", help="the key's name in the trusted keys file (default: "
+                        "the key file's name)")
     submit.set_defaults(func=deployment.cmd_submit)
+
+    fetch = dsub.add_parser("fetch", help="bring a run's results (out-dir) to this machine")
+    fetch.add_argument("source", help="[user@]host:/abs/out-dir on the SuperLink machine "
+                       "(copied with scp), or a local path")
+    fetch.add_argument("dest", help="a new local folder")
+    fetch.set_defaults(func=deployment.cmd_fetch)
 
     export = dsub.add_parser("export", help="write each partition as private data")
     export.add_argument("out_dir", help="gets node-K/data.npz for every partition K")

@@ -12,8 +12,9 @@ In order:
    (:class:`.flower.LocalSimulation`);
 3. ``flwr run <app> --stream`` with the run config and ``num-supernodes = num-clients``;
    the ServerApp's log streams to the terminal (or a log file);
-4. ``flwr ls`` must report ``finished:completed``; the SuperLink is stopped by PID and
-   the run's summary returned.
+4. ``flwr ls`` must report ``finished:completed`` and the summary must not say
+   ``"status": "failed"`` (docs/DEPLOYMENT.md, "When a run fails"); the SuperLink is
+   stopped by PID and the run's summary returned.
 """
 
 from __future__ import annotations
@@ -73,4 +74,8 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
     summary_path = out_dir / "summary.json"
     if not summary_path.exists():
         raise LaunchError(f"run completed but wrote no {summary_path}")
-    return json.loads(summary_path.read_text())
+    summary = json.loads(summary_path.read_text())
+    if summary.get("status", "completed") != "completed":  # a hollow run: never a success
+        raise LaunchError(f"run {run_id} FAILED: {summary.get('failure', 'no reason given')} "
+                          f"(Flower reported {status}; {summary_path})")
+    return summary

@@ -14,6 +14,7 @@ from common.training import (
     BatchLoss,
     BatchTransform,
     LossFn,
+    Optimizer,
     Regularizer,
     SGDSettings,
     TrainingSet,
@@ -92,8 +93,7 @@ class LocalJob:
         return train(model or self.model, self.training_set(labels, keep), loss_fn,
                      self.settings(), self.generator, regularizer)
 
-    def train_batches(self, batch_loss: BatchLoss, optimizer: torch.optim.Optimizer
-                      ) -> TrainStats:
+    def train_batches(self, batch_loss: BatchLoss, optimizer: Optimizer) -> TrainStats:
         """Local training of ``self.model`` with a loss that sees the whole batch."""
         return train_batches(self.model, self.training_set(), batch_loss, optimizer,
                              self.settings(), self.generator)

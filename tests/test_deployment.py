@@ -23,6 +23,7 @@ already identical (the server sorts replies and samples by partition id).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -69,7 +70,7 @@ from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from tests.helpers import records
-from tests.test_quickstart import run_quick_start, section
+from tests.test_quickstart import run_quick_start, run_tls_walkthrough, section
 
 NODES = 3
 CPU = torch.device("cpu")
@@ -223,6 +224,10 @@ def quick_start_job(data_dir: Path, base: Path) -> dict:  # noqa: ARG001 - its o
     return run_quick_start(base)
 
 
+def tls_walkthrough_job(data_dir: Path, base: Path) -> dict:  # noqa: ARG001 - its own data
+    return run_tls_walkthrough(base)
+
+
 @pytest.fixture(scope="module")
 def runs(own_data, tmp_path_factory) -> dict[str, Future]:
     """The three jobs, run concurrently: their processes spend most of their time waiting
@@ -230,7 +235,7 @@ def runs(own_data, tmp_path_factory) -> dict[str, Future]:
     the result it needs, so a failing job fails its own tests only. The repository root
     goes on the processes' PYTHONPATH, so that they import the model (tests/own_models.py)."""
     jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job,
-            "quickstart": quick_start_job}
+            "quickstart": quick_start_job, "tls-walkthrough": tls_walkthrough_job}
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(len(jobs)) as pool:
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                                  os.environ.get("PYTHONPATH")])))
@@ -378,6 +383,33 @@ def test_quick_start_runs_as_documented(runs):
 
 
 @pytest.mark.flower
+def test_tls_walkthrough_runs_as_documented(runs):
+    """docs/DEPLOYMENT.md's one-machine TLS block, read from the doc and run as written:
+    certificates, secrets, the signing key, node keys registered, three authenticated
+    SuperNodes with their own data that run only signed apps, a signed run that
+    completes, its results fetched; the block's last line stops every process."""
+    walk = runs["tls-walkthrough"].result()
+    log, home = walk["log"], walk["home"]
+    assert walk["code"] == 0, log[-3000:]
+    assert f"SuperLink on 127.0.0.1:{walk['port']} (TLS, SuperNode authentication, signed " \
+           "apps only)" in log
+    assert re.search(r"run \d+: finished:completed; results in ", log), log[-3000:]
+    fetched = home / "fedefc-results" / "tls-1"
+    assert f"fetched {home}/fedefc-runs/tls-1 -> {fetched}" in log
+    assert (fetched / "model.pt").read_bytes() == \
+        (home / "fedefc-runs" / "tls-1" / "model.pt").read_bytes()
+    summary = json.loads((fetched / "summary.json").read_text())
+    assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
+    # the ServerApp (its output is the run's log) and every node's ClientApps ran the
+    # signed app after checking it
+    assert "fedefc: app signed by trusted key 'coordinator'" in log
+    for folder in ("supernode-0", "supernode-1", "supernode-2"):
+        text = (home / ".fedefc" / folder / "superexec.log").read_text()
+        assert "app signed by trusted key 'coordinator'" in text, folder
+    assert walk["left"] == [], "the block's own stop line left processes running"
+
+
+@pytest.mark.flower
 def test_deployment_result_equals_simulation(runs):
     insecure_run, tls_run = runs["insecure"].result(), runs["tls"].result()
     simulation_run = runs["simulation"].result()
@@ -415,6 +447,11 @@ def compose_services(tls: bool) -> dict[str, dict]:
     return services
 
 
+def compose_runtime_host(k: int) -> str:
+    """Where SuperNode k serves its Runtime API: its address on its own network node-k."""
+    return f"10.250.{k}.2"
+
+
 def expected_commands(tls: bool) -> dict[str, list[str]]:
     """What fedefc_cli.deployment (the native runs) gives for the compose services."""
     ca = "/certs/ca.crt" if tls else None
@@ -424,9 +461,9 @@ def expected_commands(tls: bool) -> dict[str, list[str]]:
             "superexec-serverapp": superexec_flags("superlink:8000", ca, secret)}
     for k in range(NODES):
         node_config = {"partition-id": k, "num-partitions": NODES, **COMPOSE_NODE_CONFIG}
-        cmds[f"supernode-{k}"] = supernode_flags("superlink:8000", node_config, "0.0.0.0",
-                                                 9094, ca, "/keys/node" if tls else None,
-                                                 secret)
+        cmds[f"supernode-{k}"] = supernode_flags("superlink:8000", node_config,
+                                                 compose_runtime_host(k), 9094, ca,
+                                                 "/keys/node" if tls else None, secret)
         cmds[f"superexec-clientapp-{k}"] = superexec_flags(f"supernode-{k}:9094", None, secret)
     return cmds
 
@@ -465,7 +502,17 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
             assert image.startswith(f"flwr/{binary.removeprefix('flower-')}:")
         unknown = {f for f in cmd if f.startswith("--")} - help_flags[binary]
         assert not unknown, f"{name}: flags not accepted by {binary} 1.42: {unknown}"
+    networks = yaml.safe_load((DEPLOY_DIR / "compose.yml").read_text())["networks"]
     for k in range(NODES):  # own data, own cache, own network per node
+        # the Runtime API binds the node's address on its own internal network only, so
+        # nothing on the shared network `link` (other nodes, the SuperLink) reaches it
+        node_net = networks[f"node-{k}"]
+        assert node_net["internal"] is True
+        subnet = ipaddress.ip_network(node_net["ipam"]["config"][0]["subnet"])
+        host = compose_runtime_host(k)
+        assert services[f"supernode-{k}"]["networks"][f"node-{k}"] == {"ipv4_address": host}
+        assert ipaddress.ip_address(host) in subnet
+        assert set(services[f"supernode-{k}"]["networks"]) == {"link", f"node-{k}"}
         volumes = services[f"superexec-clientapp-{k}"]["volumes"]
         assert any(v.endswith(f"/data/node-{k}:/node-data:ro") for v in volumes)
         assert f"node-{k}-cache:/cache" in volumes

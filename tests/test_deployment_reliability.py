@@ -52,9 +52,19 @@ def stop_node(dep: LocalDeployment, name: str) -> None:
             stop_tree(proc)
 
 
+# A round waits this long for its clients: far beyond any honest node's round on a loaded
+# machine. The stopped node does not cost it: the SuperLink answers for a node that went
+# offline (node_unavail) as soon as its heartbeat lapses (Flower 1.42: within 2 x 30 s).
+ROUND_LIMIT_S = 900.0
+
+
 def test_a_supernode_that_stops_mid_run_and_returns_takes_part_again(tmp_path, tiny_mnist_dir):
+    """The honest nodes take part in every round after the stop, however slow the machine
+    (it used to fail on a loaded machine: with a 45 s client-timeout an honest node's
+    round ran out); the stopped node is missing from the rounds while it is down and
+    takes part again once back."""
     out = tmp_path / "out"
-    cfg = job(tiny_mnist_dir, out, **{"client-timeout": 45.0, "rounds": 7})
+    cfg = job(tiny_mnist_dir, out, **{"client-timeout": ROUND_LIMIT_S, "rounds": 7})
     specs = nodes(tmp_path)
     with LocalDeployment(tmp_path / "federation", specs) as dep:
         result: dict = {}
@@ -72,7 +82,8 @@ def test_a_supernode_that_stops_mid_run_and_returns_takes_part_again(tmp_path, t
     missing = [r for r in recs.values() if r["round"] > stopped_after and
                1 not in (r.get("partition_ids") or [])]
     assert missing, "the stopped node was still aggregated"
-    assert all(r["n_clients"] >= 2 for r in missing)  # the others carried on
+    for r in missing:  # the others carried on: both honest nodes in every such round
+        assert {0, 2} <= set(r["partition_ids"]) and r["n_clients"] >= 2, r
     back = [r["round"] for r in recs.values() if r["round"] > missing[-1]["round"]
             and 1 in r["partition_ids"]]
     assert back, "the restarted node never took part again"

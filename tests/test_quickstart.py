@@ -29,7 +29,7 @@ import pytest
 
 from fedefc_cli import deployment
 from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
-from fedefc_cli.flower import free_port
+from fedefc_cli.flower import RunOutcome, free_port
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
 
@@ -85,19 +85,16 @@ def _kill(pids: list[int], sig: signal.Signals) -> None:
             pass
 
 
-def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
-    """Run the quick start's block with bash in the checkout (as the doc says: the
-    environment active, from the checkout's root). Whatever it leaves running is
-    reported in ``left`` and then stopped, also on a failure or a timeout."""
-    port = free_port()
-    script = re.sub(r"\b8000\b", str(port), quick_start_script())
-    script = script.replace("/tmp/fedefc", str(base / "qs"))
+def run_block(script: str, base: Path, timeout: float = 900.0) -> dict:
+    """Run a bash block of the doc in the checkout (as the doc says: the environment
+    active, from the checkout's root), with ``HOME`` in ``base``. Whatever it leaves
+    running is reported in ``left`` and then stopped, also on a failure or a timeout."""
     home = base / "home"
     home.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
     env.update(HOME=str(home), VIRTUAL_ENV=sys.prefix,
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
-    log = base / "quickstart.log"
+    log = base / "block.log"
     with open(log, "wb") as out:
         shell = subprocess.Popen(["bash", "-c", script], cwd=APP_DIR, env=env, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
@@ -115,8 +112,29 @@ def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
             time.sleep(0.5)
         _kill(processes_with_home(home), signal.SIGKILL)
         shell.wait()
-    return {"code": code, "log": log.read_text(errors="replace"), "left": left,
-            "out": base / "qs" / "runs" / "first", "state": base / "qs", "port": port}
+    return {"code": code, "log": log.read_text(errors="replace"), "left": left, "home": home}
+
+
+def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
+    """The quick start's block, port 8000 and ``/tmp/fedefc`` replaced."""
+    port = free_port()
+    script = re.sub(r"\b8000\b", str(port), quick_start_script())
+    script = script.replace("/tmp/fedefc", str(base / "qs"))
+    return {**run_block(script, base, timeout), "out": base / "qs" / "runs" / "first",
+            "state": base / "qs", "port": port}
+
+
+def tls_walkthrough_script() -> str:
+    """The one-machine block of "Across machines, with TLS and SuperNode authentication"."""
+    blocks = bash_blocks(section("Across machines"))
+    return blocks[0]
+
+
+def run_tls_walkthrough(base: Path, timeout: float = 1200.0) -> dict:
+    """That block as written, port 8000 replaced."""
+    port = free_port()
+    script = re.sub(r"\b8000\b", str(port), tls_walkthrough_script())
+    return {**run_block(script, base, timeout), "port": port}
 
 
 # -- the doc's commands ------------------------------------------------------------------
@@ -168,7 +186,7 @@ def documented_private_files(home: Path) -> list[Path]:
             args = expand(rest, home)
             if script == "deploy/gen-certs.sh":
                 files += [Path(args[0]) / "ca.key", Path(args[0]) / "server.key"]
-            elif script == "deploy/gen-node-keys.sh":
+            elif script in ("deploy/gen-node-keys.sh", "deploy/gen-signing-key.sh"):
                 files += [Path(args[0]) / name for name in args[1:]]
             elif script == "deploy/gen-secret.sh":
                 files += [Path(a) for a in args]
@@ -178,7 +196,8 @@ def documented_private_files(home: Path) -> list[Path]:
 def test_documented_keys_and_secrets_are_out_of_a_commits_reach(tmp_path):
     files = documented_private_files(tmp_path)
     names = {f.name for f in files}
-    assert {"ca.key", "server.key", "node-0", "superlink.secret", "node-0.secret"} <= names
+    assert {"ca.key", "server.key", "node-0", "superlink.secret", "node-0.secret",
+            "coordinator"} <= names
     for file in files:
         path = file if file.is_absolute() else APP_DIR / file
         if path.is_relative_to(APP_DIR):  # inside the checkout: must be git-ignored
@@ -285,8 +304,8 @@ def test_superlink_refuses_a_readable_tls_key(tmp_path, capsys):
     certs = tmp_path / "certs"
     assert script("gen-certs.sh", certs, "localhost").returncode == 0
     (certs / "server.key").chmod(0o640)
-    assert main(["deploy", "superlink", "--certs", str(certs), "--port", str(free_port()),
-                 "--state-dir", str(tmp_path / "l")]) == 2
+    assert main(["deploy", "superlink", "--host", "127.0.0.1", "--certs", str(certs),
+                 "--port", str(free_port()), "--state-dir", str(tmp_path / "l")]) == 2
     err = capsys.readouterr().err
     assert f"TLS private key {certs / 'server.key'} is readable" in err and "chmod 600" in err
 
@@ -319,17 +338,50 @@ def test_supernode_exit_hint_names_the_unregistered_key():
     assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", None, "x") is None
 
 
-@pytest.mark.parametrize("status,code", [("finished:failed", 1), ("finished:completed", 0)])
+@pytest.mark.parametrize("status,failure,code", [
+    ("finished:failed", "no node trained in round 1", 1),
+    ("finished:completed", "every round failed", 1),  # a hollow run: never a success
+    ("finished:failed", None, 1),
+    ("finished:completed", None, 0)], ids=["failed", "hollow", "no-reason", "completed"])
 def test_submit_claims_results_only_after_a_completed_run(monkeypatch, capsys, tmp_path,
-                                                          status, code):
+                                                          status, failure, code):
     monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: ("42", status))
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deployment, "submit_run",
+                        lambda *a, **k: RunOutcome("42", status, failure))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == code
     out, err = capsys.readouterr()
     assert ("results in" in out) == (code == 0)
     if code:
-        assert "run 42 ended finished:failed: it did not complete" in err
+        assert f"run 42 ended {status}: it did not complete. Reason: " \
+               f"{failure or 'its log names no reason'}" in err
         assert "flwr log 42 fedefc" in err
+        assert f"if anything, is in {tmp_path}/r on the SuperLink machine" in err
+
+
+def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,
+                                                                    tmp_path):
+    reason = (f"out-dir='{tmp_path}/r' already holds results (summary.json); choose a new "
+              "folder so nothing is overwritten")
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deployment, "submit_run",
+                        lambda *a, **k: RunOutcome("7", "finished:failed", reason))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 1
+    err = capsys.readouterr().err
+    assert f"Its out-dir {tmp_path}/r holds an earlier run's results, left untouched; this " \
+           "run wrote nothing there" in err
+    assert "whatever it wrote" not in err and "if anything" not in err
+
+
+def test_submit_refuses_while_another_run_is_running(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [("5", "running")])
+    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 2
+    err = capsys.readouterr().err
+    assert "is running another run: 5 (running); nothing submitted" in err
+    assert "flwr stop 5 fedefc" in err
 
 
 def test_export_serves_a_two_node_federation_and_refuses_to_overwrite(tmp_path, capsys):

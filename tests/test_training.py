@@ -1,14 +1,21 @@
 """Local loops: batch transforms, training, and that phase 2 trains a different model."""
 
+import copy
+import os
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
 from common.losses import cross_entropy, forward_corrected_loss
-from common.models import build_model
+from common.models import TaskShape, build_model
 from common.training import (
+    SGD,
     BatchTransform,
     SGDSettings,
     TrainingSet,
@@ -19,6 +26,8 @@ from common.training import (
     train,
     train_batches,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_random_crop_flip_matches_torchvision_crops():
@@ -111,3 +120,37 @@ def test_bf16_runs_the_forward_pass_under_autocast_and_still_learns(embedded):
                    for p in model.parameters())
         assert loss1 < loss0 and acc1 > 0.5
     assert seen == {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.5, 0.0), (0.9, 5e-4)])
+def test_sgd_is_torch_optim_sgd_bitwise(momentum, weight_decay):
+    """The project's SGD against PyTorch's own (its CPU implementation), step for step on
+    a LeNet: identical weights after every step, momentum and weight decay included."""
+    torch.manual_seed(0)
+    ours = build_model("lenet", TaskShape((1, 28, 28), 10), 0)
+    theirs = copy.deepcopy(ours)
+    opt_ours = SGD(ours.parameters(), lr=0.03, momentum=momentum, weight_decay=weight_decay)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.03, momentum=momentum,
+                                 weight_decay=weight_decay, foreach=False)
+    x, y = torch.rand(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    for _ in range(5):
+        for model, opt in ((ours, opt_ours), (theirs, opt_theirs)):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()):
+            assert torch.equal(a, b)
+
+
+def test_training_in_a_fresh_process_does_not_import_torch_dynamo(tmp_path):
+    """A deployment trains in a fresh process per message: torch.optim's step would import
+    torch._dynamo (and sympy) there, seconds of CPU each time."""
+    code = ("import sys, torch\nfrom common.models import TaskShape, build_model\n"
+            "from common.training import make_optimizer\n"
+            "m = build_model('lenet', TaskShape((1, 28, 28), 10), 0)\n"
+            "opt = make_optimizer(m, 'sgd', 0.1, 0.5, 0.0)\n"
+            "opt.zero_grad(); m(torch.rand(2, 1, 28, 28)).sum().backward(); opt.step()\n"
+            "print(sorted(k for k in ('torch._dynamo', 'sympy') if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"

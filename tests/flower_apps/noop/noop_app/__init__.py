@@ -1,0 +1,1 @@
+"""A message-only Flower app (tests/flower_apps/noop/pyproject.toml)."""

@@ -1,0 +1,544 @@
+"""Operating a federation, without Flower processes: signed apps, systemd units, the
+certificate renewal, bringing results home (docs/DEPLOYMENT.md).
+
+- Signed apps (:mod:`fedefc_cli.app_signing`): the FAB ``flwr run`` would build, signed
+  for one run config, verifies; every change an outsider could make (no signature,
+  another key, a changed or added file, another run config, an altered signature) is
+  refused, with the reason. Real FABs, built by Flower's own builder.
+- Service units: written from the same commands as the foreground processes, checked by
+  ``systemd-analyze verify`` and parsed back word for word.
+- The certificate renewal on real openssl certificates: the new one verifies against
+  the unchanged CA, keeps the names, and ``--check`` tells when renewal is due.
+- ``fedefc deploy fetch``: copies, checks and summarizes a run's out-dir.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomli_w
+import yaml
+from flwr.cli.build import build_fab_from_disk
+from flwr.common.config import parse_config_args
+from packaging.requirements import Requirement
+
+from fedefc_cli import app_signing, deployment, services, simulation, trusted_apps
+from fedefc_cli.app_signing import (
+    SIGNATURE_FILE,
+    SigningKeyError,
+    UntrustedAppError,
+    check_signed_fab,
+    fused_run_config,
+    load_trusted_keys,
+    stage_signed_app,
+)
+from fedefc_cli.deployment import DEPLOY_DIR
+from fedefc_cli.errors import LaunchError
+from fedefc_cli.main import build_parser, main
+from fedefc_cli.run_configs import APP_DIR, write_run_config
+
+NOOP_APP = Path(__file__).parent / "flower_apps" / "noop"
+
+
+def script(name: str, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(DEPLOY_DIR / name), *map(str, args)],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> Path:
+    """deploy/gen-signing-key.sh's coordinator key, and an outsider's."""
+    folder = tmp_path_factory.mktemp("keys") / "keys"
+    for name in ("coordinator", "outsider"):
+        out = script("gen-signing-key.sh", folder, name)
+        assert out.returncode == 0, out.stderr
+    return folder
+
+
+def fab_of(folder: Path) -> bytes:
+    """The FAB ``flwr run folder`` would send (Flower's builder)."""
+    return build_fab_from_disk(folder)
+
+
+def run_config_of(fab: bytes, overrides: dict) -> dict:
+    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+        return fused_run_config({n: z.read(n) for n in z.namelist()}, overrides)
+
+
+def signed(tmp_path: Path, keys: Path, overrides: dict, key: str = "coordinator",
+           app: Path = NOOP_APP) -> Path:
+    """The staged, signed app for ``overrides`` as parsed from a --run-config file."""
+    cfg = write_run_config(tmp_path / "run.toml", overrides)
+    return stage_signed_app(app, parse_config_args([str(cfg)]), keys / key, key,
+                            tmp_path / f"staged-{key}")
+
+
+# -- signed apps -------------------------------------------------------------------------
+def test_signing_key_script_writes_flowers_trusted_entities_format(keys):
+    assert (keys / "coordinator").stat().st_mode & 0o777 == 0o600
+    text = (keys / "coordinator.trusted.yaml").read_text()
+    assert text.startswith('coordinator: "ssh-ed25519 AAAA')
+    assert set(load_trusted_keys(keys / "coordinator.trusted.yaml")) == {"coordinator"}
+    again = script("gen-signing-key.sh", keys, "coordinator")
+    assert again.returncode == 2 and "already exists; nothing overwritten" in again.stderr
+
+
+def test_a_signed_app_verifies_for_its_run_config_only(tmp_path, keys):
+    overrides = {"mode": "ok", "rounds": 2, "hold-s": 1.5, "marker-dir": "/tmp/m"}
+    staged = signed(tmp_path, keys, overrides)
+    fab = fab_of(staged)
+    trusted = load_trusted_keys(keys / "coordinator.trusted.yaml")
+    assert check_signed_fab(fab, run_config_of(fab, overrides), trusted) == "coordinator"
+    # the same code with another run config (e.g. an outsider's replay): refused
+    with pytest.raises(UntrustedAppError, match="run config differs .* in rounds"):
+        check_signed_fab(fab, run_config_of(fab, {**overrides, "rounds": 3}), trusted)
+    # 2 and 2.0 are different run configs to the app: refused too
+    with pytest.raises(UntrustedAppError, match="run config differs"):
+        check_signed_fab(fab, run_config_of(fab, {**overrides, "rounds": 2.0}), trusted)
+
+
+def test_this_projects_app_is_signed_with_its_whole_run_config(tmp_path, keys):
+    """The FedEFC app ships with a fab-include list: the signature is added to it, every
+    shipped file is covered, and the defaults fill the rest of the signed config."""
+    staged = signed(tmp_path, keys, {"rounds": 3, "out-dir": "/srv/run"}, app=APP_DIR)
+    fab = fab_of(staged)
+    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+        names = set(z.namelist())
+        signature = json.loads(z.read(SIGNATURE_FILE))
+    assert SIGNATURE_FILE in names and "fedefc_client/client_app.py" in names
+    assert set(signature["files"]) == names - {SIGNATURE_FILE, ".info/CONTENT"}
+    assert signature["run-config"]["rounds"] == 3 and signature["run-config"]["method"] == "fedefc"
+    trusted = load_trusted_keys(keys / "coordinator.trusted.yaml")
+    run_config = run_config_of(fab, {"rounds": 3, "out-dir": "/srv/run"})
+    assert check_signed_fab(fab, run_config, trusted) == "coordinator"
+
+
+@pytest.mark.parametrize("attack,reason", [
+    ("unsigned", "the app is not signed"),
+    ("other-key", "signed by key 'outsider', which this machine does not trust"),
+    ("changed-file", "files differ from what key 'coordinator' signed: noop_app/client_app.py"),
+    ("added-file", "files differ from what key 'coordinator' signed: noop_app/extra.py"),
+    ("altered-signature", "does not verify"),
+    ("renamed-key", "does not verify"),
+])
+def test_an_outsiders_app_is_refused_with_the_reason(tmp_path, keys, attack, reason):
+    overrides = {"mode": "ok"}
+    app = signed(tmp_path, keys, overrides, key="outsider" if attack == "other-key"
+                 else "coordinator")
+    if attack == "unsigned":
+        (app / SIGNATURE_FILE).unlink()
+    elif attack == "changed-file":
+        path = app / "noop_app" / "client_app.py"
+        path.write_text(path.read_text() + "\nimport os  # the outsider's code\n")
+    elif attack == "added-file":
+        (app / "noop_app" / "extra.py").write_text("print('outsider')\n")
+    elif attack in ("altered-signature", "renamed-key"):
+        doc = json.loads((app / SIGNATURE_FILE).read_text())
+        if attack == "altered-signature":
+            doc["run-config"]["mode"] = "fail"
+        else:  # an outsider's signature presented under the trusted name
+            doc = json.loads((signed(tmp_path, keys, overrides, key="outsider")
+                              / SIGNATURE_FILE).read_text()) | {"key-id": "coordinator"}
+        (app / SIGNATURE_FILE).write_text(json.dumps(doc))
+    fab = fab_of(app)
+    trusted = load_trusted_keys(keys / "coordinator.trusted.yaml")
+    with pytest.raises(UntrustedAppError, match="refused: ") as err:
+        check_signed_fab(fab, run_config_of(fab, overrides), trusted)
+    assert reason in str(err.value)
+
+
+def test_bad_key_files_are_named_with_the_fix(tmp_path, keys):
+    (tmp_path / "t.yaml").write_text("coordinator: not-a-key\n")
+    with pytest.raises(SigningKeyError, match="key 'coordinator' is not an OpenSSH public key"):
+        load_trusted_keys(tmp_path / "t.yaml")
+    rsa = tmp_path / "rsa"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(rsa)], check=True)
+    (tmp_path / "e.yaml").write_text(f'k: "{(tmp_path / "rsa.pub").read_text().strip()}"\n')
+    with pytest.raises(SigningKeyError, match="is not Ed25519"):
+        load_trusted_keys(tmp_path / "e.yaml")
+    with pytest.raises(SigningKeyError, match="is not Ed25519"):
+        app_signing.load_signing_key(rsa)
+    with pytest.raises(SigningKeyError, match="unreadable"):
+        load_trusted_keys(tmp_path / "missing.yaml")
+
+
+def test_the_guard_hooks_flowers_app_processes_where_it_expects():
+    """The two names :mod:`fedefc_cli.trusted_apps` replaces exist in flwr 1.42's
+    ClientApp and ServerApp process modules (an upgrade that moves them fails here)."""
+    for module_name, entry, _ in trusted_apps.ROLES.values():
+        module = importlib.import_module(module_name)
+        assert callable(module.install_from_fab) and callable(module.run_from_proto)
+        package, func = entry.split(":")
+        assert callable(getattr(importlib.import_module(package), func))
+
+
+def test_the_guard_checks_before_installing(tmp_path, keys):
+    """Driven like Flower's process drives it: run_from_proto, then install_from_fab; an
+    unsigned FAB never reaches the real install."""
+    installed = []
+
+    class Process:  # stands for flwr.supernode.runtime.run_clientapp
+        install_from_fab = staticmethod(lambda content, **kw: installed.append(content))
+        run_from_proto = staticmethod(lambda proto: proto)
+
+    class Run:
+        override_config = {"mode": "ok"}
+
+    trusted_apps.guard(Process, str(keys / "coordinator.trusted.yaml"))
+    good = fab_of(signed(tmp_path, keys, {"mode": "ok"}))
+    Process.run_from_proto(Run())
+    Process.install_from_fab(good, skip_prompt=True)
+    assert installed == [good]
+    with pytest.raises(UntrustedAppError, match="not signed"):
+        Process.install_from_fab(fab_of(NOOP_APP), skip_prompt=True)
+    assert installed == [good]
+
+
+def test_launchers_run_the_guard_with_the_trusted_keys(tmp_path, keys):
+    bin_dir = trusted_apps.write_launchers(tmp_path, str(keys / "coordinator.trusted.yaml"))
+    text = (bin_dir / "flwr-clientapp").read_text()
+    assert "-m fedefc_cli.trusted_apps clientapp" in text
+    assert str(keys / "coordinator.trusted.yaml") in text
+    assert os.access(bin_dir / "flwr-serverapp", os.X_OK)
+    with pytest.raises(SigningKeyError):
+        trusted_apps.write_launchers(tmp_path, str(tmp_path / "none.yaml"))
+
+
+# -- systemd units --------------------------------------------------------------------------
+def parse_exec_start(text: str) -> list[str]:
+    """ExecStart's words as systemd reads them (double quotes, backslash escapes, %% and
+    $$ undoubled): the subset of its syntax :func:`services.systemd_word` writes."""
+    line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
+    words = shlex.split(line.removeprefix("ExecStart="))
+    return [w.replace("%%", "%").replace("$$", "$") for w in words]
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            found.setdefault(key, []).append(value)
+    return found
+
+
+@pytest.fixture
+def service_user(monkeypatch) -> str:
+    """A service user 'fedefc' that is this test's own uid (not root), so that the files
+    the test writes count as the service user's."""
+    me = pwd.getpwuid(os.getuid())
+    entry = pwd.struct_passwd(("fedefc", "x", 4242 if me.pw_uid == 0 else me.pw_uid,
+                               me.pw_gid, "", "/var/lib/fedefc", "/usr/sbin/nologin"))
+    real = pwd.getpwnam
+    monkeypatch.setattr(services.pwd, "getpwnam",
+                        lambda name: entry if name == "fedefc" else real(name))
+    return "fedefc"
+
+
+def tls_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    certs, keys, secret = tmp_path / "certs", tmp_path / "nodekeys", tmp_path / "link.secret"
+    for name, args in (("gen-certs.sh", [certs, "superlink.example.org"]),
+                       ("gen-node-keys.sh", [keys, "node-0"]),
+                       ("gen-secret.sh", [secret])):
+        assert script(name, *args).returncode == 0
+    return certs, keys, secret
+
+
+def chown_to(paths: list[Path], uid: int) -> None:
+    if os.getuid() == 0:
+        for path in paths:
+            os.chown(path, uid, -1)
+
+
+def test_service_units_run_the_foreground_commands_as_a_dedicated_user(
+        tmp_path, keys, service_user):
+    certs, node_keys, secret = tls_files(tmp_path)
+    uid = services.pwd.getpwnam(service_user).pw_uid
+    chown_to([certs / "server.key", secret, node_keys / "node-0"], uid)
+    trusted = keys / "coordinator.trusted.yaml"
+    link = ["--host", "0.0.0.0", "--port", "8443", "--certs", str(certs), "--node-auth",
+            "--superexec-secret", str(secret), "--trusted-keys", str(trusted),
+            "--state-dir", "/var/lib/fedefc/superlink"]
+    node = ["--superlink", "superlink.example.org:8443", "--partition-id", "2",
+            "--num-partitions", "3", "--ca-cert", str(certs / "ca.crt"), "--auth-key",
+            str(node_keys / "node-0"), "--runtime-port", "9094", "--trusted-keys", str(trusted),
+            "--state-dir", "/var/lib/fedefc/node-2"]
+    units = tmp_path / "units"
+    assert main(["deploy", "service", "superlink", *link, "--user", service_user,
+                 "--units-dir", str(units)]) == 0
+    assert main(["deploy", "service", "supernode", *node, "--user", service_user,
+                 "--units-dir", str(units)]) == 0
+    names = sorted(p.name for p in units.iterdir())
+    assert names == ["fedefc-superlink-superexec.service", "fedefc-superlink.service",
+                     "fedefc-supernode-2-superexec.service", "fedefc-supernode-2.service"]
+    # the very commands `fedefc deploy superlink|supernode` run
+    args = build_parser().parse_args(["deploy", "superlink", *link])
+    link_pair = deployment.superlink_pair(args)
+    args = build_parser().parse_args(["deploy", "supernode", *node])
+    node_pair = deployment.supernode_pair(args, 9094, service=True)
+    for pair in (link_pair, node_pair):
+        main_unit = (units / f"fedefc-{pair.name}.service").read_text()
+        exec_unit = (units / f"fedefc-{pair.name}-superexec.service").read_text()
+        assert parse_exec_start(main_unit) == pair.main
+        assert parse_exec_start(exec_unit) == pair.superexec
+        for text in (main_unit, exec_unit):
+            settings = unit_settings(text)
+            assert settings["User"] == [service_user] and settings["Restart"] == ["on-failure"]
+            assert settings["UMask"] == ["0077"] and settings["StandardOutput"] == ["journal"]
+            env = dict(e.split("=", 1) for e in settings["Environment"])
+            assert env["FLWR_HOME"] == f"{pair.state}/flwr-home"
+            assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+        assert unit_settings(exec_unit)["PartOf"] == [f"fedefc-{pair.name}.service"]
+    # explicit bind address; the node's cache in its state folder; signed apps only
+    assert link_pair.main[link_pair.main.index("--host") + 1] == "0.0.0.0"
+    assert 'cache-dir="/var/lib/fedefc/node-2/cache"' in " ".join(node_pair.main)
+    assert "fedefc_cli.trusted_apps" in node_pair.superexec
+    if shutil.which("systemd-analyze"):
+        out = subprocess.run(["systemd-analyze", "verify", *map(str, sorted(units.iterdir()))],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_service_refuses_root_a_missing_user_and_files_it_cannot_read(
+        tmp_path, service_user, capsys):
+    certs, _, secret = tls_files(tmp_path)
+    base = ["deploy", "service", "superlink", "--host", "0.0.0.0", "--certs", str(certs),
+            "--superexec-secret", str(secret), "--state-dir", "/var/lib/fedefc/superlink",
+            "--units-dir", str(tmp_path / "units")]
+    assert main([*base, "--user", "root"]) == 2
+    assert "must not run as root" in capsys.readouterr().err
+    assert main([*base, "--user", "no-such-user-fedefc"]) == 2
+    assert "sudo useradd --system" in capsys.readouterr().err
+    if os.getuid() == 0:  # the files belong to root, the service user is another uid
+        assert main([*base, "--user", service_user]) == 2
+        assert f"sudo chown {service_user}: {secret} {certs / 'server.key'} (they stay mode " \
+               "0600)" in capsys.readouterr().err
+    assert not (tmp_path / "units").exists()
+
+
+def test_systemd_words_survive_quoting():
+    words = ['partition-id=0 cache-dir="/a b/c"', "50%", "$HOME", "back\\slash", "plain/x"]
+    line = "ExecStart=/bin/x " + services.exec_line(words)
+    assert parse_exec_start(line)[1:] == words
+
+
+# -- the certificate renewal ---------------------------------------------------------------
+def openssl(*args) -> str:
+    return subprocess.run(["openssl", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_renewal_keeps_the_ca_and_the_names_and_says_when_it_is_due(tmp_path):
+    certs = tmp_path / "certs"
+    assert script("gen-certs.sh", certs, "superlink.example.org", "203.0.113.7",
+                  env={"CERT_DAYS": "20"}).returncode == 0
+    ca_before = (certs / "ca.crt").read_bytes()
+    names = openssl("x509", "-in", str(certs / "server.pem"), "-noout", "-ext",
+                    "subjectAltName", "-subject")
+    key_before = (certs / "server.key").read_bytes()
+    due = script("renew-cert.sh", certs, "--check", "30")
+    assert due.returncode == 1 and "expires within 30 days" in due.stderr
+    assert script("renew-cert.sh", certs, "--check", "10").returncode == 0
+    renewed = script("renew-cert.sh", certs, env={"CERT_DAYS": "400"})
+    assert renewed.returncode == 0, renewed.stderr
+    assert "sudo systemctl restart fedefc-superlink.service" in renewed.stdout
+    assert (certs / "ca.crt").read_bytes() == ca_before  # nodes keep their ca.crt
+    assert "server.pem: OK" in openssl("verify", "-CAfile", str(certs / "ca.crt"),
+                                       str(certs / "server.pem"))
+    assert openssl("x509", "-in", str(certs / "server.pem"), "-noout", "-ext",
+                   "subjectAltName", "-subject") == names
+    assert (certs / "server.key").read_bytes() != key_before
+    assert (certs / "server.key.old").read_bytes() == key_before
+    assert (certs / "server.key").stat().st_mode & 0o777 == 0o600
+    assert script("renew-cert.sh", certs, "--check", "390").returncode == 0
+
+
+def test_renewal_refuses_another_cas_key_and_warns_of_an_expiring_ca(tmp_path):
+    certs, other = tmp_path / "certs", tmp_path / "other"
+    assert script("gen-certs.sh", certs, "localhost", env={"CA_DAYS": "30"}).returncode == 0
+    assert script("gen-certs.sh", other, "localhost").returncode == 0
+    before = (certs / "server.pem").read_bytes()
+    wrong = script("renew-cert.sh", certs, "--ca-key", other / "ca.key")
+    assert wrong.returncode == 1 and "is not the key of the CA" in wrong.stderr
+    assert (certs / "server.pem").read_bytes() == before
+    assert not (certs / "server.pem.new").exists()
+    (certs / "ca.key").rename(tmp_path / "offline-ca.key")  # moved offline, as advised
+    missing = script("renew-cert.sh", certs)
+    assert missing.returncode == 2 and "--ca-key FILE" in missing.stderr
+    late = script("renew-cert.sh", certs, "--ca-key", tmp_path / "offline-ca.key")
+    assert late.returncode == 0 and "WARNING: the CA expires" in late.stderr
+
+
+# -- results to the operator ----------------------------------------------------------------
+def results_folder(root: Path, summary: dict, files=("config.json", "metrics.jsonl",
+                                                     "model.pt")) -> Path:
+    root.mkdir(parents=True)
+    for name in files:
+        (root / name).write_text("{}")
+    (root / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_fetch_copies_checks_and_summarizes_a_run(tmp_path, capsys):
+    source = results_folder(tmp_path / "run", {"status": "completed", "final_acc": 0.9,
+                                               "t_e": 3, "client_failures": 0})
+    assert main(["deploy", "fetch", str(source), str(tmp_path / "here")]) == 0
+    out = capsys.readouterr().out
+    assert '"status": "completed", "final_acc": 0.9, "t_e": 3' in out
+    for name in ("config.json", "metrics.jsonl", "summary.json", "model.pt"):
+        assert (tmp_path / "here" / name).read_bytes() == (source / name).read_bytes()
+    assert main(["deploy", "fetch", str(source), str(tmp_path / "here")]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_fetch_reports_a_failed_or_unfinished_run(tmp_path, capsys):
+    failed = results_folder(tmp_path / "failed", {"status": "failed",
+                                                  "failure": "no node trained in round 1"},
+                            files=("config.json", "metrics.jsonl"))
+    assert main(["deploy", "fetch", str(failed), str(tmp_path / "a")]) == 1
+    assert "the run FAILED: no node trained in round 1" in capsys.readouterr().err
+    unfinished = results_folder(tmp_path / "unfinished", {}, files=("config.json",))
+    (unfinished / "summary.json").unlink()
+    assert main(["deploy", "fetch", str(unfinished), str(tmp_path / "b")]) == 1
+    assert "metrics.jsonl, summary.json, model.pt missing" in capsys.readouterr().err
+
+
+def test_fetch_from_the_superlink_machine_uses_scp(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_scp(argv):
+        calls.append(argv)
+        results_folder(Path(argv[-1]), {"status": "completed"})
+        return 0
+
+    monkeypatch.setattr(deployment.subprocess, "call", fake_scp)
+    monkeypatch.setattr(deployment.shutil, "which", lambda name: "/usr/bin/scp")
+    dest = tmp_path / "here"
+    assert main(["deploy", "fetch", "op@link.example.org:/srv/runs/r1", str(dest)]) == 0
+    assert calls == [["scp", "-r", "-p", "-q", "op@link.example.org:/srv/runs/r1", str(dest)]]
+    assert not deployment._is_remote("/abs/path:with-colon") and deployment._is_remote("h:/x")
+
+
+def test_the_pinned_torch_admits_pytorchs_cpu_build():
+    """docs/DEPLOYMENT.md, "Install": the CPU-only install puts torch 2.14.1+cpu from
+    PyTorch's index first; pip keeps it only if the project's pins admit that build."""
+    deps = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["project"]["dependencies"]
+    for name in ("torch", "torchvision"):
+        req = next(Requirement(d) for d in deps if Requirement(d).name == name)
+        version = next(iter(req.specifier)).version
+        assert req.specifier.contains(f"{version}+cpu"), req
+        assert f"{name}=={version}" in (APP_DIR / "docs" / "DEPLOYMENT.md").read_text()
+
+
+def test_noop_app_pyproject_is_valid_toml_with_declared_keys():
+    config = tomllib.loads((NOOP_APP / "pyproject.toml").read_text())
+    assert {"mode", "rounds", "nodes", "floats", "marker-dir"} <= set(
+        config["tool"]["flwr"]["app"]["config"])
+    assert tomli_w.dumps(config)  # tomli_w (the signer's writer) can write it back
+
+
+# -- the compose TLS variant's files ---------------------------------------------------------
+CONTAINER_UID = 49999  # the flwr images' user "app"
+
+
+def compose_tls_block() -> list[str]:
+    text = (APP_DIR / "docs" / "DEPLOYMENT.md").read_text()
+    section = text[text.index("**TLS variant**"):]
+    block = section[section.index("```bash\n") + 8:section.index("```", section.index(
+        "```bash\n") + 8)]
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_compose_tls_steps_leave_each_file_readable_by_who_needs_it_next(tmp_path):
+    """The doc's TLS compose steps, up to and with its ``sudo chown``, as a non-root user
+    (uid 1000 when the tests run as root, whose files are then given to it first): every
+    file a container mounts is readable by uid 49999, every file the later steps read by
+    the user, and the private files stay 0600."""
+    demo = tmp_path / "demo"
+    user = os.getuid() or 1000
+    lines = compose_tls_block()
+    expand = lambda words: subprocess.run(  # noqa: E731 - bash brace expansion
+        ["bash", "-c", f"printf '%s\\0' {words}"], capture_output=True, text=True,
+        check=True).stdout.split("\0")[:-1]
+    chowned: list[Path] = []
+    for line in lines:
+        if line.startswith("deploy/gen-"):
+            name, rest = line.split(" ", 1)
+            args = [a.replace("deploy/demo", str(demo)) for a in expand(rest.split("#")[0])]
+            assert script(name.removeprefix("deploy/"), *args).returncode == 0, line
+        elif line.startswith("sudo chown"):
+            words = expand(line.removeprefix("sudo chown "))
+            assert words[0] == f"{CONTAINER_UID}:{CONTAINER_UID}" and "-R" not in words
+            chowned = [Path(w.replace("deploy/demo", str(demo))) for w in words[1:]]
+            break
+    assert chowned, "the doc's TLS steps have no chown line"
+    if os.getuid() == 0:  # as the user would own them, then the doc's chown
+        for path in [demo, *demo.rglob("*")]:
+            os.chown(path, user, user)
+        for path in chowned:
+            os.chown(path, CONTAINER_UID, CONTAINER_UID)
+        owner = {p: p.stat().st_uid for p in demo.rglob("*")}
+    else:  # the chown's effect, computed
+        owner = {p: CONTAINER_UID if p in chowned else p.stat().st_uid for p in demo.rglob("*")}
+
+    def can_read(path: Path, uid: int) -> bool:
+        st = path.stat()
+        return bool(st.st_mode & 0o004) or (owner[path] == uid and bool(st.st_mode & 0o400))
+
+    mounted = set()
+    for service in yaml.safe_load((DEPLOY_DIR / "compose.tls.yml").read_text())[
+            "services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.replace("${FEDEFC_DEMO_DIR:-./demo}", str(demo)).split(":")[0]
+            mounted.add(Path(source))
+    for path in mounted:  # single files (a file mount ignores its folders' modes)
+        assert path.is_file(), path
+        assert can_read(path, CONTAINER_UID), f"a container cannot read {path}"
+    later = [Path(w.replace("deploy/demo", str(demo))) for line in lines
+             if not line.startswith(("deploy/gen-", "sudo")) for w in expand(line)
+             if w.startswith("deploy/demo/")]
+    assert {p.name for p in later} == {"ca.crt", "node-0.pub", "node-1.pub", "node-2.pub"}
+    for path in later:
+        assert can_read(path, user), f"the user cannot read {path} after the chown"
+        for folder in path.relative_to(demo).parents:
+            assert (demo / folder).stat().st_mode & 0o100 and owner.get(demo / folder, user) \
+                == user
+    for path in chowned:
+        assert path.stat().st_mode & 0o777 == 0o600 and path in mounted
+    assert set(chowned) == {p for p in mounted if not can_read(p, user) or p in chowned}
+
+
+def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp_path,
+                                                                              monkeypatch):
+    """``fedefc run`` and the grids: Flower said completed, the summary says failed."""
+    out = tmp_path / "run"
+    results_folder(out, {"status": "failed", "failure": "every round failed"})
+
+    class Finished:
+        log_path = tmp_path / "superlink.log"
+
+        def __init__(self, work):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, *args, **kwargs):
+            return 9, "finished:completed"
+
+    monkeypatch.setattr(simulation, "LocalSimulation", Finished)
+    with pytest.raises(LaunchError, match="run 9 FAILED: every round failed"):
+        simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2}, checked=True)
