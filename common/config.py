@@ -38,6 +38,13 @@ MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
 METHODS = ("fedefc", "fedavg", "fedprox", "fedditto", "forward-correction",
            "confident-learning", "fedcorr", "fednoro", "rofl")
+# the methods whose server asks for the accuracy signal and switches at FedEFC's
+# prestopping point (fedefc_server/server_app.py: STRATEGIES gives them FedEFCStrategy)
+PRESTOPPING_METHODS = ("fedefc", "forward-correction", "confident-learning")
+ACCURACY_SIGNALS = ("auto", "global", "held-out", "local-train")
+# accuracy-signal = "auto" takes "held-out" when a round trains at least this share of
+# the clients (docs/FEDEFC.md §3.1, measured in docs/RESULTS.md, "Cross-silo")
+AUTO_HELD_OUT_PARTICIPATION = 0.5
 # SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
 # 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
 SECAGG_MAX_CLIENTS = 1024
@@ -101,7 +108,9 @@ class RunConfig(BaseModel):
     prestopping: bool = True
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
-    accuracy_signal: Literal["global", "local-train"] = "global"
+    accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    validation_phase_2: Literal["estimate", "train"] = "estimate"
     count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -276,6 +285,27 @@ class RunConfig(BaseModel):
                 "sum); use accuracy-aggregation=\"mean\" or secure-aggregation=false")
 
     @property
+    def participation(self) -> float:
+        """The share of the clients a round trains: clients per round / num-clients."""
+        return self.clients_per_round / self.num_clients
+
+    @property
+    def resolved_accuracy_signal(self) -> str:
+        """``accuracy-signal`` with ``auto`` resolved (docs/FEDEFC.md §3.1):
+        :func:`resolve_accuracy_signal` of this run's shape."""
+        return resolve_accuracy_signal(self.accuracy_signal, self.participation,
+                                       self.prestopping)
+
+    @property
+    def validation_share(self) -> float:
+        """The fraction of its training data each client keeps out of training for the
+        accuracy signal: ``validation-fraction`` for a prestopping method with the
+        ``held-out`` signal, else 0 (no share; docs/FEDEFC.md §3.1)."""
+        if self.method in PRESTOPPING_METHODS and self.resolved_accuracy_signal == "held-out":
+            return self.validation_fraction
+        return 0.0
+
+    @property
     def clients_per_round(self) -> int:
         """max(1, int(fraction * N)): the clients a round samples."""
         return max(1, int(self.num_clients * self.fraction))
@@ -360,6 +390,30 @@ class MethodSettings(BaseModel):
 
 
 S = TypeVar("S", bound=MethodSettings)
+
+
+def resolve_accuracy_signal(signal: str, participation: float, prestopping: bool) -> str:
+    """The accuracy signal a run uses (docs/FEDEFC.md §3.1). ``auto`` is ``held-out``
+    when a round trains at least :data:`AUTO_HELD_OUT_PARTICIPATION` of the clients
+    (there the received model has just trained on the client's own labels, and its
+    accuracy on them measures memorization) and prestopping is on; otherwise it is the
+    paper's ``global``. Any other value is taken as given."""
+    if signal != "auto":
+        return signal
+    if prestopping and participation >= AUTO_HELD_OUT_PARTICIPATION:
+        return "held-out"
+    return "global"
+
+
+def effective_accuracy_signal(flat: Mapping[str, Any]) -> str:
+    """The resolved signal of a flat run config that may lack keys (an older
+    ``config.json``): a missing key counts as its default."""
+    def get(key: str) -> Any:
+        return flat.get(key, RunConfig.model_fields[key.replace("-", "_")].default)
+    n = int(get("num-clients"))
+    per_round = max(1, int(n * float(get("fraction"))))
+    return resolve_accuracy_signal(get("accuracy-signal"), per_round / n,
+                                   bool(get("prestopping")))
 
 
 def parse_input_shape(text: str) -> tuple[int, ...] | None:

@@ -16,7 +16,13 @@ from .baselines.fednoro import FedNoRoSettings
 from .baselines.fedprox import FedProxSettings
 from .baselines.forward_correction import ForwardCorrectionSettings
 from .baselines.rofl import RoFLSettings
-from .config import MethodSettings, RunConfig, config_differences, parse_run_config
+from .config import (
+    MethodSettings,
+    RunConfig,
+    config_differences,
+    effective_accuracy_signal,
+    parse_run_config,
+)
 
 # method -> the model of its own run-config keys (None: it has none)
 SETTINGS: dict[str, type[MethodSettings] | None] = {
@@ -53,5 +59,10 @@ def default_config() -> dict[str, Any]:
 def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> dict[str, tuple[Any, Any]]:
     """{key: (stored, wanted)} where a stored resolved config differs from a wanted one;
-    a key the stored config lacks counts as its default (:func:`config_differences`)."""
+    a key the stored config lacks counts as its default (:func:`config_differences`).
+    ``accuracy-signal`` compares as resolved: a run stored with ``global`` is the run
+    that ``auto`` asks for where ``auto`` resolves to ``global`` (docs/FEDEFC.md §3.1)."""
+    stored = {**stored, "accuracy-signal": effective_accuracy_signal(stored)}
+    if "accuracy-signal" in wanted:
+        wanted = {**wanted, "accuracy-signal": effective_accuracy_signal(wanted)}
     return config_differences(stored, wanted, default_config(), ignore)

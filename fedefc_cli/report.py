@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.config import effective_accuracy_signal
 from common.datasets import DatasetError
 from common.federation import federated_data
 from common.methods import load_run_config
@@ -45,7 +46,8 @@ DATASET_FAMILY = {"mnist": "mnist", "cifar10": "cifar10", "cifar100": "cifar100"
 
 
 # The paper's choices for the keys that ablations vary: a run with another value is not
-# the method the paper measured, so it gets no paper number beside it.
+# the method the paper measured, so it gets no paper number beside it (the accuracy
+# signal as resolved: "auto" is the paper's "global" at the paper's settings).
 PAPER_CHOICES = {"count-rule": "cleanlab", "accuracy-signal": "global", "prestopping": True,
                  "rofl-detach-centroid-feature": False}
 
@@ -62,7 +64,10 @@ def paper_key(config: dict[str, Any]) -> tuple | None:
     family = DATASET_FAMILY.get(config["dataset"])
     if family is None or config.get("noise-groups") or config.get("iid"):
         return None
-    if any(config.get(k, v) != v for k, v in PAPER_CHOICES.items()):
+    resolved = dict(config)
+    if "accuracy-signal" in config:
+        resolved["accuracy-signal"] = effective_accuracy_signal(config)
+    if any(resolved.get(k, v) != v for k, v in PAPER_CHOICES.items()):
         return None
     if config["method"] == "fedefc" and \
             config.get("weighting", "none") != paper_weighting(family, config["p"]):
@@ -96,20 +101,24 @@ def accuracy_key(records: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def cell_stats(cells: list[Cell]) -> dict[str, Any]:
-    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds."""
-    finals, last10, t_es, seeds, sources = [], [], [], [], set()
+    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds,
+    the mean best accuracy, and per seed T_e and the round of the best accuracy."""
+    finals, last10, bests, best_rounds, t_es, seeds, sources = [], [], [], [], [], [], set()
     for cell in cells:
         if cell.done:
             summary = json.loads((cell.out_dir / "summary.json").read_text())
             finals.append(100 * summary["final_acc"])
             last10.append(100 * summary["mean_last10_acc"])
+            bests.append(100 * summary["best_acc"])
+            best_rounds.append(summary.get("best_round"))
             t_es.append(summary.get("t_e"))
             seeds.append(cell.seed)
             sources.add(summary.get("accuracy_source", "server test set"))
     if not finals:
         return {"n": 0}
     return {"n": len(finals), "mean": float(np.mean(finals)), "std": float(np.std(finals)),
-            "last10": float(np.mean(last10)), "t_e": t_es, "seeds": seeds,
+            "last10": float(np.mean(last10)), "best": float(np.mean(bests)),
+            "best_round": best_rounds, "t_e": t_es, "seeds": seeds,
             "sources": sources}
 
 
@@ -183,11 +192,13 @@ def _write_csv(grid: Grid, table, out: Path) -> Path:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["row", "column", "n_seeds", "final_mean", "final_std", "last10_mean",
-                         "t_e", "seeds", "paper_mean", "paper_std"])
+                         "best_mean", "best_round", "t_e", "seeds", "paper_mean", "paper_std"])
         for (row, col), s in table.items():
             paper = s.get("paper") or (None, None)
             writer.writerow([row, col, s.get("n", 0), _round(s.get("mean")),
                              _round(s.get("std")), _round(s.get("last10")),
+                             _round(s.get("best")),
+                             " ".join(str(t) for t in s.get("best_round", [])),
                              " ".join(str(t) for t in s.get("t_e", [])),
                              " ".join(str(x) for x in s.get("seeds", [])), *paper])
     return path

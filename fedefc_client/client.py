@@ -5,10 +5,12 @@ A training reply holds the trained weights, the sample count, the partition id, 
 that are scalars: the loss the client trained with, its mean training loss and local
 compute time, a method's own metrics, and, where the server asks for it (FedEFC's
 phase 1, docs/FEDEFC.md §3.1), A_k: the accuracy of the RECEIVED global model on the
-client's own noisy-labelled data (``accuracy-signal=global``) or its training accuracy
-averaged over the local epochs (``local-train``). Labels and FedEFC's Q never leave the
-client; in simulation with ``diagnostics=true`` the reply also carries scalars that
-only the simulator can compute (its true noise rate; Q's similarity to the truth).
+client's own noisy-labelled training data (``accuracy-signal=global``) or on its
+validation share, which phase 1 does not train on (``held-out``), or its training
+accuracy averaged over the local epochs (``local-train``); ``auto`` is one of the
+first two, by the run's shape. Labels and FedEFC's Q never leave the client; in
+simulation with ``diagnostics=true`` the reply also carries scalars that only the
+simulator can compute (its true noise rate; Q's similarity to the truth).
 
 An evaluation reply (docs/OWN-DATA.md, "Federated evaluation") holds the global model's
 mean cross-entropy on the client's held-out samples, their number, the partition id and
@@ -58,6 +60,16 @@ LOCAL_UPDATES: dict[str, Callable[[LocalJob], Update]] = {
 }
 
 
+def accuracy_signal(job: LocalJob, train_accuracy: float) -> float:
+    """A_k, the phase-1 accuracy the run's ``accuracy-signal`` names (docs/FEDEFC.md §3.1)."""
+    signal = job.cfg.resolved_accuracy_signal
+    if signal == "held-out":
+        return job.validation_accuracy()
+    if signal == "global":
+        return job.global_accuracy()
+    return train_accuracy  # local-train
+
+
 class FedEFCClient(NumPyClient):
     """One client; built per message by the ClientApp, its data loaded lazily (cached)."""
 
@@ -103,8 +115,7 @@ class FedEFCClient(NumPyClient):
         num_examples, extra, stats = LOCAL_UPDATES[self.cfg.method](job)
         metrics.update(extra)
         if job.phase == 1:
-            metrics["accuracy"] = (job.global_accuracy() if self.cfg.accuracy_signal == "global"
-                                   else stats.mean_accuracy)
+            metrics["accuracy"] = accuracy_signal(job, stats.mean_accuracy)
         metrics["train-loss"] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics["noise-rate"] = local.noise_rate

@@ -1,0 +1,259 @@
+"""The accuracy signal of FedEFC's phase 1 (docs/FEDEFC.md §3.1): the validation share
+behind the ``held-out`` signal, and the rule by which ``auto`` picks a signal.
+
+The secure-aggregation path of the signal is tested with the other secure rounds in
+test_privacy.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from common.config import AUTO_HELD_OUT_PARTICIPATION, PRESTOPPING_METHODS
+from common.federation import federated_data, training_size
+from common.methods import changed_keys, load_run_config
+from common.params import get_weights
+from common.runtime import initial_model
+from common.training import BatchTransform, predict_proba
+from common.transition import estimate_transition
+from fedefc_cli.grid import Grid
+from fedefc_cli.report import load_paper_numbers, paper_key
+from fedefc_cli.run_configs import CONFIGS_DIR
+from fedefc_client import local_data
+from fedefc_client.client import FedEFCClient
+from fedefc_client.job import LocalJob
+from fedefc_client.local_data import (
+    held_out_positions,
+    node_data,
+    partition_data,
+    validation_positions,
+)
+from fedefc_client.local_update import fedefc
+from fedefc_server.fedefc_strategy import FedEFCStrategy
+from fedefc_server.server_app import STRATEGIES
+
+CPU = torch.device("cpu")
+NODE = "node 9 (partition-id 2)"
+
+
+def silo(**keys):
+    """A cross-silo run on the embedded data: 5 clients, all of them every round."""
+    return load_run_config({"num-clients": 5, "fraction": 1.0, **keys})
+
+
+def rows_of(x: torch.Tensor) -> set[bytes]:
+    return {bytes(row.numpy().tobytes()) for row in x}
+
+
+# -- the validation share ---------------------------------------------------------------------
+def test_the_share_is_a_seeded_fraction_of_the_training_part():
+    cfg = silo()
+    assert cfg.resolved_accuracy_signal == "held-out" and cfg.validation_share == 0.2
+    val = validation_positions(cfg, 3, 50)
+    assert len(val) == 10 and len(np.unique(val)) == 10 and list(val) == sorted(val)
+    assert 0 <= val.min() and val.max() < 50
+    assert np.array_equal(val, validation_positions(silo(), 3, 50))  # a pure function
+    assert not np.array_equal(val, validation_positions(cfg, 4, 50))  # per partition
+    assert not np.array_equal(val, validation_positions(silo(seed=1), 3, 50))  # per seed
+    assert len(validation_positions(silo(**{"validation-fraction": 0.3}), 3, 50)) == 15
+    assert len(validation_positions(silo(**{"validation-fraction": 0.01}), 3, 50)) == 1
+    assert len(validation_positions(silo(**{"validation-fraction": 0.99}), 3, 50)) == 49
+    assert validation_positions(cfg, 3, 1) is None  # a single sample is trained on
+
+
+@pytest.mark.parametrize("keys", [
+    {"method": "fedavg"}, {"method": "fedcorr"}, {"accuracy-signal": "global"},
+    {"accuracy-signal": "local-train"}, {"prestopping": False},
+    {"num-clients": 100, "fraction": 0.1}])
+def test_no_share_without_a_held_out_signal_of_a_prestopping_method(keys):
+    """FedAvg and the methods without a phase switch train on everything; so does FedEFC
+    with the paper's signal (its results stay those of docs/RESULTS.md)."""
+    cfg = silo(**keys)
+    assert cfg.validation_share == 0.0 and validation_positions(cfg, 3, 50) is None
+    assert partition_data(cfg, 3, CPU).validation is None
+
+
+def test_the_share_lies_in_the_training_part_never_in_the_evaluation_hold_out(tmp_path):
+    """Simulation and a SuperNode with cache-dir: the same share, its samples among
+    those the client trains on and none of them among its federated-evaluation hold-out;
+    the declared size (what every reply counts) is the training part, share included."""
+    cfg = silo(evaluation="both")
+    idx = federated_data(cfg).client_indices[2]
+    local = partition_data(cfg, 2, CPU)
+    train, held = held_out_positions(cfg, 2, len(idx))
+    assert len(local) == len(train) == training_size(cfg, len(idx))
+    val = local.validation
+    assert len(val) == round(0.2 * len(train))
+    shared, kept_out = rows_of(local.x[torch.as_tensor(val)]), rows_of(local.held_out.x)
+    assert len(shared) == len(val) and not shared & kept_out
+    np.testing.assert_array_equal(local.labels[val],
+                                  federated_data(cfg).noisy_labels[idx[train[val]]])
+    node = node_data(cfg, 2, {"cache-dir": str(tmp_path / "cache")}, NODE, CPU)
+    again = node_data(cfg, 2, {"cache-dir": str(tmp_path / "cache")}, NODE, CPU)  # cached
+    for other in (node, again):
+        np.testing.assert_array_equal(other.validation, val)
+        assert torch.equal(other.x[torch.as_tensor(val)], local.x[torch.as_tensor(val)])
+
+
+def test_a_private_nodes_share_is_disjoint_from_its_hold_out(tmp_path):
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(60, 4)) + 10.0, np.arange(60) % 3
+    path = tmp_path / "node.npz"
+    np.savez(path, features=x, labels=y)
+    cfg = load_run_config({"dataset": "npz", "evaluation": "federated", "num-classes": 3,
+                           "input-shape": "4", "num-clients": 3, "fraction": 1.0})
+    local = node_data(cfg, 2, {"data-path": str(path)}, NODE, CPU)
+    train, held = held_out_positions(cfg, 2, 60)
+    assert len(local) == 48 and len(local.held_out) == 12 and len(local.validation) == 10
+    shared = rows_of(local.x[torch.as_tensor(local.validation)])
+    assert len(shared) == 10 and not shared & rows_of(local.held_out.x)
+    np.testing.assert_array_equal(local.labels[local.validation], y[train][local.validation])
+
+
+def test_the_share_is_stable_across_rounds_and_a_restarted_process():
+    """What a resumed run sees: a new process rebuilds the client's data from the run
+    config alone; every round of phase 1 holds back the same samples."""
+    cfg = silo()
+    local = partition_data(cfg, 1, CPU)
+    model = initial_model(cfg, local.data.task)
+    held = [LocalJob(cfg, local, model, 1, r, 100 + r).held_back for r in (1, 2, 9)]
+    assert all(np.array_equal(h, local.validation) for h in held)
+    local_data._CACHE.clear()  # as in a new process
+    rebuilt = partition_data(cfg, 1, CPU)
+    assert rebuilt is not local
+    np.testing.assert_array_equal(rebuilt.validation, local.validation)
+
+
+def fit_once(cfg, local, phase: int):
+    """One fit from the same initial weights and seed; (weights, count, metrics)."""
+    model = initial_model(cfg, local.data.task)
+    client = FedEFCClient(cfg, 1, lambda: local, RecordDict())
+    return client.fit(get_weights(model), {"phase": phase, "round": 2, "seed": 7})
+
+
+def test_phase_1_never_trains_on_the_share():
+    """Scrambling the share's images changes nothing a phase-1 update computes but the
+    signal; every reply counts the client's declared size."""
+    cfg = silo(iid=True, **{"local-epochs": 1})
+    local = partition_data(cfg, 1, CPU)
+    x = local.x.clone()
+    val = torch.as_tensor(local.validation)
+    x[val] = torch.randint(0, 256, x[val].shape, dtype=x.dtype)
+    scrambled = dataclasses.replace(local, x=x)
+    (w1, n1, m1), (w2, n2, m2) = fit_once(cfg, local, 1), fit_once(cfg, scrambled, 1)
+    assert n1 == n2 == len(local)
+    assert all(np.array_equal(a, b) for a, b in zip(w1, w2))
+    assert m1["accuracy"] != m2["accuracy"]
+
+
+@pytest.mark.parametrize("use", ["estimate", "train"])
+def test_phase_2_estimates_q_on_the_share_or_trains_on_it(use):
+    """``validation-phase-2``: "estimate" keeps the share out of training and takes Q
+    from the received model's predictions on it; "train" trains on every sample and
+    takes Q from all of them (the paper's estimate). Q is recomputed here from the
+    model's predictions (common/transition.py is tested against cleanlab)."""
+    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1, "validation-phase-2": use})
+    local = partition_data(cfg, 1, CPU)
+    model = initial_model(cfg, local.data.task)
+    probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU))
+    job = LocalJob(cfg, local, model, 2, 3, 3)
+    trained = job.training_set()
+    n, metrics, _ = fedefc(job)
+    at = local.validation if use == "estimate" else np.arange(len(local))
+    np.testing.assert_allclose(job.last_q, estimate_transition(probs[at], local.labels[at]))
+    keep = np.ones(len(local), dtype=bool)
+    if use == "estimate":
+        keep[local.validation] = False
+    assert torch.equal(trained.x, local.x[torch.as_tensor(np.flatnonzero(keep))])
+    assert n == len(local) and metrics["loss"] == "forward-corrected"
+
+
+def test_the_held_out_signal_is_the_received_models_accuracy_on_the_share():
+    """Computed here from the received model's predictions; after the model has fitted
+    the client's noisy training part, the paper's signal (accuracy on the labels it
+    trained on) measures that fit, the held-out one does not."""
+    cfg = silo(iid=True, rho=0.4, zeta=0.4, **{"num-clients": 10, "local-epochs": 1})
+    local = partition_data(cfg, 1, CPU)
+    model = initial_model(cfg, local.data.task)
+    memorize = LocalJob(load_run_config({**cfg.to_flat(), "local-epochs": 40}), local,
+                        model, 1, 1, 1)
+    memorize.train()  # 40 epochs on the training part, the share held back
+    weights = get_weights(model)
+    probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU)).argmax(1)
+    val = local.validation
+    train = np.setdiff1d(np.arange(len(local)), val)
+    expected = {"held-out": float(np.mean(probs[val] == local.labels[val])),
+                "global": float(np.mean(probs == local.labels))}
+    reported = {}
+    for signal in expected:
+        keys = {**cfg.to_flat(), "accuracy-signal": signal}
+        client = FedEFCClient(load_run_config(keys), 1, lambda: local, RecordDict())
+        reported[signal] = client.fit(weights, {"phase": 1, "round": 2, "seed": 2})[2]["accuracy"]
+        assert reported[signal] == pytest.approx(expected[signal], abs=1e-12)
+    assert float(np.mean(probs[train] == local.labels[train])) > 0.95  # it fitted the noise
+    assert reported["global"] > reported["held-out"] + 0.2
+
+
+# -- the auto rule ------------------------------------------------------------------------------
+@pytest.mark.parametrize("keys,signal", [
+    ({"num-clients": 100, "fraction": 0.1}, "global"),  # the paper's cross-device shape
+    ({"num-clients": 20, "fraction": 0.45}, "global"),
+    ({"num-clients": 20, "fraction": 0.5}, "held-out"),
+    ({"num-clients": 5, "fraction": 1.0}, "held-out"),
+    ({"num-clients": 4, "fraction": 0.5}, "held-out"),
+    ({"num-clients": 5, "fraction": 1.0, "prestopping": False}, "global"),
+    ({"num-clients": 5, "fraction": 1.0, "accuracy-signal": "global"}, "global"),
+    ({"num-clients": 5, "fraction": 1.0, "accuracy-signal": "local-train"}, "local-train"),
+    ({"num-clients": 100, "fraction": 0.1, "accuracy-signal": "held-out"}, "held-out"),
+])
+def test_auto_picks_the_signal_by_participation(keys, signal):
+    cfg = load_run_config(keys)
+    assert cfg.resolved_accuracy_signal == signal
+    assert (cfg.participation >= AUTO_HELD_OUT_PARTICIPATION) == (
+        cfg.clients_per_round / cfg.num_clients >= 0.5)
+
+
+def test_the_default_is_auto():
+    assert load_run_config({}).accuracy_signal == "auto"
+    with open(CONFIGS_DIR.parent / "pyproject.toml", "rb") as fh:
+        app = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    assert app["accuracy-signal"] == "auto"
+
+
+def test_prestopping_methods_are_the_ones_with_fedefcs_server():
+    assert {m for m, cls in STRATEGIES.items() if issubclass(cls, FedEFCStrategy)} == \
+        set(PRESTOPPING_METHODS)
+
+
+AUTO_RULE_GRIDS = {"cross-silo", "participation"}  # they set the signal per row
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS_DIR / "grids").glob("*.toml")
+                                        if p.stem not in AUTO_RULE_GRIDS))
+def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path):
+    """The shipped cross-device grids run the paper's signal under ``auto``, train on all
+    their data, and keep their paper numbers and finished results."""
+    paper = load_paper_numbers()
+    for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
+        cfg = load_run_config(cell.config)
+        if cfg.accuracy_signal == "auto":
+            assert cfg.resolved_accuracy_signal == "global", cell
+        assert cfg.validation_share == 0.0, cell
+        stored = {**cell.config, "accuracy-signal": "global"}  # a run made before "auto"
+        if cfg.accuracy_signal == "auto":
+            assert changed_keys(stored, cell.config) == {}
+            key = paper_key(cell.config)
+            assert key is None or key in paper
+
+
+def test_a_finished_run_of_the_papers_signal_is_not_an_auto_cross_silo_run():
+    wanted = silo().to_flat()
+    stored = {**wanted, "accuracy-signal": "global"}
+    assert changed_keys(stored, wanted) == {"accuracy-signal": ("global", "held-out")}
+    assert changed_keys({**stored, "num-clients": 100, "fraction": 0.1},
+                        {**wanted, "num-clients": 100, "fraction": 0.1}) == {}
