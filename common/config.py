@@ -38,6 +38,8 @@ OWN_DATASETS = ("npz", "imagefolder")
 # a model given by import path: "package.module:callable" (docs/OWN-DATA.md, "Your model")
 MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
+# the phase-1 accuracy a client reports (docs/FEDEFC.md §3.1)
+ACCURACY_SIGNALS = ("global", "held-out", "local-train")
 # SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
 # 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
 SECAGG_MAX_CLIENTS = 1024
@@ -119,7 +121,9 @@ class RunConfig(BaseModel):
     prestopping: bool = True
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
-    accuracy_signal: Literal["global", "local-train"] = "global"
+    accuracy_signal: Literal[ACCURACY_SIGNALS] = "global"  # type: ignore[valid-type]
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    validation_phase_2: Literal["estimate", "train"] = "estimate"
     count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
     seed: int = Field(0, ge=0, le=2**31 - 1)

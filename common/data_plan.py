@@ -135,7 +135,9 @@ def held_out_count(cfg: RunConfig, n: int) -> int:
 
 def training_size(cfg: RunConfig, n: int) -> int:
     """The samples a client with ``n`` samples trains on: the size it declares and
-    every reply of it counts (docs/PRIVACY.md, "Weights bound to facts")."""
+    every reply of it counts (docs/PRIVACY.md, "Weights bound to facts"). The
+    validation share of the held-out accuracy signal is part of it (docs/FEDEFC.md
+    §3.1): a reply's weight is the client's data size in every round."""
     return n - held_out_count(cfg, n)
 
 

@@ -64,6 +64,12 @@ class Method:
         """Whether the method can run under secure aggregation and DP."""
         return not self.per_client_values
 
+    @property
+    def prestopping(self) -> bool:
+        """Whether its server is FedEFC's prestopping server (a phase 1 with the clients'
+        accuracy signal, then the switch)."""
+        return self.server == _PRESTOPPING
+
 
 _SERVERS = "fedefc_server"
 _CLIENTS = "fedefc_client"
@@ -157,6 +163,15 @@ def load_run_config(flat: dict[str, Any]) -> RunConfig:
         _PARSED[key] = cfg
         _LAST[:] = [dict(flat), cfg]
     return cfg
+
+
+def validation_share(cfg: RunConfig) -> float:
+    """The fraction of its training data each client keeps out of training for the
+    accuracy signal: ``validation-fraction`` for a prestopping method with the
+    ``held-out`` signal, else 0 (no share; docs/FEDEFC.md §3.1)."""
+    if method_of(cfg).prestopping and cfg.accuracy_signal == "held-out":
+        return cfg.validation_fraction
+    return 0.0
 
 
 def default_config() -> dict[str, Any]:

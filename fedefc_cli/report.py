@@ -97,20 +97,24 @@ def accuracy_key(records: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def cell_stats(cells: list[Cell]) -> dict[str, Any]:
-    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds."""
-    finals, last10, t_es, seeds, sources = [], [], [], [], set()
+    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds,
+    the mean best accuracy, and per seed T_e and the round of the best accuracy."""
+    finals, last10, bests, best_rounds, t_es, seeds, sources = [], [], [], [], [], [], set()
     for cell in cells:
         if cell.done:
             summary = json.loads((cell.out_dir / "summary.json").read_text())
             finals.append(100 * summary["final_acc"])
             last10.append(100 * summary["mean_last10_acc"])
+            bests.append(100 * summary["best_acc"])
+            best_rounds.append(summary.get("best_round"))
             t_es.append(summary.get("t_e"))
             seeds.append(cell.seed)
             sources.add(summary.get("accuracy_source", "server test set"))
     if not finals:
         return {"n": 0}
     return {"n": len(finals), "mean": float(np.mean(finals)), "std": float(np.std(finals)),
-            "last10": float(np.mean(last10)), "t_e": t_es, "seeds": seeds,
+            "last10": float(np.mean(last10)), "best": float(np.mean(bests)),
+            "best_round": best_rounds, "t_e": t_es, "seeds": seeds,
             "sources": sources}
 
 
@@ -184,11 +188,13 @@ def _write_csv(grid: Grid, table, out: Path) -> Path:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["row", "column", "n_seeds", "final_mean", "final_std", "last10_mean",
-                         "t_e", "seeds", "paper_mean", "paper_std"])
+                         "best_mean", "best_round", "t_e", "seeds", "paper_mean", "paper_std"])
         for (row, col), s in table.items():
             paper = s.get("paper") or (None, None)
             writer.writerow([row, col, s.get("n", 0), _round(s.get("mean")),
                              _round(s.get("std")), _round(s.get("last10")),
+                             _round(s.get("best")),
+                             " ".join(str(t) for t in s.get("best_round", [])),
                              " ".join(str(t) for t in s.get("t_e", [])),
                              " ".join(str(x) for x in s.get("seeds", [])), *paper])
     return path

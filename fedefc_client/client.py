@@ -5,10 +5,12 @@ A training reply holds the trained weights, the sample count, the partition id, 
 that are scalars: the loss the client trained with, its mean training loss and local
 compute time, a method's own metrics, and, where the server asks for it (FedEFC's
 phase 1, docs/FEDEFC.md §3.1), A_k: the accuracy of the RECEIVED global model on the
-client's own noisy-labelled data (``accuracy-signal=global``) or its training accuracy
-averaged over the local epochs (``local-train``). Labels and FedEFC's Q never leave the
-client; in simulation with ``diagnostics=true`` the reply also carries scalars that
-only the simulator can compute (its true noise rate; Q's similarity to the truth).
+client's own noisy-labelled training data (``accuracy-signal=global``) or on its
+validation share, which phase 1 does not train on (``held-out``), or its training
+accuracy averaged over the local epochs (``local-train``); ``auto`` is one of the
+first two, by the run's shape. Labels and FedEFC's Q never leave the client; in
+simulation with ``diagnostics=true`` the reply also carries scalars that only the
+simulator can compute (its true noise rate; Q's similarity to the truth).
 
 An evaluation reply (docs/OWN-DATA.md, "Federated evaluation") holds the global model's
 mean cross-entropy on the client's held-out samples, their number, the partition id and
@@ -45,6 +47,16 @@ from common.training import BatchTransform, configure_threads, evaluate
 from .job import LocalJob
 from .local_data import LocalData, partition_sizes
 from .local_update import Update
+
+
+def accuracy_signal(job: LocalJob, train_accuracy: float) -> float:
+    """A_k, the phase-1 accuracy the run's ``accuracy-signal`` names (docs/FEDEFC.md §3.1)."""
+    signal = job.cfg.accuracy_signal
+    if signal == "held-out":
+        return job.validation_accuracy()
+    if signal == "global":
+        return job.global_accuracy()
+    return train_accuracy  # local-train
 
 
 class MethodClient(NumPyClient):
@@ -112,9 +124,7 @@ class MethodClient(NumPyClient):
         num_examples, extra, stats = self.local_update(job)
         metrics.update(extra)
         if carries_accuracy(job.phase):
-            metrics[FitReply.ACCURACY] = (job.global_accuracy()
-                                          if self.cfg.accuracy_signal == "global"
-                                          else stats.mean_accuracy)
+            metrics[FitReply.ACCURACY] = accuracy_signal(job, stats.mean_accuracy)
         metrics[FitReply.TRAIN_LOSS] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics[FitReply.NOISE_RATE] = local.noise_rate

@@ -31,7 +31,8 @@ from .local_data import LocalData
 class LocalJob:
     """Everything a method's local update needs; ``probs`` are the RECEIVED global
     model's predictions on the local data (taken before any training). ``phase`` is
-    FedEFC's phase (1 or 2) for the methods whose server has one, else None."""
+    FedEFC's phase (1 or 2) for the methods whose server has one, else None. Training
+    leaves out the validation share (:attr:`held_back`)."""
 
     cfg: RunConfig
     local: LocalData
@@ -67,9 +68,47 @@ class LocalJob:
         return SGDSettings(c.local_epochs, c.batch_size, c.lr, c.momentum, c.weight_decay,
                            c.precision)
 
+    @property
+    def held_back(self) -> np.ndarray | None:
+        """Positions not trained on in this round: the validation share in phase 1, and
+        in phase 2 unless ``validation-phase-2 = "train"`` (docs/FEDEFC.md §3.1)."""
+        val = self.local.validation
+        if val is None or self.phase is None:
+            return None
+        if self.phase == 2 and self.cfg.validation_phase_2 == "train":
+            return None
+        return val
+
+    def estimation_positions(self) -> np.ndarray:
+        """The samples whose predictions estimate the client's noise matrix in phase 2:
+        the validation share while it is kept out of training (``validation-phase-2 =
+        "estimate"``: predictions the model did not fit, as cleanlab's out-of-sample
+        probabilities are), else all of the client's samples (docs/FEDEFC.md §4)."""
+        held = self.held_back
+        return np.arange(len(self.labels)) if held is None else held
+
+    def trainable(self, keep: np.ndarray | None = None) -> np.ndarray | None:
+        """The mask of the samples trained on: ``keep`` (all when None) less
+        :attr:`held_back`; None when that is every sample."""
+        held = self.held_back
+        if held is None:
+            return keep
+        mask = np.ones(len(self.labels), dtype=bool) if keep is None else keep.copy()
+        mask[held] = False
+        return mask
+
     def global_accuracy(self) -> float:
         """Accuracy of the received global model on the local (observed) labels."""
         return float(np.mean(self.probs.argmax(1) == self.labels))
+
+    def validation_accuracy(self) -> float:
+        """Accuracy of the received global model on the validation share's observed
+        labels (the ``held-out`` signal); a client too small for a share (one sample)
+        gives :meth:`global_accuracy`."""
+        val = self.local.validation
+        if val is None:
+            return self.global_accuracy()
+        return float(np.mean(self.probs[val].argmax(1) == self.labels[val]))
 
     def anchor(self, model: nn.Module | None = None) -> list[torch.Tensor]:
         """Detached copies of the trainable parameters (the proximal terms' w_g)."""
@@ -78,9 +117,10 @@ class LocalJob:
     def training_set(self, labels: np.ndarray | None = None,
                      keep: np.ndarray | None = None) -> TrainingSet:
         """The local samples with their observed labels (or ``labels``), all of them or
-        those of the ``keep`` mask."""
+        those of the ``keep`` mask, less :attr:`held_back`."""
         x = self.local.x
         y = self.local.y if labels is None else torch.as_tensor(labels, device=self.device)
+        keep = self.trainable(keep)
         if keep is not None:
             idx = torch.as_tensor(np.flatnonzero(keep), device=self.device)
             x, y = x.index_select(0, idx), y.index_select(0, idx)

@@ -16,6 +16,13 @@ a seeded ``local-test-fraction`` of its samples (:func:`held_out_positions`, a p
 function of the seed and the partition id) and trains on the rest; the held-out part
 only ever yields the global model's loss and accuracy on it (docs/OWN-DATA.md,
 "Federated evaluation").
+
+With the ``held-out`` accuracy signal (docs/FEDEFC.md §3.1) a client of a prestopping
+method also sets aside a seeded ``validation-fraction`` of the part it trains on
+(:func:`validation_positions`, a pure function of the seed and the partition id): the
+received global model's accuracy on it is the client's A_k, and it is not trained on
+in phase 1. It stays inside the training part, so the client's declared size, and the
+count of its replies, are unchanged (``common/data_plan.py: training_size``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from common.config import RunConfig
 from common.data_plan import data_plan, held_out_count, training_size
 from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
+from common.methods import validation_share
 from common.models import TaskShape
 from common.noise import empirical_transition
 from common.runtime import on_device
@@ -62,7 +70,8 @@ class HeldOut:
 class LocalData:
     """The samples a client trains on (on the training device) with their observed
     labels, the dataset they belong to (its spec; in simulation also its test split),
-    and the held-out part (None without federated evaluation).
+    and the held-out part (None without federated evaluation). ``validation`` holds
+    the sorted positions in ``x`` of the validation share (None without one).
 
     ``true_transition`` and ``noise_rate`` exist only where the client's labels were
     noised by the federation itself (a partition of the run's dataset, where the true
@@ -76,6 +85,7 @@ class LocalData:
     true_transition: np.ndarray | None = None
     noise_rate: float | None = None
     held_out: HeldOut | None = None
+    validation: np.ndarray | None = None  # positions of the validation share in x
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -106,10 +116,26 @@ def held_out_positions(cfg: RunConfig, partition_id: int, n: int
     return np.sort(perm[count:]), np.sort(perm[:count])
 
 
+def validation_positions(cfg: RunConfig, partition_id: int, m: int) -> np.ndarray | None:
+    """The sorted positions of the validation share among the ``m`` samples a client
+    trains on (docs/FEDEFC.md §3.1): round(validation-fraction * m), at least 1 and at
+    most m - 1, drawn with a generator seeded by (seed, partition id); None when the run
+    has no share (``common/methods.py: validation_share``) or the client has fewer than 2
+    samples."""
+    share = validation_share(cfg)
+    if share == 0.0 or m < 2:
+        return None
+    count = min(max(int(round(share * m)), 1), m - 1)
+    perm = np.random.default_rng(derive_seed(cfg.seed, "validation", partition_id)
+                                 ).permutation(m)
+    return np.sort(perm[:count])
+
+
 def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.ndarray,
                true_labels: np.ndarray | None, data: Dataset) -> LocalData:
     """LocalData from a client's samples (``x`` on the training device), split for
-    federated evaluation; with true labels, the diagnostics of the training part."""
+    federated evaluation, its validation share marked in the training part; with true
+    labels, the diagnostics of the training part."""
     device = x.device
     held = None
     split = held_out_positions(cfg, partition_id, len(labels))
@@ -129,7 +155,8 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
         rate = float(np.mean(labels != true_labels)) if len(labels) else 0.0
     return LocalData(x=x, y=torch.as_tensor(labels, dtype=torch.int64).to(device),
                      labels=labels, data=data, true_transition=truth, noise_rate=rate,
-                     held_out=held)
+                     held_out=held,
+                     validation=validation_positions(cfg, partition_id, len(labels)))
 
 
 _CACHE: dict[tuple, LocalData] = {}
@@ -138,8 +165,8 @@ _LOCK = threading.Lock()
 
 def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> LocalData:
     """Client ``partition_id`` of the run's federated data plan, cached per process."""
-    key = (cfg.data_key(), cfg.evaluation_mode, cfg.local_test_fraction, partition_id,
-           str(device))
+    key = (cfg.data_key(), cfg.evaluation_mode, cfg.local_test_fraction, validation_share(cfg),
+           partition_id, str(device))
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]

@@ -44,8 +44,11 @@ def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
 
 def fedefc(job: LocalJob) -> Update:
     """Phase 1: cross-entropy. Phase 2: Q from the received global model's predictions
-    (paper eqs. (4)-(6), docs/FEDEFC.md §4) and the forward-corrected loss (eq. (12))."""
+    (paper eqs. (4)-(6), docs/FEDEFC.md §4; on the validation share where the run keeps
+    one out of training, §3.1) and the forward-corrected loss (eq. (12))."""
     if carries_accuracy(job.phase):  # phase 1
         return fedavg(job)
-    q = estimate_transition(job.probs, job.labels, job.cfg.count_rule, job.cfg.weighting)
+    at = job.estimation_positions()
+    q = estimate_transition(job.probs[at], job.labels[at], job.cfg.count_rule,
+                            job.cfg.weighting)
     return train_forward_corrected(job, q)

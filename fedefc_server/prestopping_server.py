@@ -92,9 +92,11 @@ class PrestoppingServer(MethodServer):
                 + ("A(t) was still rising at the last round"
                    if rising else f"A(t) did not stall for gamma-thr={self.cfg.gamma_thr} "
                    f"rounds after start-round={self.cfg.start_round}")
-                + "; when every node trains in every round, the global model memorizes the "
-                "labels A(t) is measured on (docs/FEDEFC.md §3.1): lower gamma-thr or "
-                "start-round, or raise rounds"]
+                + ("; when every node trains in every round, the global model memorizes the "
+                   "labels A(t) is measured on: set accuracy-signal=\"held-out\" (docs/FEDEFC.md "
+                   "§3.1 says what it costs), or lower gamma-thr or start-round, or raise "
+                   "rounds" if self.cfg.accuracy_signal != "held-out" else
+                   "; lower gamma-thr or start-round, or raise rounds")]
 
     def describe(self, record: dict[str, Any]) -> str:
         head = f"phase {record['phase']}"

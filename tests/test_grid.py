@@ -77,8 +77,11 @@ def test_rerun_skips_finished_cells_and_writes_the_report(finished_grid, capsys)
     summaries = [json.loads((c.out_dir / "summary.json").read_text())
                  for c in Grid.load(path).cells(results, []) if c.row == "FedEFC"]
     mean = sum(100 * s["final_acc"] for s in summaries) / 2
-    assert float(next(r for r in rows if r["row"] == "FedEFC")["final_mean"]) == \
-        pytest.approx(mean, abs=1e-3)
+    efc = next(r for r in rows if r["row"] == "FedEFC")
+    assert float(efc["final_mean"]) == pytest.approx(mean, abs=1e-3)
+    assert float(efc["best_mean"]) == pytest.approx(
+        sum(100 * s["best_acc"] for s in summaries) / 2, abs=1e-3)
+    assert efc["best_round"] == " ".join(str(s["best_round"]) for s in summaries)
     for name in ("acc-small.png", "fig1-small.png", "q-heatmap-small.png"):
         png = results / "tiny" / "plots" / name
         assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -110,7 +110,9 @@ def test_confident_learning_reports_the_kept_count():
     cfg, client = _client("confident-learning", RecordDict(), rho=0.4, zeta=0.4)
     model = initial_model(cfg, client.local.data.task)  # not the process cache: pure
     _, n, metrics = client.fit(get_weights(model), {"phase": 2, "round": 3, "seed": 3})
-    assert n == metrics["kept"] and metrics["kept"] + metrics["removed"] == len(client.local)
+    share = client.local.validation  # held out of training (docs/FEDEFC.md §3.1), if any
+    trainable = len(client.local) - (0 if share is None else len(share))
+    assert n == metrics["kept"] and metrics["kept"] + metrics["removed"] == trainable
 
 
 @pytest.mark.parametrize("method,phase,loss", [

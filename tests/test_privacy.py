@@ -35,7 +35,9 @@ from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
 from common.secure_means import SLOTS, decode_tail, encode_tail, tail_scale
+from common.training import BatchTransform, predict_proba
 from fedefc_client.client_app import app as client_app
+from fedefc_client.job import LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_client.mods import audit_mod, audit_path, clipping_mod, describe_reply, noise_mod
 from fedefc_server import checkpoint, server_app
@@ -200,21 +202,23 @@ def server(flat: dict, grid: InProcessGrid):
     return cfg, make_pipeline(cfg, plan_sizes=sizes, max_private=10**6), grid.manager(), init
 
 
-def secure_round(flat: dict, grid: InProcessGrid):
-    """Round 1 under secure aggregation: (its record fields, the new parameters)."""
+def secure_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | None = None):
+    """Round 1 under secure aggregation, from the initial model or ``weights``: (its
+    record fields, the new parameters)."""
     cfg, pipeline, mgr, init = server(flat, grid)
-    params = ndarrays_to_parameters(init)
+    params = ndarrays_to_parameters(init if weights is None else weights)
     plan = pipeline.plan(1, params, mgr)
     outcome = SecureRound(grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
         RoundStrategy(pipeline, plan), params)
     return {**plan.record, **outcome.record}, outcome.parameters
 
 
-def plain_round(flat: dict, grid: InProcessGrid):
+def plain_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | None = None):
     """Round 1 without it: (its record fields, the new parameters)."""
     cfg, pipeline, mgr, init = server(flat, grid)
     driver = RoundDriver(pipeline)
-    instructions = driver.configure_fit(1, ndarrays_to_parameters(init), mgr)
+    instructions = driver.configure_fit(1, ndarrays_to_parameters(init if weights is None
+                                                                  else weights), mgr)
     results = [(proxy, proxy.fit(ins, None, 1)) for proxy, ins in instructions]
     params, _ = driver.aggregate_fit(1, results, [])
     return driver.fields(), params
@@ -329,6 +333,42 @@ def test_a_secure_run_resumes_from_its_checkpoint_to_the_uninterrupted_result(
     keys = ("round", "A", "phase", "t_e", "partition_ids")
     assert [{k: r.get(k) for k in keys} for r in records(tmp_path / "whole")] == \
         [{k: r.get(k) for k in keys} for r in records(tmp_path / "part")]
+
+
+def round_fields(flat: dict, weights: list[np.ndarray]) -> dict:
+    """The record fields of round 1 of a 4-client federation that receives ``weights``:
+    plain, or under secure aggregation when the run config says so."""
+    run = secure_round if load_run_config(flat).secure_aggregation else plain_round
+    return run(flat, InProcessGrid(client_app, flat, 4), weights)[0]
+
+
+def test_the_held_out_signal_travels_inside_the_secure_sum(micro_mnist_dir, tmp_path):
+    """Every client in every round, the held-out signal (docs/FEDEFC.md §3.1). Each
+    client's A_k is the received model's accuracy on its validation share,
+    recomputed here; a plain round reports each, a secure round only their mean."""
+    keys = {"diagnostics": False, "accuracy-signal": "held-out", "validation-fraction": 0.5,
+            "rho": 0.4, "zeta": 0.4}
+    plain = micro_config(micro_mnist_dir, tmp_path / "plain", **keys)
+    secure = micro_config(micro_mnist_dir, tmp_path / "secure", **keys,
+                          **{"secure-aggregation": True})
+    cfg = load_run_config(secure)
+    clients = [partition_data(cfg, k, CPU) for k in range(4)]
+    model = initial_model(cfg, clients[0].data.task)
+    for k, local in enumerate(clients):  # a received model that has learnt something
+        LocalJob(cfg, local, model, None, 1, k).train()
+    weights = get_weights(model)
+    held_out, on_all = [], []
+    for local in clients:
+        pred = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU)).argmax(1)
+        val = local.validation
+        assert len(val) == 10
+        held_out.append(float(np.mean(pred[val] == local.labels[val])))
+        on_all.append(float(np.mean(pred == local.labels)))
+    assert held_out != pytest.approx(on_all)  # the two signals differ here
+    assert round_fields(plain, weights)["client_acc"] == pytest.approx(held_out, abs=1e-12)
+    fields = round_fields(secure, weights)
+    assert fields["client_acc"] is None
+    assert fields["A"] == pytest.approx(np.mean(held_out), abs=1e-6)
 
 
 def test_plain_replies_carry_each_accuracy(rounds):

@@ -295,7 +295,8 @@ def federation(micro_mnist_dir, tmp_path, n: int, listed: dict[int, dict], **ext
                 "max-samples": 20, **fields} for k, fields in listed.items()]
     path = write_allowlist(tmp_path / "allowlist.toml", entries)
     flat = micro_config(micro_mnist_dir, tmp_path / "out", n, allowlist=path, **extra)
-    grid = InProcessGrid(client_app, flat, n, public_keys={nid: pem for nid, (pem, _) in keys.items()})
+    grid = InProcessGrid(client_app, flat, n,
+                         public_keys={nid: pem for nid, (pem, _) in keys.items()})
     cfg = load_run_config(flat)
     sizes = [len(partition_data(cfg, k, CPU)) for k in range(n)]
     return grid, make_pipeline(cfg, plan_sizes=sizes, max_private=10**6,

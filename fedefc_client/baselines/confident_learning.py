@@ -4,6 +4,8 @@ cleanlab does not flag."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from common.baselines.confident_learning import ConfidentLearningMessages as M
 from common.baselines.confident_learning import label_issue_mask
 from common.messages import FitReply
@@ -23,9 +25,10 @@ def confident_learning(job: LocalJob) -> Update:
     ``kept`` / ``removed`` stay on the node (``secure_tail_mod``)."""
     if job.phase == 1:
         return fedavg(job)
-    keep = ~label_issue_mask(job.labels, job.probs)
+    issues = label_issue_mask(job.labels, job.probs)
+    keep = job.trainable(~issues)  # less the validation share if it is held back
     metrics = {FitReply.LOSS: "cross-entropy", M.KEPT: int(keep.sum()),
-               M.REMOVED: int((~keep).sum())}
+               M.REMOVED: int((issues & job.trainable(np.ones_like(issues))).sum())}
     count = len(job.labels) if job.cfg.secure_aggregation else int(keep.sum())
     if not keep.any():
         return count, metrics, TrainStats(0.0, 0.0)

@@ -13,5 +13,6 @@ def forward_correction(job: LocalJob) -> Update:
     """After prestopping: Patrini's estimator T (rows = true class), so Q = T^T."""
     if job.phase == 1:
         return fedavg(job)
-    t = patrini_transition(job.probs, job.cfg.settings(ForwardCorrectionSettings).fc_percentile)
+    t = patrini_transition(job.probs[job.estimation_positions()],
+                           job.cfg.settings(ForwardCorrectionSettings).fc_percentile)
     return train_forward_corrected(job, t.T)

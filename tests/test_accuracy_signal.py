@@ -1,0 +1,225 @@
+"""The accuracy signal of FedEFC's phase 1 (docs/FEDEFC.md §3.1): the validation share
+behind the ``held-out`` signal, and where a run keeps none.
+
+The secure-aggregation path of the signal is tested with the other secure rounds in
+test_privacy.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from common.data_plan import data_plan, training_size
+from common.methods import METHODS, load_object, load_run_config, validation_share
+from common.params import get_weights
+from common.runtime import initial_model
+from common.training import BatchTransform, predict_proba
+from common.transition import estimate_transition
+from fedefc_cli.grid import Grid
+from fedefc_cli.run_configs import CONFIGS_DIR
+from fedefc_client import local_data
+from fedefc_client.client import MethodClient
+from fedefc_client.job import LocalJob
+from fedefc_client.local_data import (
+    held_out_positions,
+    node_data,
+    partition_data,
+    validation_positions,
+)
+from fedefc_client.local_update import fedefc
+from fedefc_server.prestopping_server import PrestoppingServer
+
+CPU = torch.device("cpu")
+NODE = "node 9 (partition-id 2)"
+
+
+def silo(**keys):
+    """A cross-silo run on the embedded data: 5 clients, all of them every round, with
+    the held-out signal."""
+    return load_run_config({"num-clients": 5, "fraction": 1.0, "accuracy-signal": "held-out",
+                            **keys})
+
+
+def rows_of(x: torch.Tensor) -> set[bytes]:
+    return {bytes(row.numpy().tobytes()) for row in x}
+
+
+# -- the validation share ---------------------------------------------------------------------
+def test_the_share_is_a_seeded_fraction_of_the_training_part():
+    cfg = silo()
+    assert validation_share(cfg) == 0.2
+    val = validation_positions(cfg, 3, 50)
+    assert len(val) == 10 and len(np.unique(val)) == 10 and list(val) == sorted(val)
+    assert 0 <= val.min() and val.max() < 50
+    assert np.array_equal(val, validation_positions(silo(), 3, 50))  # a pure function
+    assert not np.array_equal(val, validation_positions(cfg, 4, 50))  # per partition
+    assert not np.array_equal(val, validation_positions(silo(seed=1), 3, 50))  # per seed
+    assert len(validation_positions(silo(**{"validation-fraction": 0.3}), 3, 50)) == 15
+    assert len(validation_positions(silo(**{"validation-fraction": 0.01}), 3, 50)) == 1
+    assert len(validation_positions(silo(**{"validation-fraction": 0.99}), 3, 50)) == 49
+    assert validation_positions(cfg, 3, 1) is None  # a single sample is trained on
+
+
+@pytest.mark.parametrize("keys", [
+    {"method": "fedavg"}, {"method": "fedcorr"}, {"accuracy-signal": "global"},
+    {"accuracy-signal": "local-train"}])
+def test_no_share_without_a_held_out_signal_of_a_prestopping_method(keys):
+    """FedAvg and the methods without a phase switch train on everything; so does FedEFC
+    with the paper's signal (its results stay those of docs/RESULTS.md)."""
+    cfg = silo(**keys)
+    assert validation_share(cfg) == 0.0 and validation_positions(cfg, 3, 50) is None
+    assert partition_data(cfg, 3, CPU).validation is None
+
+
+def test_the_share_lies_in_the_training_part_never_in_the_evaluation_hold_out(tmp_path):
+    """Simulation and a SuperNode with cache-dir: the same share, its samples among
+    those the client trains on and none of them among its federated-evaluation hold-out;
+    the declared size (what every reply counts) is the training part, share included."""
+    cfg = silo(evaluation="both")
+    idx = data_plan(cfg).client_indices[2]
+    local = partition_data(cfg, 2, CPU)
+    train, held = held_out_positions(cfg, 2, len(idx))
+    assert len(local) == len(train) == training_size(cfg, len(idx))
+    val = local.validation
+    assert len(val) == round(0.2 * len(train))
+    shared, kept_out = rows_of(local.x[torch.as_tensor(val)]), rows_of(local.held_out.x)
+    assert len(shared) == len(val) and not shared & kept_out
+    np.testing.assert_array_equal(local.labels[val],
+                                  data_plan(cfg).noisy_labels[idx[train[val]]])
+    node = node_data(cfg, 2, {"cache-dir": str(tmp_path / "cache")}, NODE, CPU)
+    again = node_data(cfg, 2, {"cache-dir": str(tmp_path / "cache")}, NODE, CPU)  # cached
+    for other in (node, again):
+        np.testing.assert_array_equal(other.validation, val)
+        assert torch.equal(other.x[torch.as_tensor(val)], local.x[torch.as_tensor(val)])
+
+
+def test_a_private_nodes_share_is_disjoint_from_its_hold_out(tmp_path):
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(60, 4)) + 10.0, np.arange(60) % 3
+    path = tmp_path / "node.npz"
+    np.savez(path, features=x, labels=y)
+    cfg = load_run_config({"dataset": "npz", "evaluation": "federated", "num-classes": 3,
+                           "input-shape": "4", "num-clients": 3, "fraction": 1.0,
+                           "accuracy-signal": "held-out"})
+    local = node_data(cfg, 2, {"data-path": str(path)}, NODE, CPU)
+    train, held = held_out_positions(cfg, 2, 60)
+    assert len(local) == 48 and len(local.held_out) == 12 and len(local.validation) == 10
+    shared = rows_of(local.x[torch.as_tensor(local.validation)])
+    assert len(shared) == 10 and not shared & rows_of(local.held_out.x)
+    np.testing.assert_array_equal(local.labels[local.validation], y[train][local.validation])
+
+
+def test_the_share_is_stable_across_rounds_and_a_restarted_process():
+    """What a resumed run sees: a new process rebuilds the client's data from the run
+    config alone; every round of phase 1 holds back the same samples."""
+    cfg = silo()
+    local = partition_data(cfg, 1, CPU)
+    model = initial_model(cfg, local.data.task)
+    held = [LocalJob(cfg, local, model, 1, r, 100 + r).held_back for r in (1, 2, 9)]
+    assert all(np.array_equal(h, local.validation) for h in held)
+    local_data._CACHE.clear()  # as in a new process
+    rebuilt = partition_data(cfg, 1, CPU)
+    assert rebuilt is not local
+    np.testing.assert_array_equal(rebuilt.validation, local.validation)
+
+
+def fit_once(cfg, local, phase: int):
+    """One fit from the same initial weights and seed; (weights, count, metrics)."""
+    model = initial_model(cfg, local.data.task)
+    client = MethodClient(cfg, 1, lambda: local, RecordDict())
+    return client.fit(get_weights(model), {"phase": phase, "round": 2, "seed": 7})
+
+
+def test_phase_1_never_trains_on_the_share():
+    """Scrambling the share's images changes nothing a phase-1 update computes but the
+    signal; every reply counts the client's declared size."""
+    cfg = silo(iid=True, **{"local-epochs": 1})
+    local = partition_data(cfg, 1, CPU)
+    x = local.x.clone()
+    val = torch.as_tensor(local.validation)
+    x[val] = torch.randint(0, 256, x[val].shape, dtype=x.dtype)
+    scrambled = dataclasses.replace(local, x=x)
+    (w1, n1, m1), (w2, n2, m2) = fit_once(cfg, local, 1), fit_once(cfg, scrambled, 1)
+    assert n1 == n2 == len(local)
+    assert all(np.array_equal(a, b) for a, b in zip(w1, w2))
+    assert m1["accuracy"] != m2["accuracy"]
+
+
+@pytest.mark.parametrize("use", ["estimate", "train"])
+def test_phase_2_estimates_q_on_the_share_or_trains_on_it(use):
+    """``validation-phase-2``: "estimate" keeps the share out of training and takes Q
+    from the received model's predictions on it; "train" trains on every sample and
+    takes Q from all of them (the paper's estimate). Q is recomputed here from the
+    model's predictions (common/transition.py is tested against cleanlab)."""
+    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1, "validation-phase-2": use})
+    local = partition_data(cfg, 1, CPU)
+    model = initial_model(cfg, local.data.task)
+    probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU))
+    job = LocalJob(cfg, local, model, 2, 3, 3)
+    trained = job.training_set()
+    n, metrics, _ = fedefc(job)
+    at = local.validation if use == "estimate" else np.arange(len(local))
+    np.testing.assert_allclose(job.last_q, estimate_transition(probs[at], local.labels[at]))
+    keep = np.ones(len(local), dtype=bool)
+    if use == "estimate":
+        keep[local.validation] = False
+    assert torch.equal(trained.x, local.x[torch.as_tensor(np.flatnonzero(keep))])
+    assert n == len(local) and metrics["loss"] == "forward-corrected"
+
+
+def test_the_held_out_signal_is_the_received_models_accuracy_on_the_share():
+    """Computed here from the received model's predictions; after the model has fitted
+    the client's noisy training part, the paper's signal (accuracy on the labels it
+    trained on) measures that fit, the held-out one does not."""
+    cfg = silo(iid=True, rho=0.4, zeta=0.4, **{"num-clients": 10, "local-epochs": 1})
+    local = partition_data(cfg, 1, CPU)
+    model = initial_model(cfg, local.data.task)
+    memorize = LocalJob(load_run_config({**cfg.to_flat(), "local-epochs": 40}), local,
+                        model, 1, 1, 1)
+    memorize.train()  # 40 epochs on the training part, the share held back
+    weights = get_weights(model)
+    probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU)).argmax(1)
+    val = local.validation
+    train = np.setdiff1d(np.arange(len(local)), val)
+    expected = {"held-out": float(np.mean(probs[val] == local.labels[val])),
+                "global": float(np.mean(probs == local.labels))}
+    reported = {}
+    for signal in expected:
+        keys = {**cfg.to_flat(), "accuracy-signal": signal}
+        client = MethodClient(load_run_config(keys), 1, lambda: local, RecordDict())
+        reported[signal] = client.fit(weights, {"phase": 1, "round": 2, "seed": 2})[2]["accuracy"]
+        assert reported[signal] == pytest.approx(expected[signal], abs=1e-12)
+    assert float(np.mean(probs[train] == local.labels[train])) > 0.95  # it fitted the noise
+    assert reported["global"] > reported["held-out"] + 0.2
+
+
+# -- where a run keeps no share -----------------------------------------------------------------
+def test_the_default_is_the_papers_signal_without_a_share():
+    """A run asks for the held-out signal by name (docs/FEDEFC.md §3.1 says why)."""
+    assert load_run_config({}).accuracy_signal == "global"
+    assert validation_share(load_run_config({"num-clients": 5, "fraction": 1.0})) == 0.0
+    with open(CONFIGS_DIR.parent / "pyproject.toml", "rb") as fh:
+        app = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    assert app["accuracy-signal"] == "global"
+
+
+def test_the_methods_with_a_share_are_the_ones_with_fedefcs_server():
+    for method in METHODS.values():
+        assert method.prestopping == issubclass(load_object(method.server), PrestoppingServer)
+    assert {m for m, entry in METHODS.items() if entry.prestopping} == {
+        "fedefc", "forward-correction", "confident-learning"}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS_DIR / "grids").glob("*.toml")
+                                        if p.stem.startswith(("paper-", "mnist-lite-"))))
+def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path):
+    """The shipped cross-device grids run the paper's signal and train on all their data."""
+    for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
+        cfg = load_run_config(cell.config)
+        assert cfg.accuracy_signal in ("global", "local-train"), cell
+        assert validation_share(cfg) == 0.0, cell
