@@ -482,7 +482,7 @@ def test_lying_clients_influence_on_a_t_is_bounded_under_median(tmp_path):
     when round-to-round gains are smaller than the honest clients' spread.
     """
     def run(name, how, faults=""):
-        cfg = resolve_run_config(None, ["rounds=12", "start-round=11",
+        cfg = resolve_run_config(None, ["rounds=12", "start-round=11", "local-epochs=1",
                                         f"accuracy-aggregation={how}", f'faults="{faults}"'],
                                  str(tmp_path / name))
         run_simulation_job(cfg)
