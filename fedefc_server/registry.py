@@ -7,9 +7,10 @@ once for its declaration (partition id, data size, data kind; a legacy
 ids with its own seeded generator (:func:`.plan.sample_round`).
 
 The nodes of a Flower grid are asked all at once: one batch of messages and one wait for
-the replies (docs/BENCHMARKS.md, "Planning a round": a node at a time cost ~42 ms per
-node, 420 s for 10,000 simulated nodes). Other client proxies (the tests' in-process
-stand-ins) are asked directly.
+the replies (a node at a time cost ~42 ms per node). Round 1 then costs about what
+Flower charges for one message per node, which its simulation engine makes quadratic in
+the number of nodes (docs/BENCHMARKS.md, "Planning a round"). Other client proxies (the
+tests' in-process stand-ins) are asked directly.
 
 The first declaration of a partition id fixes its sizes for the run: a later node that
 declares the same partition with other sizes is refused with the reason (and never

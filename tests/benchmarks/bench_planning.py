@@ -5,12 +5,16 @@ Runs FedAvg on mnist-lite's data (full MNIST, LeNet, one local epoch) with 10 cl
 per round and 100, 1,000 and 10,000 simulated nodes through ``fedefc run``, and prints
 the seconds of round 1 and round 2 (``round_s`` of metrics.jsonl) and their ratio. Round 1
 includes the registry's one ``get_properties`` message per node (docs/BENCHMARKS.md,
-"Planning a round"); round 2 asks nothing new.
+"Planning a round"); round 2 asks nothing new. Beside each, Flower's floor: the no-op app
+(``tests/flower_apps/noop``) sends one empty message to every node in the same kind of
+simulation and does nothing else; the ratio of the registry's round 1 to that exchange
+is what the project adds to Flower's own cost of one message per node.
 
 First it times, in this process on one thread (as a client runs), gathering a batch of 64
 MNIST images out of 600 with ``index_select`` against ``x[idx]``, and prints the ratio.
 
     python tests/benchmarks/bench_planning.py --data-dir /tmp/mnist [--nodes 100,1000,10000]
+        [--floor]
 """
 
 from __future__ import annotations
@@ -23,21 +27,38 @@ from pathlib import Path
 
 import torch
 
+from fedefc_cli.flower import LocalSimulation
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_cli.simulation import run_simulation_job
+
+NOOP_APP = Path(__file__).resolve().parents[1] / "flower_apps" / "noop"
 
 
 def one(data_dir: str, nodes: int, out: Path) -> dict:
     overrides = [f"{k}={v}" for k, v in {
         "method": '"fedavg"', "dataset": '"mnist"', "data-dir": f'"{data_dir}"',
         "model": '"lenet"', "num-clients": nodes, "fraction": 10 / nodes, "rounds": 2,
-        "local-epochs": 1, "batch-size": 64, "client-threads": 1, "start-round": 1}.items()]
+        "local-epochs": 1, "batch-size": 64, "client-threads": 1, "start-round": 1,
+        "wait-for-nodes": 3600}.items()]
     start = time.monotonic()
     run_simulation_job(resolve_run_config(None, overrides, str(out)),
                        log_path=out.with_suffix(".log"))
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {"nodes": nodes, "round_1_s": records[1]["round_s"],
             "round_2_s": records[2]["round_s"], "job_s": time.monotonic() - start}
+
+
+def floor(nodes: int, work: Path) -> float:
+    """Seconds of Flower's no-op app sending one message to each of ``nodes`` simulated
+    nodes and receiving the replies (its round 0, the registry's query)."""
+    work.mkdir(parents=True)
+    with LocalSimulation(work) as sim:
+        _, status = sim.run({"nodes": nodes, "rounds": 0, "query": True,
+                             "out-dir": str(work / "out")}, nodes, 1, 0.0, app_dir=NOOP_APP,
+                            log_path=work / "run.log")
+    if status != "finished:completed":
+        raise SystemExit(f"the no-op app's run ended {status}; see {work / 'run.log'}")
+    return json.loads((work / "out" / "metrics.jsonl").read_text().splitlines()[0])["round_s"]
 
 
 def gather_us(gather, repeats: int = 2000) -> float:
@@ -53,6 +74,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True, help="absolute folder holding MNIST/raw")
     ap.add_argument("--nodes", default="100,1000,10000")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time Flower's no-op app messaging every node once")
     args = ap.parse_args()
     torch.set_num_threads(1)
     x = torch.randint(0, 256, (600, 1, 28, 28), dtype=torch.uint8)
@@ -66,6 +89,10 @@ def main() -> None:
             print(f"{row['nodes']:>6} nodes: round 1 {row['round_1_s']:6.1f} s, round 2 "
                   f"{row['round_2_s']:5.1f} s, ratio {row['round_1_s'] / row['round_2_s']:5.1f}"
                   f" (whole job {row['job_s']:.0f} s)", flush=True)
+            if args.floor:
+                base = floor(n, Path(tmp) / f"floor{n}")
+                print(f"{n:>6} nodes: Flower's floor, one no-op message per node {base:6.1f} s;"
+                      f" round 1 / floor {row['round_1_s'] / base:5.2f}", flush=True)
 
 
 if __name__ == "__main__":
