@@ -7,10 +7,9 @@ compute time, a method's own metrics, and, where the server asks for it (FedEFC'
 phase 1, docs/FEDEFC.md §3.1), A_k: the accuracy of the RECEIVED global model on the
 client's own noisy-labelled training data (``accuracy-signal=global``) or on its
 validation share, which phase 1 does not train on (``held-out``), or its training
-accuracy averaged over the local epochs (``local-train``); ``auto`` is one of the
-first two, by the run's shape. Labels and FedEFC's Q never leave the client; in
-simulation with ``diagnostics=true`` the reply also carries scalars that only the
-simulator can compute (its true noise rate; Q's similarity to the truth).
+accuracy averaged over the local epochs (``local-train``). Labels and FedEFC's Q never
+leave the client; in simulation with ``diagnostics=true`` the reply also carries scalars
+that only the simulator can compute (its true noise rate; Q's similarity to the truth).
 
 An evaluation reply (docs/OWN-DATA.md, "Federated evaluation") holds the global model's
 mean cross-entropy on the client's held-out samples, their number, the partition id and

@@ -26,9 +26,10 @@ def confident_learning(job: LocalJob) -> Update:
     if job.phase == 1:
         return fedavg(job)
     issues = label_issue_mask(job.labels, job.probs)
-    keep = job.trainable(~issues)  # less the validation share if it is held back
+    trainable = job.trainable(np.ones_like(issues))  # less the validation share if held back
+    keep = trainable & ~issues
     metrics = {FitReply.LOSS: "cross-entropy", M.KEPT: int(keep.sum()),
-               M.REMOVED: int((issues & job.trainable(np.ones_like(issues))).sum())}
+               M.REMOVED: int((trainable & issues).sum())}
     count = len(job.labels) if job.cfg.secure_aggregation else int(keep.sum())
     if not keep.any():
         return count, metrics, TrainStats(0.0, 0.0)
