@@ -129,7 +129,8 @@ def run_and_sample(cmd: list[str], log: Path) -> Measured:
             time.sleep(0.5)
     m.wall_s = time.monotonic() - start
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed; see {log}")
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}); {log} ends:\n{tail}")
     return m
 
 
@@ -192,6 +193,9 @@ def main() -> None:
     ap.add_argument("--gpus", default=None,
                     help="GPUs per client to try (default 1,0.5,0.25,0.125 on CUDA, 0 on CPU)")
     ap.add_argument("--precisions", default=None, help="default fp32,bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--settings", default=None,
+                    help="GPU/client:precision pairs instead of the --gpus x --precisions grid, "
+                         "e.g. 0.25:fp32,0.125:bf16 (today's default is always run first)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per timed run (>= 4)")
     ap.add_argument("--tiny", action="store_true",
                     help="CPU smoke run: mnist with LeNet on 200 synthetic images, 4 rounds")
@@ -199,27 +203,38 @@ def main() -> None:
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     default_gpus = 0.25 if cuda else 0.0
-    gpus = [float(g) for g in (args.gpus or ("1,0.5,0.25,0.125" if cuda else "0")).split(",")]
-    precisions = (args.precisions or ("fp32,bf16" if cuda else "fp32")).split(",")
+    if args.settings:
+        pairs = [(float(g), p) for g, p in (s.split(":") for s in args.settings.split(","))]
+        settings = list(dict.fromkeys([(default_gpus, "fp32"), *pairs]))
+    else:
+        gpus = [float(g) for g in (args.gpus or ("1,0.5,0.25,0.125" if cuda else "0")).split(",")]
+        precisions = (args.precisions or ("fp32,bf16" if cuda else "fp32")).split(",")
+        settings = [(g, p) for g in gpus for p in precisions]
     presets = ["mnist"] if args.tiny else args.presets.split(",")
     extra = ["model=lenet", "device=cpu"] if args.tiny else []
     print(json.dumps({"torch": torch.__version__, "cuda": cuda,
                       "gpu": torch.cuda.get_device_name(0) if cuda else None}), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         root = Path(args.out or tmp)
-        rows = []
+        rows, failed = [], False
         for preset in presets:
             n_train = 200 if args.tiny else SHAPES[preset][4] // 10
             data = write_synthetic(root / f"data-{preset}", preset, n_train, n_train // 5)
-            for g in gpus:
-                for precision in precisions:
-                    out = root / f"{preset}-gpu{g}-{precision}"
+            for g, precision in settings:
+                out = root / f"{preset}-gpu{g}-{precision}"
+                try:
                     rows.append(one_setting(preset, data, out, 4 if args.tiny else args.rounds,
                                             g, precision, extra))
-                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "peak_pss_mb"}),
-                          flush=True)
-        (root / "results.json").write_text(json.dumps(rows, indent=2))
+                except RuntimeError as err:  # one failed setting must not cost the others
+                    print(f"FAILED {preset} {g} GPU/client {precision}: {err}", flush=True)
+                    failed = True
+                    continue
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "peak_pss_mb"}),
+                      flush=True)
+                (root / "results.json").write_text(json.dumps(rows, indent=2))
         report(rows, default_gpus)
+    if failed:
+        raise SystemExit("some settings failed (see FAILED above)")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# One GPU session, prepared to run as ONE command within 9 minutes (docs/BENCHMARKS.md, "GPU"):
-#   1. the bench_gpu.py sweep (GPU share per client x precision, every paper preset);
-#   2. then, while time is left, paper-scale MNIST cells: `fedefc run mnist` at
-#      (alpha-dir, p) = (10, 0.5), (rho, zeta) = (0.2, 0.8), seed 0, FedEFC first, then FedAvg.
-# Results (results.json, the bench log, each cell's summary.json and metrics.jsonl) go to $OUT.
+# One GPU session, prepared to run as ONE command within BUDGET_S (docs/BENCHMARKS.md, "GPU").
+# PLAN is the order of its steps, each run while time is left:
+#   cell:METHOD  a paper-scale MNIST cell, `fedefc run mnist` at (alpha-dir, p) = (10, 0.5),
+#                (rho, zeta) = (0.2, 0.8), seed 0 (the preset's own settings otherwise);
+#   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS.
+# Results go to $OUT, at most 8 files (the device tool's limit): bench.log (environment and
+# sweep), bench-results.json, cells.log (exit codes and each cell log's tail), and each
+# cell's summary.json and metrics.jsonl.
 #
-#   OUT=/abs/out MNIST_DIR=/abs/dir-with-MNIST/raw [BUDGET_S=540] [TINY=1] \
+#   OUT=/abs/out MNIST_DIR=/abs/dir-with-MNIST/raw [MNIST_GZ=folder-of-the-4-.gz] \
+#       [BUDGET_S=540] [PLAN="cell:fedefc bench cell:fedavg"] \
+#       [BENCH_ARGS="--rounds 4 --settings 0.125:bf16"] [TINY=1] \
 #       bash tests/benchmarks/gpu_session.sh
 #
 # TINY=1 is the CPU rehearsal: bench_gpu.py --tiny and a 3-round LeNet cell on CPU.
-# Missing Python packages (flwr, ray, cleanlab, ...) can be carried as wheels in .whl/:
-# they are installed into /tmp/site first.
+# Missing Python packages (flwr, ray, cleanlab, ...) travel as .whl/site.tar.xz, made by
+# tests/benchmarks/gpu_pack.sh (or as wheels in .whl/): unpacked into /tmp/site first.
+# MNIST_GZ: the four .gz files of MNIST, unpacked into MNIST_DIR/MNIST/raw first.
 set -u
 OUT=${OUT:?set OUT to the folder that receives the results}
 MNIST_DIR=${MNIST_DIR:?set MNIST_DIR to an absolute folder holding MNIST/raw}
@@ -19,33 +25,53 @@ PYTHON=${PYTHON:-python3}
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 export PYTHONUNBUFFERED=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
-if compgen -G ".whl/*.whl" > /dev/null; then
+export PYTHONPATH=$PWD
+if [ -f .whl/site.tar.xz ]; then
+  mkdir -p /tmp/site && tar xJf .whl/site.tar.xz -C /tmp/site || exit 1
+elif compgen -G ".whl/*.whl" > /dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
+fi
+if [ -d /tmp/site ]; then  # console scripts (flwr, flower-superlink, ...) for this Python
+  py=$(command -v "$PYTHON")
+  for f in /tmp/site/bin/*; do
+    head -c2 "$f" | grep -q '#!' && sed -i "1s|.*|#!$py|" "$f"
+  done
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+fi
+if [ -n "${MNIST_GZ:-}" ]; then
+  mkdir -p "$MNIST_DIR/MNIST/raw"
+  for f in "$MNIST_GZ"/*.gz; do gzip -dc "$f" > "$MNIST_DIR/MNIST/raw/$(basename "$f" .gz)"; done
 fi
 mkdir -p "$OUT"
 "$PYTHON" -c "import torch, flwr; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'flwr', flwr.__version__)" \
-    2>&1 | tee "$OUT/env.txt"
+    2>&1 | tee "$OUT/bench.log"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/bench.log"
 
 if [ "${TINY:-0}" = 1 ]; then
   bench=(--tiny); cell=(--set model=lenet --set device=cpu --set rounds=3 --set start-round=1)
 else
-  bench=(--rounds 5); cell=()
+  read -r -a bench <<< "${BENCH_ARGS:---rounds 5}"; cell=()
 fi
-timeout $(( $(left) - 60 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
-    --out /tmp/bench-gpu 2>&1 | tee "$OUT/bench.log"
-cp /tmp/bench-gpu/results.json "$OUT/bench-results.json" 2>/dev/null
 
-for method in fedefc fedavg; do
-  [ "$(left)" -gt 90 ] || { echo "no time left for $method" | tee -a "$OUT/cells.log"; break; }
-  run=/tmp/cells/$method
+run_cell() {  # METHOD: one paper-scale MNIST cell, cut at the budget
+  local method=$1 run=/tmp/cells/$1
   timeout $(( $(left) - 20 )) "$PYTHON" -m fedefc_cli run mnist --set data-dir="\"$MNIST_DIR\"" \
-      --set method=$method --set alpha-dir=10.0 --set p=0.5 --set rho=0.2 --set zeta=0.8 \
-      --set seed=0 "${cell[@]}" --out-dir "$run" > "$OUT/cell-$method.log" 2>&1
-  echo "$method exit $?" | tee -a "$OUT/cells.log"
+      --set method="$method" --set alpha-dir=10.0 --set p=0.5 --set rho=0.2 --set zeta=0.8 \
+      --set seed=0 "${cell[@]}" --out-dir "$run" > "/tmp/cell-$method.log" 2>&1
+  echo "== $method exit $? at $(( $(date +%s) - start )) s" | tee -a "$OUT/cells.log"
+  tail -n 15 "/tmp/cell-$method.log" >> "$OUT/cells.log"
   for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/cell-$method-$f" 2>/dev/null; done
+}
+
+for step in ${PLAN:-bench cell:fedefc cell:fedavg}; do
+  [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
+  case $step in
+    bench) timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
+               --out /tmp/bench-gpu 2>&1 | tee -a "$OUT/bench.log"
+           cp /tmp/bench-gpu/results.json "$OUT/bench-results.json" 2>/dev/null ;;
+    cell:*) run_cell "${step#cell:}" ;;
+    *) echo "unknown step $step in PLAN" | tee -a "$OUT/cells.log" ;;
+  esac
 done
 echo "done in $(( $(date +%s) - start )) s" | tee -a "$OUT/cells.log"
