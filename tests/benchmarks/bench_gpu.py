@@ -6,7 +6,10 @@ setting (GPUs per simulated client = how many clients share a GPU; precision fp3
 bf16), one `fedefc run` of a few rounds on synthetic data of the dataset's shape:
 10 clients holding 10 % of the training set's size between them, all sampled every round
 (the work of one round of the paper's 100 clients at 10 %), learning rate 1e-7 so that
-A(t) ties at round 2 and rounds 3.. run phase 2 (T_e = 2 by construction). It prints,
+A(t) ties at round 2 and rounds 3.. run phase 2 (T_e = 2) -- for models without batch
+norm: its running statistics move whatever the learning rate, and on an H100 ResNet-18's
+A(t) rose in every round (docs/BENCHMARKS.md, "GPU"), so phase 2 may not be reached
+(its column then reads 0). It prints,
 per setting: samples/s of local training, seconds per round (phase 1 and phase 2),
 start-up (wall time outside the rounds), the projected wall time of the preset's full
 run (start-up + its rounds at this run's steady round time), the peak memory (PSS) of

@@ -67,7 +67,8 @@ run_cell() {  # METHOD: one paper-scale MNIST cell, cut at the budget
 for step in ${PLAN:-bench cell:fedefc cell:fedavg}; do
   [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
   case $step in
-    bench) timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
+    bench) rm -rf /tmp/bench-gpu  # a warm machine keeps the last call's runs
+           timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
                --out /tmp/bench-gpu 2>&1 | tee -a "$OUT/bench.log"
            cp /tmp/bench-gpu/results.json "$OUT/bench-results.json" 2>/dev/null ;;
     cell:*) run_cell "${step#cell:}" ;;
