@@ -52,6 +52,7 @@ from common.config import ConfigError
 from common.data_files import write_npz
 from common.data_plan import data_plan
 from common.methods import load_run_config
+from common.results import atomic_write_json
 
 from .app_signing import SigningKeyError
 from .errors import LaunchError, UsageError
@@ -64,6 +65,7 @@ from .flower import (
     free_port,
     submit_run,
 )
+from .prepare_data import write_image_folder
 from .procs import Processes, ProcessGroup, wait_for_port
 from .run_configs import APP_DIR, merged_config, toml_value
 from .trusted_apps import superexec_argv
@@ -682,21 +684,39 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """Each partition K of the run's dataset (noisy labels included) as a node's private
+    data: ``OUT/node-K/data.npz``, or with ``--images`` a folder of PNG files per class
+    (``OUT/node-K/<class index>/<n>.png``) and the federation's class map
+    ``OUT/classes.json``, to try ``fedefc data`` as a site with real images would
+    (docs/DEPLOYMENT.md, "Node data")."""
     cfg = load_run_config(merged_config(args.preset, args.overrides))
     out = Path(args.out_dir).expanduser().resolve()
-    paths = [out / f"node-{pid}" / "data.npz" for pid in range(cfg.num_clients)]
-    existing = [str(p) for p in paths if p.exists()]
+    names = ["" if args.images else "data.npz"] * cfg.num_clients
+    paths = [out / f"node-{pid}" / name for pid, name in enumerate(names)]
+    existing = [str(p) for p in [*paths, out / "classes.json"] if p.exists()]
     if existing:
         raise UsageError(f"{', '.join(existing)} already exist; choose a new OUT_DIR "
                          "(nothing overwritten)")
+    fed = data_plan(cfg)
+    if args.images and (fed.data.train_x.dim() != 4 or fed.data.train_x.dtype != torch.uint8
+                        or fed.data.train_x.shape[1] not in (1, 3)):
+        raise UsageError(f"dataset={cfg.dataset!r} holds no 8-bit gray or RGB images "
+                         f"(samples of shape {tuple(fed.data.train_x.shape[1:])}); export it "
+                         "without --images (an .npz per node)")
     try:
         for path in paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            (path if args.images else path.parent).mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"cannot write to OUT_DIR {out} ({err.strerror}: {err.filename}); "
                          "choose a folder you can write to") from None
-    fed = data_plan(cfg)
     for pid, (idx, path) in enumerate(zip(fed.client_indices, paths)):
-        write_npz(path, fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx])
+        x, y = fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx]
+        if args.images:
+            write_image_folder(path, x, y)
+        else:
+            write_npz(path, x, y)
         print(f"partition {pid}: {len(idx)} samples -> {path}")
+    if args.images:
+        atomic_write_json(out / "classes.json", {str(c): c for c in range(fed.data.num_classes)})
+        print(f"class map (the same at every node) -> {out / 'classes.json'}")
     return 0

@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = dsub.add_parser("export", help="write each partition as private data")
     export.add_argument("out_dir", help="gets node-K/data.npz for every partition K")
+    export.add_argument("--images", action="store_true",
+                        help="write node-K/<class>/<n>.png and classes.json instead: a "
+                        "folder of images per node, for fedefc data")
     _preset(export)
     _overrides(export)
     export.set_defaults(func=deployment.cmd_export)

@@ -407,6 +407,17 @@ def describe(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def write_image_folder(folder: Path, images: np.ndarray, labels: np.ndarray) -> None:
+    """uint8 images (N, C, H, W), C = 1 or 3, as ``folder/<label>/<n>.png``: the layout
+    :func:`prepare` reads (a folder for each class the node holds; the federation's class
+    map names the others)."""
+    for c in np.unique(labels):
+        (folder / str(int(c))).mkdir(exist_ok=True)
+    for n, (x, y) in enumerate(zip(images, labels)):
+        pixels = x[0] if x.shape[0] == 1 else x.transpose(1, 2, 0)
+        Image.fromarray(np.ascontiguousarray(pixels)).save(folder / str(int(y)) / f"{n}.png")
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     """``fedefc data SOURCE OUT --size ...``: prints the summary."""
     summary = prepare(Path(args.source), Path(args.out), parse_size(args.size), args.channels,

@@ -385,12 +385,21 @@ def test_quick_start_runs_as_documented(runs):
 @pytest.mark.flower
 def test_tls_walkthrough_runs_as_documented(runs):
     """docs/DEPLOYMENT.md's one-machine TLS block, read from the doc and run as written:
-    certificates, secrets, the signing key, node keys registered, three authenticated
-    SuperNodes with their own data that run only signed apps, a signed run that
-    completes, its results fetched; the block's last line stops every process."""
+    certificates, secrets, the signing key, node keys registered, each node's data
+    prepared with ``fedefc data`` from a folder of PNG files, three authenticated
+    SuperNodes with that data that run only signed apps, a signed run that completes,
+    its results fetched; the block's last line stops every process."""
     walk = runs["tls-walkthrough"].result()
     log, home = walk["log"], walk["home"]
     assert walk["code"] == 0, log[-3000:]
+    # every node trained on exactly its partition of the run dataset (noisy labels
+    # included), read back from the image files through the shared class map
+    fed = data_plan(load_run_config({"num-clients": NODES}))
+    for k, idx in enumerate(fed.client_indices):
+        prepared = np.load(home / "fedefc-data" / f"node-{k}" / "data.npz")
+        assert sorted(zip(prepared["labels"].tolist(), map(bytes, prepared["images"]))) == \
+            sorted(zip(fed.noisy_labels[idx].tolist(),
+                       map(bytes, fed.data.train_x[torch.as_tensor(idx)].numpy())))
     assert f"SuperLink on 127.0.0.1:{walk['port']} (TLS, SuperNode authentication, signed " \
            "apps only)" in log
     assert re.search(r"run \d+: finished:completed; results in ", log), log[-3000:]

@@ -389,3 +389,46 @@ def test_two_prepared_sites_with_one_class_map_train_and_test_through_fedefc_run
     assert (summary["num_classes"], summary["input_shape"]) == (3, [3, 8, 8])
     assert (summary["train_samples"], summary["rounds"]) == (36, 2)
     assert summary["accuracy_source"] == "server test set" and summary["final_acc"] >= 0.75
+
+
+def samples(npz: Path) -> list[tuple[int, bytes]]:
+    """An .npz's (label, pixels) pairs in a canonical order: its contents as a multiset."""
+    data = np.load(npz)
+    return sorted((int(y), x.tobytes()) for x, y in zip(data["images"], data["labels"]))
+
+
+def test_exported_image_folders_prepare_back_to_the_partitions(tmp_path, capsys):
+    """``fedefc deploy export --images`` writes each partition as PNG files in class
+    folders with one class map; ``fedefc data`` with that map, at the data's own size and
+    channels, gives every node exactly the samples and noisy labels of its partition, the
+    .npz that ``fedefc deploy export`` writes (docs/DEPLOYMENT.md's one-machine block)."""
+    sets = ["--set", "num-clients=2"]
+    assert main(["deploy", "export", str(tmp_path / "npz"), *sets]) == 0
+    assert main(["deploy", "export", str(tmp_path / "img"), "--images", *sets]) == 0
+    class_map = tmp_path / "img" / "classes.json"
+    assert json.loads(class_map.read_text()) == {str(c): c for c in range(10)}
+    for k in range(2):
+        folder = tmp_path / "img" / f"node-{k}"
+        assert all(p.suffix == ".png" for p in folder.rglob("*") if p.is_file())
+        assert main(["data", str(folder), str(tmp_path / "data" / f"node-{k}"), "--size", "28",
+                     "--channels", "gray", "--class-map", str(class_map)]) == 0
+        assert samples(tmp_path / "data" / f"node-{k}" / "data.npz") == \
+            samples(tmp_path / "npz" / f"node-{k}" / "data.npz")
+    assert main(["deploy", "export", str(tmp_path / "img"), "--images", *sets]) == 2
+    assert "classes.json already exist" in capsys.readouterr().err
+
+
+def test_export_refuses_images_of_a_dataset_without_images(tmp_path, capsys):
+    """Features are no images: --images names the dataset and the way without it, and
+    writes nothing."""
+    data = tmp_path / "features.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, features=rng.normal(size=(40, 6)).astype(np.float32),
+             labels=np.arange(40) % 4)
+    sets = ["--set", 'dataset="npz"', "--set", f'data-path="{data}"', "--set", "num-clients=2",
+            "--set", "iid=true", "--set", "zeta=0.4"]
+    assert main(["deploy", "export", str(tmp_path / "img"), "--images", *sets]) == 2
+    assert not (tmp_path / "img").exists()  # refused before anything is written
+    err = capsys.readouterr().err
+    assert "dataset='npz' holds no 8-bit gray or RGB images (samples of shape (6,))" in err
+    assert "export it without --images" in err
