@@ -3,6 +3,8 @@
 import csv
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -173,3 +175,20 @@ def test_an_interrupted_cell_continues_from_its_checkpoint(finished_grid, tmp_pa
               (cell.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [0, 1, 2, 3]
     shutil.rmtree(fresh)
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """``fedefc grid list ... | head``: the closed pipe ends the command with exit 0 and
+    no traceback, the rest of its output discarded (the pipe's end is simulated)."""
+    script = ("import sys\n"
+              "from fedefc_cli import main as cli\n"
+              "def lister(args):\n"
+              "    print('a line', flush=True)\n"
+              "    raise BrokenPipeError(32, 'Broken pipe')\n"
+              "cli.cmd_grid = lister\n"
+              "code = cli.main(['grid', 'list', 'cross-silo'])\n"
+              "print('discarded')\n"
+              "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=CONFIGS_DIR.parent)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "a line\n", "")
