@@ -691,8 +691,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     (docs/DEPLOYMENT.md, "Node data")."""
     cfg = load_run_config(merged_config(args.preset, args.overrides))
     out = Path(args.out_dir).expanduser().resolve()
-    names = ["" if args.images else "data.npz"] * cfg.num_clients
-    paths = [out / f"node-{pid}" / name for pid, name in enumerate(names)]
+    folders = [out / f"node-{pid}" for pid in range(cfg.num_clients)]
+    paths = folders if args.images else [folder / "data.npz" for folder in folders]
     existing = [str(p) for p in [*paths, out / "classes.json"] if p.exists()]
     if existing:
         raise UsageError(f"{', '.join(existing)} already exist; choose a new OUT_DIR "
@@ -704,8 +704,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                          f"(samples of shape {tuple(fed.data.train_x.shape[1:])}); export it "
                          "without --images (an .npz per node)")
     try:
-        for path in paths:
-            (path if args.images else path.parent).mkdir(parents=True, exist_ok=True)
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"cannot write to OUT_DIR {out} ({err.strerror}: {err.filename}); "
                          "choose a folder you can write to") from None
