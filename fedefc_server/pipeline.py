@@ -160,7 +160,8 @@ class RoundPipeline:
             sorted(serving))
         if sent:
             extra["extra_messages_s"] = time.monotonic() - start
-        chosen = self.server.sample(server_round, list(serving))
+        drawn = self.server.sample(server_round, list(serving))
+        chosen = self.registry.declare(drawn, server_round)  # a simulation asks them now
         sizes = {pid: self.registry.declared[pid] for pid in chosen}
         arrays = parameters_to_ndarrays(parameters)
         dtypes = [a.dtype for a in arrays]
@@ -182,7 +183,7 @@ class RoundPipeline:
             **round_config(self.cfg, pid, server_round),
             **self.server.client_config(server_round, pid), **privacy})) for pid in chosen]
         return RoundPlan(server_round, instructions, expected, bound,
-                         {"sampled": chosen, **self.registry.take_news(), **extra})
+                         {"sampled": drawn, **self.registry.take_news(), **extra})
 
     def privacy_config(self, weight_bound: int) -> dict[str, Scalar]:
         """What a training message adds for the client's privacy mods: SecAgg+'s tail
@@ -204,8 +205,9 @@ class RoundPipeline:
         def send(tasks: dict[int, dict[str, Scalar]]) -> dict[int, FitRes]:
             if sent is not None:
                 sent.append(len(tasks))
-            configs = {pid: {**round_config(self.cfg, pid, server_round), **task}
-                       for pid, task in tasks.items()}
+            declared = self.registry.declare(list(tasks), server_round)
+            configs = {pid: {**round_config(self.cfg, pid, server_round), **tasks[pid]}
+                       for pid in declared}
             return send_tasks(serving, parameters, configs, server_round,
                               timeout=self.cfg.client_timeout or None)
         return send
@@ -332,6 +334,8 @@ class RoundPipeline:
         if not self.cfg.federated_evaluation:
             return None
         serving = self.registry.serving(client_manager, server_round)
+        serving = {pid: serving[pid]
+                   for pid in self.registry.declare(list(serving), server_round)}
         ins = EvaluateIns(parameters, {FitConfig.ROUND: server_round})
         return EvaluationPlan(server_round, [(serving[pid], ins) for pid in sorted(serving)],
                               frozenset(serving))

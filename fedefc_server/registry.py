@@ -12,6 +12,17 @@ Flower charges for one message per node, which its simulation engine makes quadr
 the number of nodes (docs/BENCHMARKS.md, "Planning a round"). Other client proxies (the
 tests' in-process stand-ins) are asked directly.
 
+In Flower's simulation the registry asks only the nodes a round needs. Flower 1.42's
+simulation engine registers node i for partition i in order (``vce_api._register_nodes``)
+and its link state keeps that order, so the registry reads which node serves which
+partition from the state (:func:`simulation_order`) and asks a node for its declaration
+the first time it is sampled, sent a task or asked to evaluate
+(:meth:`PartitionRegistry.declare`): round 1 costs 10 messages, not one per node
+(docs/BENCHMARKS.md, "Planning a round"). A node whose declaration names another
+partition than the one the engine gave it is refused, as any second claimant is; when no
+node of a batch declares its own partition, the run fails (the engine's order is not what
+this assumes). A deployment (and a simulation with an allowlist) asks every node first.
+
 The first declaration of a partition id fixes its sizes for the run: a later node that
 declares the same partition with other sizes is refused with the reason (and never
 sampled), and every reply of the partition is bounded by them. Each declaration is
@@ -50,6 +61,8 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from common.messages import Declaration as Keys
 
@@ -132,6 +145,19 @@ def public_keys(proxies: list[ClientProxy]) -> dict[str, bytes | None]:
     return keys
 
 
+def simulation_order(proxies: list[ClientProxy]) -> list[str] | None:
+    """The ids of Flower's simulated nodes in the order its engine registered them (node i
+    serves partition i), or None unless every proxy is a node of one simulation."""
+    grids = {id(p.grid): p.grid for p in proxies if isinstance(p, GridClientProxy)}
+    if len(grids) != 1 or len(proxies) != sum(isinstance(p, GridClientProxy) for p in proxies):
+        return None
+    [grid] = grids.values()
+    state = getattr(grid, "state", None)
+    if not isinstance(grid, InMemoryGrid) or not isinstance(state, InMemoryLinkState):
+        return None
+    return [str(node.node_id) for node in state.get_node_info()]
+
+
 class PartitionRegistry:
     """Maps partition ids to the client proxies that currently serve them, and keeps the
     data size each partition declared (fixed for the run)."""
@@ -153,6 +179,10 @@ class PartitionRegistry:
         self.missing_at_start: str | None = None  # the partitions the run started without
         self._news: dict[str, Any] = {}  # declarations and refusals since the last take
         self._waited = False  # whether this process waited for the nodes to connect
+        # in a simulation: partition id -> the node Flower's engine gave it, asked lazily
+        self._assumed: dict[int, str] | None = None
+        self._proxies: dict[str, ClientProxy] = {}  # the connected nodes, last seen
+        self._misplaced: set[str] = set()  # simulated nodes that declared another partition
 
     def partition_of(self, cid: str) -> int | None:
         """The partition id node ``cid`` holds, if it does."""
@@ -163,10 +193,17 @@ class PartitionRegistry:
         """Register node ``cid`` (known by ``public_key``) from its declaration; the
         reason it is refused, or None. A partition whose holder is among ``connected``
         is not taken over: the node waits (:meth:`refresh` admits it once the holder has
-        left) and the reason says so."""
+        left) and the reason says so. In a simulation the node must declare the
+        partition the engine gave it."""
         decl = read_declaration(props)
         if isinstance(decl, str):
             return f"malformed declaration: {decl}"
+        if self._assumed is not None and self._assumed.get(decl.partition) != cid:
+            own = next((p for p, c in self._assumed.items() if c == cid), None)
+            self._misplaced.add(cid)
+            return (f"partition {decl.partition} is served by node "
+                    f"{self._assumed.get(decl.partition)} in this simulation; this node "
+                    f"serves partition {own}")
         allowed = None
         if self.allowlist is not None:
             allowed = self.allowlist.entry(public_key)
@@ -284,38 +321,77 @@ class PartitionRegistry:
         seconds, by default the registry's), let a waiting node take over a partition
         whose holder has left; return {partition id: proxy}."""
         proxies = client_manager.all()
+        self._proxies = dict(proxies)
         connected = frozenset(proxies)
-        now = time.monotonic()
-        unknown = [proxies[cid] for cid in proxies if cid not in self._pid_of_cid
-                   and cid not in self._refused and cid not in self._waiting
-                   and now - self._failed.get(cid, ("", -RETRY_S, False))[1] >= RETRY_S]
+        if not self._waited and self._assumed is None and self.allowlist is None:
+            order = simulation_order(list(proxies.values()))
+            if order is not None and len(order) >= self.rule.num_clients:
+                self._assumed = dict(enumerate(order[:self.rule.num_clients]))
+        if self._assumed is not None:
+            return {pid: proxies[cid] for pid, cid in self._assumed.items()
+                    if cid in connected and self._may_ask(cid)}
+        unknown = [proxies[cid] for cid in proxies
+                   if cid not in self._pid_of_cid and self._may_ask(cid)]
         if unknown:
-            answers = ask_declarations(unknown, timeout or self.timeout, server_round)
-            keys = public_keys(unknown) if self.allowlist is not None else {}
-            for cid, props in answers.items():
-                if isinstance(props, Exception):  # a node that cannot answer (or whose own
-                    # policy refuses the run) is not sampled; the record says why
-                    self._failed[cid] = (str(props), time.monotonic(),
-                                         not isinstance(props, TimeoutError))
-                    self._news.setdefault("unanswered_nodes", []).append(
-                        {"node": cid, "reason": str(props)})
-                    log(WARNING, "node %s did not report its partition id: %s", cid, props)
-                    continue
-                self._failed.pop(cid, None)
-                reason = self.admit(cid, props, keys.get(cid), connected)
-                if reason is not None:
-                    if cid not in self._waiting:
-                        self._refused[cid] = reason
-                    self._news.setdefault("refused_nodes", []).append(
-                        {"node": cid, "partition": props.get(Keys.PARTITION_ID),
-                         "reason": reason})
-                    log(WARNING, "node %s refused: %s", cid, reason)
-            log(INFO, "partition registry: %d nodes known", len(self._pid_of_cid))
+            self._ask(unknown, timeout or self.timeout, server_round, connected)
         for cid, pid in list(self._waiting.items()):
             if cid in connected and self._holder.get(pid) not in connected:
                 self._hold(cid, pid)
         return {pid: proxies[cid] for pid, cid in sorted(self._holder.items())
                 if cid in connected}
+
+    def _may_ask(self, cid: str) -> bool:
+        """Whether node ``cid`` is neither refused, waiting nor failed in the last
+        RETRY_S seconds."""
+        return (cid not in self._refused and cid not in self._waiting and
+                time.monotonic() - self._failed.get(cid, ("", -RETRY_S, False))[1] >= RETRY_S)
+
+    def _ask(self, nodes: list[ClientProxy], timeout: float | None, server_round: int,
+             connected: frozenset[str]) -> None:
+        """Ask ``nodes`` for their declarations (one batch) and admit or refuse each."""
+        answers = ask_declarations(nodes, timeout, server_round)
+        keys = public_keys(nodes) if self.allowlist is not None else {}
+        for cid, props in answers.items():
+            if isinstance(props, Exception):  # a node that cannot answer (or whose own
+                # policy refuses the run) is not sampled; the record says why
+                self._failed[cid] = (str(props), time.monotonic(),
+                                     not isinstance(props, TimeoutError))
+                self._news.setdefault("unanswered_nodes", []).append(
+                    {"node": cid, "reason": str(props)})
+                log(WARNING, "node %s did not report its partition id: %s", cid, props)
+                continue
+            self._failed.pop(cid, None)
+            reason = self.admit(cid, props, keys.get(cid), connected)
+            if reason is not None:
+                if cid not in self._waiting:
+                    self._refused[cid] = reason
+                self._news.setdefault("refused_nodes", []).append(
+                    {"node": cid, "partition": props.get(Keys.PARTITION_ID),
+                     "reason": reason})
+                log(WARNING, "node %s refused: %s", cid, reason)
+        log(INFO, "partition registry: %d nodes known", len(self._pid_of_cid))
+
+    def declare(self, pids: list[int], server_round: int) -> list[int]:
+        """The partitions of ``pids`` whose nodes have declared, sorted. In a simulation
+        (the registry's lazy mode) the nodes of ``pids`` not asked yet are asked now, in
+        one batch; RunFailed when two or more of them answer and none declares the
+        partition the engine gave it. Elsewhere every node declared before it served."""
+        if self._assumed is not None:
+            ask = [self._proxies[cid] for p in sorted(set(pids))
+                   if (cid := self._assumed.get(p)) is not None and cid in self._proxies
+                   and cid not in self._pid_of_cid and self._may_ask(cid)]
+            if ask:
+                self._ask(ask, self.timeout, server_round, frozenset(self._proxies))
+                answered = [p.cid for p in ask if p.cid not in self._failed]
+                if len(answered) >= 2 and set(answered) <= self._misplaced:
+                    raise RunFailed(
+                        f"none of the {len(answered)} simulated nodes asked in round "
+                        f"{server_round} declared the partition Flower's simulation engine "
+                        "gave it (node i serves partition i, in the order the engine "
+                        "registered them, as Flower 1.42 does); the registry cannot tell "
+                        f"who serves what: {self.report(len(self._proxies), [])}")
+        return sorted(p for p in set(pids) if (cid := self._holder.get(p)) is not None
+                      and self._pid_of_cid.get(cid) == p)
 
     def take_news(self) -> dict[str, Any]:
         """Declarations accepted and nodes refused since the last call (for the round

@@ -3,12 +3,13 @@ and the batch gather the training loop uses against advanced indexing.
 
 Runs FedAvg on mnist-lite's data (full MNIST, LeNet, one local epoch) with 10 clients
 per round and 100, 1,000 and 10,000 simulated nodes through ``fedefc run``, and prints
-the seconds of round 1 and round 2 (``round_s`` of metrics.jsonl) and their ratio. Round 1
-includes the registry's one ``get_properties`` message per node (docs/BENCHMARKS.md,
-"Planning a round"); round 2 asks nothing new. Beside each, Flower's floor: the no-op app
-(``tests/flower_apps/noop``) sends one empty message to every node in the same kind of
-simulation and does nothing else; the ratio of the registry's round 1 to that exchange
-is what the project adds to Flower's own cost of one message per node.
+the seconds of round 1 and round 2 (``round_s`` of metrics.jsonl) and their ratio. In a
+simulation the registry reads the partitions from Flower's engine and asks only the
+sampled nodes for their declarations (docs/BENCHMARKS.md, "Planning a round"), so round 1
+holds 10 declaration messages and the round's training. With ``--floor``, beside each:
+the no-op app (``tests/flower_apps/noop``) sending one empty message to every node in the
+same kind of simulation, Flower's own cost of asking every node once (what round 1 paid
+before the registry asked only the sampled nodes).
 
 First it times, in this process on one thread (as a client runs), gathering a batch of 64
 MNIST images out of 600 with ``index_select`` against ``x[idx]``, and prints the ratio.
