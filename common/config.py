@@ -39,7 +39,7 @@ OWN_DATASETS = ("npz", "imagefolder")
 MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
 # the phase-1 accuracy a client reports (docs/FEDEFC.md §3.1)
-ACCURACY_SIGNALS = ("global", "held-out", "local-train")
+ACCURACY_SIGNALS = ("auto", "global", "held-out", "local-train")
 # SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
 # 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
 SECAGG_MAX_CLIENTS = 1024
@@ -83,6 +83,22 @@ class NoiseGroup(BaseModel):
     zeta: float
 
 
+def clients_per_round(num_clients: int, fraction: float) -> int:
+    """max(1, int(fraction * N)): the clients a round samples."""
+    return max(1, int(num_clients * fraction))
+
+
+def accuracy_signal_mode(signal: str, num_clients: int, fraction: float,
+                         prestopping: bool) -> str:
+    """``global``, ``held-out`` or ``local-train``; ``auto`` is ``held-out`` when every
+    client trains in every round and prestopping is on (the paper's signal then measures
+    memorization and never fires), else ``global``, the paper's (docs/FEDEFC.md §3.1)."""
+    if signal != "auto":
+        return signal
+    every_round = clients_per_round(num_clients, fraction) == num_clients
+    return "held-out" if every_round and prestopping else "global"
+
+
 class RunConfig(BaseModel):
     """Every key a run has whatever its method (declared with its default in pyproject.toml)."""
 
@@ -121,8 +137,8 @@ class RunConfig(BaseModel):
     prestopping: bool = True
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
-    accuracy_signal: Literal[ACCURACY_SIGNALS] = "global"  # type: ignore[valid-type]
-    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
+    validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_phase_2: Literal["estimate", "train"] = "estimate"
     count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
@@ -275,6 +291,11 @@ class RunConfig(BaseModel):
         return "server" if self.has_test_set else "federated"
 
     @property
+    def accuracy_signal_mode(self) -> str:
+        return accuracy_signal_mode(self.accuracy_signal, self.num_clients, self.fraction,
+                                    self.prestopping)
+
+    @property
     def server_evaluation(self) -> bool:
         return self.evaluation_mode in ("server", "both")
 
@@ -342,8 +363,7 @@ class RunConfig(BaseModel):
 
     @property
     def clients_per_round(self) -> int:
-        """max(1, int(fraction * N)): the clients a round samples."""
-        return max(1, int(self.num_clients * self.fraction))
+        return clients_per_round(self.num_clients, self.fraction)
 
     def noise_group_list(self) -> list[NoiseGroup]:
         """Parse ``noise-groups`` ("rho:zeta;rho:zeta"); empty means one group (rho, zeta)."""

@@ -29,7 +29,14 @@ from .baselines.fednoro import FedNoRoSettings
 from .baselines.fedprox import FedProxSettings
 from .baselines.forward_correction import ForwardCorrectionSettings
 from .baselines.rofl import RoFLMessages, RoFLSettings
-from .config import ConfigError, MethodSettings, RunConfig, config_differences, parse_run_config
+from .config import (
+    ConfigError,
+    MethodSettings,
+    RunConfig,
+    accuracy_signal_mode,
+    config_differences,
+    parse_run_config,
+)
 from .messages import ReplyMetric
 
 
@@ -169,7 +176,7 @@ def validation_share(cfg: RunConfig) -> float:
     """The fraction of its training data each client keeps out of training for the
     accuracy signal: ``validation-fraction`` for a prestopping method with the
     ``held-out`` signal, else 0 (no share; docs/FEDEFC.md §3.1)."""
-    if method_of(cfg).prestopping and cfg.accuracy_signal == "held-out":
+    if method_of(cfg).prestopping and cfg.accuracy_signal_mode == "held-out":
         return cfg.validation_fraction
     return 0.0
 
@@ -182,5 +189,28 @@ def default_config() -> dict[str, Any]:
 def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> dict[str, tuple[Any, Any]]:
     """{key: (stored, wanted)} where a stored resolved config differs from a wanted one;
-    a key the stored config lacks counts as its default (:func:`config_differences`)."""
-    return config_differences(stored, wanted, default_config(), ignore)
+    a key the stored config lacks counts as its default (:func:`config_differences`),
+    ``accuracy-signal`` compares by the signal it resolves to: a run stored with
+    ``global`` (or from before the key, which ran the paper's signal) is today's ``auto``
+    wherever ``auto`` resolves to the paper's signal; and ``validation-fraction`` by the
+    share it sets aside (:func:`validation_share`: 0 wherever no share is kept), so a
+    changed default of the share orphans only the runs that kept one."""
+    defaults = default_config()
+    return config_differences(_signal_resolved(stored, "global", defaults),
+                              _signal_resolved(wanted, defaults["accuracy-signal"], defaults),
+                              defaults, ignore)
+
+
+def _signal_resolved(config: dict[str, Any], missing: str,
+                     defaults: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its accuracy signal resolved (``missing`` where it has none) and
+    its validation share as the share it keeps (0.0 where it keeps none)."""
+    def value(key: str) -> Any:
+        return config.get(key, defaults[key])
+    signal = accuracy_signal_mode(config.get("accuracy-signal", missing),
+                                  int(value("num-clients")), float(value("fraction")),
+                                  bool(value("prestopping")))
+    method = METHODS.get(str(value("method")))
+    kept = method is not None and method.prestopping and signal == "held-out"
+    return {**config, "accuracy-signal": signal,
+            "validation-fraction": float(value("validation-fraction")) if kept else 0.0}

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.config import accuracy_signal_mode
 from common.data_plan import data_plan
 from common.datasets import DatasetError
-from common.methods import load_run_config
+from common.methods import default_config, load_run_config
 from common.named_datasets import DATASETS
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
@@ -63,7 +64,10 @@ def paper_key(config: dict[str, Any]) -> tuple | None:
     family = named.paper if named else None
     if family is None or config.get("noise-groups") or config.get("iid"):
         return None
-    if any(config.get(k, v) != v for k, v in PAPER_CHOICES.items()):
+    keys = {**default_config(), "accuracy-signal": "global", **config}  # "global": older runs
+    resolved = {**config, "accuracy-signal": accuracy_signal_mode(
+        keys["accuracy-signal"], keys["num-clients"], keys["fraction"], keys["prestopping"])}
+    if any(resolved.get(k, v) != v for k, v in PAPER_CHOICES.items()):
         return None
     if config["method"] == "fedefc" and \
             config.get("weighting", "none") != paper_weighting(family, config["p"]):

@@ -50,7 +50,7 @@ from .local_update import Update
 
 def accuracy_signal(job: LocalJob, train_accuracy: float) -> float:
     """A_k, the phase-1 accuracy the run's ``accuracy-signal`` names (docs/FEDEFC.md §3.1)."""
-    signal = job.cfg.accuracy_signal
+    signal = job.cfg.accuracy_signal_mode
     if signal == "held-out":
         return job.validation_accuracy()
     if signal == "global":

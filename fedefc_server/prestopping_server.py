@@ -95,7 +95,7 @@ class PrestoppingServer(MethodServer):
                 + ("; when every node trains in every round, the global model memorizes the "
                    "labels A(t) is measured on: set accuracy-signal=\"held-out\" (docs/FEDEFC.md "
                    "§3.1 says what it costs), or lower gamma-thr or start-round, or raise "
-                   "rounds" if self.cfg.accuracy_signal != "held-out" else
+                   "rounds" if self.cfg.accuracy_signal_mode != "held-out" else
                    "; lower gamma-thr or start-round, or raise rounds")]
 
     def describe(self, record: dict[str, Any]) -> str:

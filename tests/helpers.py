@@ -251,5 +251,5 @@ def small_job(data_dir: Path, out: Path, **extra) -> dict[str, Any]:
     base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
             "num-clients": 4, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
             "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
-            "iid": "true", "client-threads": 1, **extra}
+            "iid": "true", "client-threads": 1, "accuracy-signal": '"global"', **extra}
     return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))

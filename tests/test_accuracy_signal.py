@@ -15,7 +15,7 @@ import torch
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan, training_size
-from common.methods import METHODS, load_object, load_run_config, validation_share
+from common.methods import METHODS, changed_keys, load_object, load_run_config, validation_share
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
@@ -52,9 +52,9 @@ def rows_of(x: torch.Tensor) -> set[bytes]:
 # -- the validation share ---------------------------------------------------------------------
 def test_the_share_is_a_seeded_fraction_of_the_training_part():
     cfg = silo()
-    assert validation_share(cfg) == 0.2
+    assert validation_share(cfg) == 0.4
     val = validation_positions(cfg, 3, 50)
-    assert len(val) == 10 and len(np.unique(val)) == 10 and list(val) == sorted(val)
+    assert len(val) == 20 and len(np.unique(val)) == 20 and list(val) == sorted(val)
     assert 0 <= val.min() and val.max() < 50
     assert np.array_equal(val, validation_positions(silo(), 3, 50))  # a pure function
     assert not np.array_equal(val, validation_positions(cfg, 4, 50))  # per partition
@@ -86,7 +86,7 @@ def test_the_share_lies_in_the_training_part_never_in_the_evaluation_hold_out(tm
     train, held = held_out_positions(cfg, 2, len(idx))
     assert len(local) == len(train) == training_size(cfg, len(idx))
     val = local.validation
-    assert len(val) == round(0.2 * len(train))
+    assert len(val) == round(cfg.validation_fraction * len(train))
     shared, kept_out = rows_of(local.x[torch.as_tensor(val)]), rows_of(local.held_out.x)
     assert len(shared) == len(val) and not shared & kept_out
     np.testing.assert_array_equal(local.labels[val],
@@ -108,9 +108,10 @@ def test_a_private_nodes_share_is_disjoint_from_its_hold_out(tmp_path):
                            "accuracy-signal": "held-out"})
     local = node_data(cfg, 2, {"data-path": str(path)}, NODE, CPU)
     train, held = held_out_positions(cfg, 2, 60)
-    assert len(local) == 48 and len(local.held_out) == 12 and len(local.validation) == 10
+    assert len(local) == 48 and len(local.held_out) == 12
+    assert len(local.validation) == 19  # round(0.4 * 48)
     shared = rows_of(local.x[torch.as_tensor(local.validation)])
-    assert len(shared) == 10 and not shared & rows_of(local.held_out.x)
+    assert len(shared) == 19 and not shared & rows_of(local.held_out.x)
     np.testing.assert_array_equal(local.labels[local.validation], y[train][local.validation])
 
 
@@ -199,13 +200,58 @@ def test_the_held_out_signal_is_the_received_models_accuracy_on_the_share():
 
 
 # -- where a run keeps no share -----------------------------------------------------------------
-def test_the_default_is_the_papers_signal_without_a_share():
-    """A run asks for the held-out signal by name (docs/FEDEFC.md §3.1 says why)."""
-    assert load_run_config({}).accuracy_signal == "global"
-    assert validation_share(load_run_config({"num-clients": 5, "fraction": 1.0})) == 0.0
+@pytest.mark.parametrize("keys, signal", [
+    ({}, "global"),                                          # the default run: 10 of 20
+    ({"num-clients": 100, "fraction": 0.1}, "global"),      # the paper's settings
+    ({"num-clients": 5, "fraction": 0.9}, "global"),        # int(4.5) = 4 of 5
+    ({"num-clients": 3, "fraction": 0.99}, "global"),       # 2 of 3
+    ({"num-clients": 5, "fraction": 1.0}, "held-out"),      # every client, every round
+    ({"num-clients": 1, "fraction": 1.0}, "held-out"),      # the one client, every round
+    ({"num-clients": 5, "fraction": 1.0, "prestopping": False}, "global"),  # no signal used
+    ({"num-clients": 5, "fraction": 1.0, "accuracy-signal": "global"}, "global"),
+    ({"num-clients": 100, "fraction": 0.1, "accuracy-signal": "held-out"}, "held-out"),
+])
+def test_the_default_signal_is_the_papers_unless_every_client_trains_every_round(keys, signal):
+    """``auto`` (the default) keeps the paper's signal, and no share, wherever a round
+    samples part of the clients, and takes the held-out one when every client trains in
+    every round (docs/FEDEFC.md §3.1); a named signal is kept as named."""
+    cfg = load_run_config(keys)
+    assert cfg.accuracy_signal == keys.get("accuracy-signal", "auto")
+    assert cfg.accuracy_signal_mode == signal
+    share = cfg.validation_fraction if signal == "held-out" else 0.0
+    assert validation_share(cfg) == share
+    assert validation_share(load_run_config({**keys, "method": "fedavg"})) == 0.0
     with open(CONFIGS_DIR.parent / "pyproject.toml", "rb") as fh:
         app = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
-    assert app["accuracy-signal"] == "global"
+    assert app["accuracy-signal"] == "auto"
+
+
+def test_a_stored_run_of_the_papers_signal_is_todays_auto_where_auto_resolves_to_it():
+    """Results and checkpoints made before ``auto`` (stored ``global``, or without the key)
+    still count as this config where ``auto`` resolves to the paper's signal, and as
+    another config where it resolves to the held-out one (a grid must not mix them)."""
+    partial = load_run_config({"num-clients": 20, "fraction": 0.5}).to_flat()
+    full = load_run_config({"num-clients": 5, "fraction": 1.0}).to_flat()
+    for wanted, same in ((partial, True), (full, False)):
+        older = {k: v for k, v in wanted.items() if k != "accuracy-signal"}
+        for stored in ({**wanted, "accuracy-signal": "global"}, older):
+            assert (changed_keys(stored, wanted) == {}) == same
+    assert changed_keys({**full, "accuracy-signal": "held-out"}, full) == {}
+
+
+def test_a_changed_share_orphans_only_the_stored_runs_that_kept_one():
+    """The default share went from 0.2 to 0.4 (docs/FEDEFC.md §3.1): a stored run with
+    0.2 that kept no share (another method, the paper's signal) is still this config; one
+    that kept a share of 0.2 is another."""
+    for keys, kept in (({"method": "fedavg", "num-clients": 5, "fraction": 1.0}, False),
+                       ({"num-clients": 20, "fraction": 0.5}, False),
+                       ({"num-clients": 5, "fraction": 1.0}, True),
+                       ({"accuracy-signal": "held-out"}, True)):
+        wanted = load_run_config(keys).to_flat()
+        assert wanted["validation-fraction"] == 0.4
+        stored = {**wanted, "validation-fraction": 0.2}
+        assert changed_keys(stored, wanted) == ({"validation-fraction": (0.2, 0.4)} if kept
+                                                else {})
 
 
 def test_the_methods_with_a_share_are_the_ones_with_fedefcs_server():
@@ -221,5 +267,5 @@ def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path)
     """The shipped cross-device grids run the paper's signal and train on all their data."""
     for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
         cfg = load_run_config(cell.config)
-        assert cfg.accuracy_signal in ("global", "local-train"), cell
+        assert cfg.accuracy_signal_mode in ("global", "local-train"), cell
         assert validation_share(cfg) == 0.0, cell

@@ -100,7 +100,7 @@ def job(data: Path, out_dir: Path, **extra) -> dict:
         "model": '"tests.own_models:tiny_cnn"', "evaluation": '"both"',
         "num-clients": NODES, "fraction": 1.0, "rounds": 3, "local-epochs": 2,
         "batch-size": 8, "lr": 1e-7, "start-round": 0, "gamma-thr": 1, "rho": 0.4,
-        "zeta": 0.4, "iid": "true", **extra,
+        "zeta": 0.4, "iid": "true", "accuracy-signal": '"global"', **extra,
     }.items()]
     return resolve_run_config(None, overrides, str(out_dir))
 

@@ -24,7 +24,7 @@ title = "tiny grid"
 seeds = [0, 1]
 [rows]
 "FedAvg" = {{ method = "fedavg" }}
-"FedEFC" = {{ method = "fedefc" }}
+"FedEFC" = {{ method = "fedefc", accuracy-signal = "global" }}
 [columns.small]
 dataset = "mnist"
 data-dir = "{data}"

@@ -23,7 +23,8 @@ from tests.helpers import records
 pytestmark = pytest.mark.flower
 
 TINY = {"num-clients": 3, "fraction": 1.0, "rounds": 3, "local-epochs": 1, "batch-size": 8,
-        "iid": "true", "start-round": 1, "gamma-thr": 1, "rho": 0.2, "client-threads": 1}
+        "iid": "true", "start-round": 1, "gamma-thr": 1, "rho": 0.2, "client-threads": 1,
+        "accuracy-signal": '"global"'}
 
 
 def write_features(path: Path, n: int, d: int, k: int, seed: int) -> Path:

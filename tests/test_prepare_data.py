@@ -382,7 +382,7 @@ def test_two_prepared_sites_with_one_class_map_train_and_test_through_fedefc_run
     tiny = {"test-path": tmp_path / "p-test" / "data.npz", "model": "cnn", "rho": 0,
             "num-clients": 2, "fraction": 1.0, "rounds": 2, "local-epochs": 1,
             "batch-size": 8, "iid": "true", "start-round": 1, "gamma-thr": 1,
-            "client-threads": 1}
+            "client-threads": 1, "accuracy-signal": "global"}
     sets = [f"--set={k}={v}" for k, v in {**keys, **tiny}.items()]
     assert main(["run", *sets, "--out-dir", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

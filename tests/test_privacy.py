@@ -188,7 +188,8 @@ def micro_config(data_dir, out, n_nodes=4, **extra) -> dict:
         "dataset": "mnist", "data-dir": str(data_dir), "model": "lenet",
         "num-clients": n_nodes, "fraction": 1.0, "rounds": 3, "local-epochs": 1,
         "batch-size": 8, "start-round": 0, "gamma-thr": 1, "iid": True,
-        "client-threads": 1, "out-dir": str(out), **extra}).to_flat()
+        "client-threads": 1, "out-dir": str(out), "accuracy-signal": "global",
+        **extra}).to_flat()
 
 
 def server(flat: dict, grid: InProcessGrid):

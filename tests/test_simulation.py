@@ -31,7 +31,7 @@ def job(data_dir, out_dir, **extra):
         "dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
         "num-clients": 4, "fraction": 1.0, "rounds": 5, "local-epochs": 2, "batch-size": 8,
         "lr": 1e-7, "start-round": 0, "gamma-thr": 1, "rho": 0.4, "zeta": 0.4, "iid": "true",
-        **extra,
+        "accuracy-signal": '"global"', **extra,
     }.items()]
     return resolve_run_config(None, overrides, str(out_dir))
 

@@ -55,6 +55,7 @@ def fedefc_config(out: Path, args: argparse.Namespace) -> dict:
         "dataset": '"mnist-embedded"', "model": '"lenet"', "num-clients": args.clients,
         "fraction": 1.0, "rounds": args.rounds, "local-epochs": 1, "batch-size": 32,
         "start-round": 2, "gamma-thr": 2, "rho": 0.4, "zeta": 0.4, "client-threads": 1,
+        "accuracy-signal": '"global"',
     }.items()]
     return resolve_run_config(None, overrides, str(out))
 

@@ -141,7 +141,7 @@ def one_setting(preset: str, data: Path, out: Path, rounds: int, gpus: float, pr
                 extra: list[str]) -> dict:
     sets = {"data-dir": f'"{data}"', "num-clients": CLIENTS, "fraction": 1.0,
             "rounds": rounds, "start-round": 0, "gamma-thr": 1, "lr": 1e-7,
-            "precision": f'"{precision}"'}
+            "precision": f'"{precision}"', "accuracy-signal": '"global"'}
     cmd = [sys.executable, "-m", "fedefc_cli", "run", preset, "--out-dir", str(out),
            "--client-gpus", str(gpus), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
            *[a for e in extra for a in ("--set", e)]]

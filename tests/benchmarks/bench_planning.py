@@ -39,8 +39,7 @@ def one(data_dir: str, nodes: int, out: Path) -> dict:
     overrides = [f"{k}={v}" for k, v in {
         "method": '"fedavg"', "dataset": '"mnist"', "data-dir": f'"{data_dir}"',
         "model": '"lenet"', "num-clients": nodes, "fraction": 10 / nodes, "rounds": 2,
-        "local-epochs": 1, "batch-size": 64, "client-threads": 1, "start-round": 1,
-        "wait-for-nodes": 3600}.items()]
+        "local-epochs": 1, "batch-size": 64, "client-threads": 1, "start-round": 1}.items()]
     start = time.monotonic()
     run_simulation_job(resolve_run_config(None, overrides, str(out)),
                        log_path=out.with_suffix(".log"))

@@ -36,7 +36,7 @@ def fedefc_message() -> float:
     overrides = [f"{k}={v}" for k, v in {
         "dataset": '"mnist-embedded"', "model": '"lenet"', "num-clients": 3, "fraction": 1.0,
         "rounds": 5, "local-epochs": 1, "batch-size": 32, "start-round": 2, "gamma-thr": 2,
-        "rho": 0.4, "zeta": 0.4, "client-threads": 1}.items()]
+        "rho": 0.4, "zeta": 0.4, "client-threads": 1, "accuracy-signal": '"global"'}.items()]
     run_config = resolve_run_config(None, overrides, out_dir)
     cfg = load_run_config(run_config)
     weights = get_weights(build_model("lenet", TaskShape((1, 28, 28), 10), cfg.seed))
