@@ -207,6 +207,10 @@ def test_fednoro_detects_once_on_every_client_then_distills_and_uses_daagg(fedno
     assert r1["client_loss"] == ["logit-adjusted"] * 2 and "daagg_weights" not in r1
     # The detection asked all four clients, though only two train per round.
     assert r2["fednoro_detection_clients"] == [0, 1, 2, 3] and len(r2["sampled"]) == 2
+    # In a simulation the registry asks a node only when it is first needed: round 1's
+    # two sampled nodes, then the detection's other two (fedefc_server/registry.py).
+    assert sorted(map(int, r1["declared"])) == r1["sampled"]
+    assert sorted(map(int, {**r1["declared"], **r2["declared"]})) == [0, 1, 2, 3]
     noisy = set(r2["fednoro_noisy"])
     assert noisy <= {0, 1, 2, 3} and summary["fednoro_noisy"] == sorted(noisy)
     assert sorted(map(int, r2["fednoro_true_noise"])) == [0, 1, 2, 3]
