@@ -16,6 +16,7 @@ from flwr.app import RecordDict
 
 from common.data_plan import data_plan, training_size
 from common.methods import METHODS, changed_keys, load_object, load_run_config, validation_share
+from common.models import ClassifierShape
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
@@ -237,6 +238,17 @@ def test_a_stored_run_of_the_papers_signal_is_todays_auto_where_auto_resolves_to
         for stored in ({**wanted, "accuracy-signal": "global"}, older):
             assert (changed_keys(stored, wanted) == {}) == same
     assert changed_keys({**full, "accuracy-signal": "held-out"}, full) == {}
+
+
+@pytest.mark.parametrize("keys, signal, share", [
+    ({"num-clients": 5, "fraction": 1.0}, "held-out", 0.4),
+    ({"num-clients": 20, "fraction": 0.5}, "global", 0.0),
+    ({"num-clients": 5, "fraction": 1.0, "validation-fraction": 0.2}, "held-out", 0.2),
+])
+def test_the_summary_says_which_signal_auto_chose_and_the_share_it_kept(keys, signal, share):
+    server = PrestoppingServer(load_run_config(keys), ClassifierShape(10, 84))
+    fields = server.summary_fields()
+    assert fields["accuracy_signal"] == signal and fields["validation_share"] == share
 
 
 def test_a_changed_share_orphans_only_the_stored_runs_that_kept_one():
