@@ -176,9 +176,15 @@ def validation_share(cfg: RunConfig) -> float:
     """The fraction of its training data each client keeps out of training for the
     accuracy signal: ``validation-fraction`` for a prestopping method with the
     ``held-out`` signal, else 0 (no share; docs/FEDEFC.md §3.1)."""
-    if method_of(cfg).prestopping and cfg.accuracy_signal_mode == "held-out":
-        return cfg.validation_fraction
-    return 0.0
+    return cfg.validation_fraction if keeps_share(cfg.method, cfg.accuracy_signal_mode) else 0.0
+
+
+def keeps_share(method: str, signal_mode: str) -> bool:
+    """Whether a run of ``method`` whose accuracy signal resolves to ``signal_mode`` keeps
+    a validation share: a prestopping method with the ``held-out`` signal (the one home
+    of the rule; docs/FEDEFC.md §3.1)."""
+    entry = METHODS.get(method)
+    return entry is not None and entry.prestopping and signal_mode == "held-out"
 
 
 def default_config() -> dict[str, Any]:
@@ -210,7 +216,6 @@ def _signal_resolved(config: dict[str, Any], missing: str,
     signal = accuracy_signal_mode(config.get("accuracy-signal", missing),
                                   int(value("num-clients")), float(value("fraction")),
                                   bool(value("prestopping")))
-    method = METHODS.get(str(value("method")))
-    kept = method is not None and method.prestopping and signal == "held-out"
+    kept = keeps_share(str(value("method")), signal)
     return {**config, "accuracy-signal": signal,
             "validation-fraction": float(value("validation-fraction")) if kept else 0.0}
