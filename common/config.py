@@ -40,6 +40,8 @@ MODEL_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 EVALUATIONS = ("auto", "server", "federated", "both")
 # the phase-1 accuracy a client reports (docs/FEDEFC.md §3.1)
 ACCURACY_SIGNALS = ("auto", "global", "held-out", "local-train")
+# how a FedEFC client's count matrices make its Q in phase 2 (docs/FEDEFC.md §4.7)
+Q_POOLINGS = ("auto", "none", "cumulative")
 # SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
 # 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
 SECAGG_MAX_CLIENTS = 1024
@@ -99,6 +101,16 @@ def accuracy_signal_mode(signal: str, num_clients: int, fraction: float,
     return "held-out" if every_round and prestopping else "global"
 
 
+def q_pooling_mode(pooling: str, num_clients: int, fraction: float) -> str:
+    """``none`` (each phase-2 round's counts alone: the paper) or ``cumulative`` (the
+    client's counts summed over its phase-2 rounds); ``auto`` is ``cumulative`` when every
+    client trains in every round, so its rounds' global models follow one another, else
+    ``none`` (docs/FEDEFC.md §4.7)."""
+    if pooling != "auto":
+        return pooling
+    return "cumulative" if clients_per_round(num_clients, fraction) == num_clients else "none"
+
+
 class RunConfig(BaseModel):
     """Every key a run has whatever its method (declared with its default in pyproject.toml)."""
 
@@ -140,6 +152,7 @@ class RunConfig(BaseModel):
     accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_phase_2: Literal["estimate", "train"] = "estimate"
+    q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -294,6 +307,10 @@ class RunConfig(BaseModel):
     def accuracy_signal_mode(self) -> str:
         return accuracy_signal_mode(self.accuracy_signal, self.num_clients, self.fraction,
                                     self.prestopping)
+
+    @property
+    def q_pooling_mode(self) -> str:
+        return q_pooling_mode(self.q_pooling, self.num_clients, self.fraction)
 
     @property
     def server_evaluation(self) -> bool:

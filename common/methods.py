@@ -36,6 +36,7 @@ from .config import (
     accuracy_signal_mode,
     config_differences,
     parse_run_config,
+    q_pooling_mode,
 )
 from .messages import ReplyMetric
 
@@ -53,7 +54,9 @@ class Method:
     ``exact_resume``: its clients keep nothing across rounds, so a run resumed from a
     checkpoint ends as the uninterrupted run (docs/RELIABILITY.md). ``counts_subset``: a
     reply counts only the samples it trained on (at most the declared size).
-    ``needs_features``: its local update needs the model's penultimate features."""
+    ``needs_features``: its local update needs the model's penultimate features.
+    ``pools_counts``: its local update sums its phase-2 count matrices over rounds in the
+    node's state where ``q-pooling`` resolves to ``cumulative`` (docs/FEDEFC.md §4.7)."""
 
     name: str
     title: str
@@ -65,6 +68,7 @@ class Method:
     exact_resume: bool = True
     counts_subset: bool = False
     needs_features: bool = False
+    pools_counts: bool = False
 
     @property
     def secure(self) -> bool:
@@ -84,7 +88,8 @@ _PRESTOPPING = f"{_SERVERS}.prestopping_server:PrestoppingServer"
 _PLAIN = f"{_SERVERS}.method_server:MethodServer"
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("fedefc", "FedEFC", _PRESTOPPING, f"{_CLIENTS}.local_update:fedefc"),
+    Method("fedefc", "FedEFC", _PRESTOPPING, f"{_CLIENTS}.local_update:fedefc",
+           pools_counts=True),
     Method("fedavg", "FedAvg", _PLAIN, f"{_CLIENTS}.local_update:fedavg"),
     Method("fedprox", "FedProx", _PLAIN, f"{_CLIENTS}.baselines.fedprox:fedprox",
            FedProxSettings),
@@ -187,6 +192,21 @@ def keeps_share(method: str, signal_mode: str) -> bool:
     return entry is not None and entry.prestopping and signal_mode == "held-out"
 
 
+def pooling_used(method: str, pooling_mode: str) -> str:
+    """The ``q-pooling`` a run of ``method`` whose pooling resolves to ``pooling_mode``
+    actually does: ``none`` for a method that does not pool (docs/FEDEFC.md §4.7)."""
+    entry = METHODS.get(method)
+    return pooling_mode if entry is not None and entry.pools_counts else "none"
+
+
+def resumes_exactly(cfg: RunConfig) -> bool:
+    """Whether a run resumed from a checkpoint ends as the uninterrupted one: its clients
+    keep nothing across rounds (``Method.exact_resume``, and no pooled counts: a resumed
+    run's nodes start with an empty ``context.state``; docs/RELIABILITY.md)."""
+    return (method_of(cfg).exact_resume
+            and pooling_used(cfg.method, cfg.q_pooling_mode) == "none")
+
+
 def default_config() -> dict[str, Any]:
     """Every run-config key with its default, flat."""
     return load_run_config({}).to_flat()
@@ -200,22 +220,28 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     ``global`` (or from before the key, which ran the paper's signal) is today's ``auto``
     wherever ``auto`` resolves to the paper's signal; and ``validation-fraction`` by the
     share it sets aside (:func:`validation_share`: 0 wherever no share is kept), so a
-    changed default of the share orphans only the runs that kept one."""
+    changed default of the share orphans only the runs that kept one; ``q-pooling`` by the
+    pooling the run does (:func:`pooling_used`; a run from before the key pooled nothing)."""
     defaults = default_config()
-    return config_differences(_signal_resolved(stored, "global", defaults),
-                              _signal_resolved(wanted, defaults["accuracy-signal"], defaults),
+    return config_differences(_resolved(stored, "global", "none", defaults),
+                              _resolved(wanted, defaults["accuracy-signal"],
+                                        defaults["q-pooling"], defaults),
                               defaults, ignore)
 
 
-def _signal_resolved(config: dict[str, Any], missing: str,
-                     defaults: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with its accuracy signal resolved (``missing`` where it has none) and
-    its validation share as the share it keeps (0.0 where it keeps none)."""
+def _resolved(config: dict[str, Any], missing_signal: str, missing_pooling: str,
+              defaults: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its accuracy signal and its pooling resolved (the ``missing_*``
+    where it has none) and its validation share as the share it keeps (0.0 where it
+    keeps none)."""
     def value(key: str) -> Any:
         return config.get(key, defaults[key])
-    signal = accuracy_signal_mode(config.get("accuracy-signal", missing),
-                                  int(value("num-clients")), float(value("fraction")),
-                                  bool(value("prestopping")))
-    kept = keeps_share(str(value("method")), signal)
+    clients, fraction = int(value("num-clients")), float(value("fraction"))
+    signal = accuracy_signal_mode(config.get("accuracy-signal", missing_signal), clients,
+                                  fraction, bool(value("prestopping")))
+    method = str(value("method"))
+    pooling = q_pooling_mode(config.get("q-pooling", missing_pooling), clients, fraction)
+    kept = keeps_share(method, signal)
     return {**config, "accuracy-signal": signal,
+            "q-pooling": pooling_used(method, pooling),
             "validation-fraction": float(value("validation-fraction")) if kept else 0.0}

@@ -85,7 +85,13 @@ def column_normalize(counts: np.ndarray) -> np.ndarray:
 def estimate_transition(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab",
                         weighting: str = "none") -> np.ndarray:
     """The client's Q (paper eq. (6), columns normalized; optional label-prior weighting)."""
-    counts = count_matrix(probs, labels, rule)
+    return transition_from_counts(count_matrix(probs, labels, rule), labels, weighting)
+
+
+def transition_from_counts(counts: np.ndarray, labels: np.ndarray,
+                           weighting: str = "none") -> np.ndarray:
+    """Q from a count matrix (one round's, or several rounds' summed: docs/FEDEFC.md §4.7),
+    its columns normalized after the optional label-prior weighting by ``labels``."""
     if weighting == "label-prior":
         return column_normalize(label_prior_weighting(counts, labels))
     if weighting != "none":

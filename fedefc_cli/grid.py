@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
-from common.methods import METHODS, changed_keys, load_run_config
+from common.methods import changed_keys, load_run_config, resumes_exactly
 from common.private_files import make_private_dir
 from common.results import check_output_dir
 from fedefc_server import checkpoint
@@ -154,10 +154,10 @@ def check_finished(cell: Cell) -> None:
 
 
 def resumable(cell: Cell) -> bool:
-    """Whether the interrupted attempt in ``cell.out_dir`` can be continued exactly: its
-    method resumes exactly (``Method.exact_resume``: its clients keep no state that a new
+    """Whether the interrupted attempt in ``cell.out_dir`` can be continued exactly: the
+    run resumes exactly (:func:`resumes_exactly`: its clients keep no state that a new
     Flower run starts empty; docs/RELIABILITY.md) and its checkpoint is this cell's."""
-    if not METHODS[cell.config["method"]].exact_resume:
+    if not resumes_exactly(load_run_config(cell.config)):
         return False
     try:
         ckpt = checkpoint.load(cell.out_dir)

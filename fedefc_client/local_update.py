@@ -16,11 +16,13 @@ import torch
 from common.losses import forward_corrected_loss
 from common.messages import FitReply, carries_accuracy
 from common.training import TrainStats
-from common.transition import estimate_transition, matrix_agreement
+from common.transition import count_matrix, matrix_agreement, transition_from_counts
 
+from .baselines.label_state import load_vector, save_vector
 from .job import LocalJob
 
 Update = tuple[int, dict, TrainStats]
+POOLED_COUNTS = "fedefc-counts"  # context.state: the client's phase-2 count matrices, summed
 
 
 def fedavg(job: LocalJob) -> Update:
@@ -45,10 +47,24 @@ def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
 def fedefc(job: LocalJob) -> Update:
     """Phase 1: cross-entropy. Phase 2: Q from the received global model's predictions
     (paper eqs. (4)-(6), docs/FEDEFC.md §4; on the validation share where the run keeps
-    one out of training, §3.1) and the forward-corrected loss (eq. (12))."""
+    one out of training, §3.1; the counts summed over the client's phase-2 rounds with
+    ``q-pooling = "cumulative"``, §4.7) and the forward-corrected loss (eq. (12))."""
     if carries_accuracy(job.phase):  # phase 1
         return fedavg(job)
     at = job.estimation_positions()
-    q = estimate_transition(job.probs[at], job.labels[at], job.cfg.count_rule,
-                            job.cfg.weighting)
-    return train_forward_corrected(job, q)
+    counts = count_matrix(job.probs[at], job.labels[at], job.cfg.count_rule)
+    if job.cfg.q_pooling_mode == "cumulative":
+        counts = pooled_counts(job.state, counts)
+    return train_forward_corrected(job, transition_from_counts(counts, job.labels[at],
+                                                               job.cfg.weighting))
+
+
+def pooled_counts(state, counts: np.ndarray) -> np.ndarray:
+    """``q-pooling = "cumulative"`` (docs/FEDEFC.md §4.7): this round's count matrix plus
+    the sum of the client's earlier phase-2 rounds', kept in the node's ``context.state``
+    (K x K integers, nothing else); the new sum is stored for the next round."""
+    k = counts.shape[0]
+    before = load_vector(state, POOLED_COUNTS, k * k)
+    total = counts if before is None else counts + before.reshape(k, k).astype(counts.dtype)
+    save_vector(state, POOLED_COUNTS, total.ravel())
+    return total

@@ -23,7 +23,7 @@ from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.messages import FitConfig, FitReply, carries_accuracy
-from common.methods import validation_share
+from common.methods import pooling_used, validation_share
 from common.models import ClassifierShape
 
 from .accuracy import aggregate_accuracy
@@ -80,11 +80,12 @@ class PrestoppingServer(MethodServer):
         self.prestopper = Prestopper(**stopper)
 
     def summary_fields(self) -> dict[str, Any]:
-        """T_e, A_max, and the accuracy signal the run used with the share it kept
-        (``auto`` resolved: docs/FEDEFC.md §3.1)."""
+        """T_e, A_max, the accuracy signal the run used with the share it kept, and how
+        its clients pooled their counts (``auto`` resolved: docs/FEDEFC.md §3.1, §4.7)."""
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
                 "accuracy_signal": self.cfg.accuracy_signal_mode,
-                "validation_share": validation_share(self.cfg)}
+                "validation_share": validation_share(self.cfg),
+                "q_pooling": pooling_used(self.cfg.method, self.cfg.q_pooling_mode)}
 
     def notes(self) -> list[str]:
         """A run that never left phase 1 trained as FedAvg: say so, and what to change."""

@@ -247,9 +247,11 @@ def simulate(data_dir: Path, out: Path, method: str, **keys) -> tuple[dict, list
 
 def small_job(data_dir: Path, out: Path, **extra) -> dict[str, Any]:
     """The run config of a 6-round FedEFC job on 4 IID clients of the tiny MNIST folder
-    (prestopping can trigger from round 2)."""
+    (prestopping can trigger from round 2). Its clients keep nothing across rounds
+    (``q-pooling = "none"``), so a resumed job ends exactly as an uninterrupted one."""
     base = {"dataset": '"mnist"', "data-dir": f'"{data_dir}"', "model": '"lenet"',
             "num-clients": 4, "fraction": 1.0, "rounds": 6, "local-epochs": 1,
             "batch-size": 16, "start-round": 1, "gamma-thr": 1, "rho": 0.3, "zeta": 0.4,
-            "iid": "true", "client-threads": 1, "accuracy-signal": '"global"', **extra}
+            "iid": "true", "client-threads": 1, "accuracy-signal": '"global"',
+            "q-pooling": '"none"', **extra}
     return resolve_run_config(None, [f"{k}={v}" for k, v in base.items()], str(out))

@@ -1,26 +1,37 @@
 """The accuracy signal of FedEFC's phase 1 (docs/FEDEFC.md §3.1): the validation share
-behind the ``held-out`` signal, and where a run keeps none.
+behind the ``held-out`` signal, and where a run keeps none; and the counts a FedEFC client
+pools over its phase-2 rounds (``q-pooling``, §4.7).
 
 The secure-aggregation path of the signal is tested with the other secure rounds in
 test_privacy.py."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import tomllib
 
 import numpy as np
 import pytest
 import torch
+from cleanlab.count import compute_confident_joint
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan, training_size
-from common.methods import METHODS, changed_keys, load_object, load_run_config, validation_share
+from common.methods import (
+    METHODS,
+    changed_keys,
+    load_object,
+    load_run_config,
+    pooling_used,
+    resumes_exactly,
+    validation_share,
+)
 from common.models import ClassifierShape
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
-from common.transition import estimate_transition
+from common.transition import column_normalize, estimate_transition
 from fedefc_cli.grid import Grid
 from fedefc_cli.run_configs import CONFIGS_DIR
 from fedefc_client import local_data
@@ -32,7 +43,7 @@ from fedefc_client.local_data import (
     partition_data,
     validation_positions,
 )
-from fedefc_client.local_update import fedefc
+from fedefc_client.local_update import POOLED_COUNTS, fedefc
 from fedefc_server.prestopping_server import PrestoppingServer
 
 CPU = torch.device("cpu")
@@ -158,7 +169,8 @@ def test_phase_2_estimates_q_on_the_share_or_trains_on_it(use):
     from the received model's predictions on it; "train" trains on every sample and
     takes Q from all of them (the paper's estimate). Q is recomputed here from the
     model's predictions (common/transition.py is tested against cleanlab)."""
-    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1, "validation-phase-2": use})
+    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1, "validation-phase-2": use,
+                                     "q-pooling": "none"})
     local = partition_data(cfg, 1, CPU)
     model = initial_model(cfg, local.data.task)
     probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU))
@@ -172,6 +184,67 @@ def test_phase_2_estimates_q_on_the_share_or_trains_on_it(use):
         keep[local.validation] = False
     assert torch.equal(trained.x, local.x[torch.as_tensor(np.flatnonzero(keep))])
     assert n == len(local) and metrics["loss"] == "forward-corrected"
+
+
+def test_phase_2_pools_the_counts_of_the_clients_rounds():
+    """``q-pooling = "cumulative"`` (the default when every client trains every round):
+    the Q of a client's second phase-2 round is the column-normalized sum of cleanlab's
+    confident joints of both rounds' received models on the share; with ``none`` it is
+    the second round's alone, and nothing is kept in the node's state."""
+    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1})
+    assert cfg.q_pooling == "auto" and cfg.q_pooling_mode == "cumulative"
+    local = partition_data(cfg, 1, CPU)
+    val = local.validation
+    models = [initial_model(cfg, local.data.task) for _ in range(2)]
+    LocalJob(cfg, local, models[1], 1, 1, 1).train()  # the second round's model has learnt
+    joints = [compute_confident_joint(local.labels[val], predict_proba(
+        m, local.x, BatchTransform.of(local.spec, CPU))[val], calibrate=False) for m in models]
+    for pooling, expected in (("cumulative", joints[0] + joints[1]), ("none", joints[1])):
+        keys = load_run_config({**cfg.to_flat(), "q-pooling": pooling})
+        state = RecordDict()
+        for rnd, model in zip((3, 4), models):  # a copy: the update trains it in place
+            job = LocalJob(keys, local, copy.deepcopy(model), 2, rnd, rnd, state)
+            fedefc(job)
+        np.testing.assert_allclose(job.last_q, column_normalize(expected))
+        assert (POOLED_COUNTS in state) == (pooling == "cumulative")
+    assert not np.allclose(column_normalize(joints[0] + joints[1]), column_normalize(joints[1]))
+
+
+@pytest.mark.parametrize("keys, pooling", [
+    ({}, "none"),                                            # the default run: 10 of 20
+    ({"num-clients": 100, "fraction": 0.1}, "none"),        # the paper's settings
+    ({"num-clients": 5, "fraction": 0.9}, "none"),          # int(4.5) = 4 of 5
+    ({"num-clients": 5, "fraction": 1.0}, "cumulative"),    # every client, every round
+    ({"num-clients": 5, "fraction": 1.0, "q-pooling": "none"}, "none"),
+    ({"num-clients": 20, "fraction": 0.5, "q-pooling": "cumulative"}, "cumulative"),
+    ({"num-clients": 5, "fraction": 1.0, "method": "confident-learning"}, "none"),
+    ({"num-clients": 5, "fraction": 1.0, "method": "fedavg"}, "none"),
+])
+def test_the_counts_are_pooled_where_every_client_trains_every_round(keys, pooling):
+    """``auto`` pools where every client trains in every round, a named pooling is kept,
+    and only FedEFC pools; the summary says what the run did, and a pooling run does not
+    resume exactly (its nodes' state starts empty in a resumed run)."""
+    cfg = load_run_config(keys)
+    assert pooling_used(cfg.method, cfg.q_pooling_mode) == pooling
+    assert resumes_exactly(cfg) == (pooling == "none" and METHODS[cfg.method].exact_resume)
+    if METHODS[cfg.method].prestopping:
+        server = PrestoppingServer(cfg, ClassifierShape(10, 84))
+        assert server.summary_fields()["q_pooling"] == pooling
+
+
+def test_a_stored_run_from_before_pooling_is_todays_config_where_nothing_pools():
+    """A run stored without ``q-pooling`` pooled nothing: today's config where ``auto``
+    resolves to ``none`` (or the method does not pool), another config where FedEFC now
+    pools (a grid must not mix them)."""
+    for keys, same in (({"num-clients": 20, "fraction": 0.5}, True),
+                       ({"num-clients": 5, "fraction": 1.0, "method": "fedavg"}, True),
+                       ({"num-clients": 5, "fraction": 1.0}, False),
+                       ({"num-clients": 5, "fraction": 1.0, "q-pooling": "none"}, True)):
+        wanted = load_run_config(keys).to_flat()
+        older = {k: v for k, v in wanted.items() if k != "q-pooling"}
+        assert (changed_keys(older, wanted) == {}) == same, keys
+    full = load_run_config({"num-clients": 5, "fraction": 1.0}).to_flat()
+    assert changed_keys({**full, "q-pooling": "cumulative"}, full) == {}
 
 
 def test_the_held_out_signal_is_the_received_models_accuracy_on_the_share():
@@ -276,8 +349,10 @@ def test_the_methods_with_a_share_are_the_ones_with_fedefcs_server():
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS_DIR / "grids").glob("*.toml")
                                         if p.stem.startswith(("paper-", "mnist-lite-"))))
 def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path):
-    """The shipped cross-device grids run the paper's signal and train on all their data."""
+    """The shipped cross-device grids run the paper's signal, train on all their data and
+    count each phase-2 round anew."""
     for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
         cfg = load_run_config(cell.config)
         assert cfg.accuracy_signal_mode in ("global", "local-train"), cell
         assert validation_share(cfg) == 0.0, cell
+        assert pooling_used(cfg.method, cfg.q_pooling_mode) == "none", cell

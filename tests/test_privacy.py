@@ -189,7 +189,7 @@ def micro_config(data_dir, out, n_nodes=4, **extra) -> dict:
         "num-clients": n_nodes, "fraction": 1.0, "rounds": 3, "local-epochs": 1,
         "batch-size": 8, "start-round": 0, "gamma-thr": 1, "iid": True,
         "client-threads": 1, "out-dir": str(out), "accuracy-signal": "global",
-        **extra}).to_flat()
+        "q-pooling": "none", **extra}).to_flat()  # stateless clients: an exact resume
 
 
 def server(flat: dict, grid: InProcessGrid):

@@ -2,7 +2,8 @@
 
 Flower keeps ``context.state`` per node and run, in simulation and deployment, and
 re-sends it with every message, so only small vectors live there (one entry per local
-sample: FedCorr's corrected labels and last per-sample losses), never images.
+sample: FedCorr's corrected labels and last per-sample losses; FedEFC's pooled K x K
+counts), never images.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ def load_vector(state, key: str, length: int) -> np.ndarray | None:
     vec = state[key][VALUES].numpy()
     if len(vec) != length:
         raise ValueError(
-            f"context.state[{key!r}] holds {len(vec)} values but the client has {length} "
-            "samples: the node's data changed within the run; restart the run"
+            f"context.state[{key!r}] holds {len(vec)} values where the client expects "
+            f"{length}: the node's data changed within the run; restart the run"
         )
     return vec
 
