@@ -27,7 +27,7 @@ from . import deployment, prepare_data, services
 from .errors import EXIT_CODES
 from .grid import Grid, run_grid
 from .report import write_report
-from .run_configs import preset_names, resolve_run_config, resume_config
+from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
 from .simulation import preflight_in_child, run_simulation_job
 
 
@@ -46,6 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _unwind_on_signals()
     if args.command == "resume":
         run_config = resume_config(args.folder, args.overrides)
+        note = inexact_resume_note(run_config)
+        if note:
+            print(f"fedefc: {note}", flush=True)
     else:
         run_config = resolve_run_config(args.preset, args.overrides, args.out_dir)
     preflight_in_child(run_config)

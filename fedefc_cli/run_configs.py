@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
-from common.methods import load_run_config
+from common.methods import load_run_config, pooling_used, resumes_exactly
 from common.results import check_output_dir, run_folder
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -96,6 +96,20 @@ def resume_config(folder: str, overrides: list[str]) -> dict[str, Any]:
     merged = {**stored, **parse_overrides(overrides), "resume-from": str(path),
               "out-dir": str(path)}
     return load_run_config(merged).to_flat()
+
+
+def inexact_resume_note(run_config: dict[str, Any]) -> str | None:
+    """What an operator resuming this run must know when it cannot end exactly as the
+    uninterrupted run would (:func:`resumes_exactly`; docs/RELIABILITY.md), else None."""
+    cfg = load_run_config(run_config)
+    if resumes_exactly(cfg):
+        return None
+    kept = ("its clients' pooled phase-2 counts (q-pooling)"
+            if pooling_used(cfg.method, cfg.q_pooling_mode) != "none"
+            else f"what {cfg.method}'s clients keep across rounds")
+    return (f"note: {kept} live in the nodes' state, which a resumed run starts empty: it "
+            "continues correctly but will not end bit for bit as the uninterrupted run "
+            "(docs/RELIABILITY.md)")
 
 
 def toml_value(value: Any) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.supercore.task_identity import TaskIdentity
 
 from common.datasets import load_dataset
 from common.methods import load_run_config
@@ -37,6 +38,14 @@ def _private_plan_cache(tmp_path_factory):
         os.environ.pop("FEDEFC_CACHE_DIR")
     else:
         os.environ["FEDEFC_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _task_identity():
+    """Flower's ``Message`` needs a run, node and task id, which Flower's own processes
+    set: set them once, so a test that builds messages passes in any order (alone, or on
+    any pytest-xdist worker)."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
 
 @pytest.fixture(scope="session", autouse=True)

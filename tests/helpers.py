@@ -33,7 +33,6 @@ from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=no-name-in-module
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.supercore.task_identity import TaskIdentity
 
 from common.methods import load_object, load_run_config, method_of
 from common.models import ClassifierShape
@@ -128,7 +127,6 @@ class InProcessGrid:
     def __init__(self, app, run_config: dict[str, Any], n_nodes: int,
                  node_configs: dict[int, dict[str, Any]] | None = None, *,
                  public_keys: dict[int, bytes] | None = None):
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.app = app
         extra = node_configs or {}
         self.contexts = {1000 + k: Context(1, 1000 + k, {"partition-id": k,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import tomllib
 
 import numpy as np
@@ -33,7 +34,7 @@ from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import column_normalize, estimate_transition
 from fedefc_cli.grid import Grid
-from fedefc_cli.run_configs import CONFIGS_DIR
+from fedefc_cli.run_configs import CONFIGS_DIR, inexact_resume_note, resume_config
 from fedefc_client import local_data
 from fedefc_client.client import MethodClient
 from fedefc_client.job import LocalJob
@@ -230,6 +231,22 @@ def test_the_counts_are_pooled_where_every_client_trains_every_round(keys, pooli
     if METHODS[cfg.method].prestopping:
         server = PrestoppingServer(cfg, ClassifierShape(10, 84))
         assert server.summary_fields()["q_pooling"] == pooling
+
+
+@pytest.mark.parametrize("keys, says", [
+    ({"num-clients": 5, "fraction": 1.0}, "pooled phase-2 counts (q-pooling)"),
+    ({"num-clients": 5, "fraction": 1.0, "q-pooling": "none"}, None),
+    ({"num-clients": 20, "fraction": 0.5}, None),
+    ({"method": "fedcorr"}, "what fedcorr's clients keep across rounds"),
+])
+def test_resuming_a_run_that_cannot_end_exactly_says_so(keys, says, tmp_path):
+    """``fedefc resume`` prints what the nodes' state held and that the resumed run will
+    not end bit for bit as the uninterrupted one; nothing for a run that will."""
+    (tmp_path / "config.json").write_text(json.dumps(load_run_config(keys).to_flat()))
+    note = inexact_resume_note(resume_config(str(tmp_path), []))
+    assert (note is None) == (says is None)
+    if says:
+        assert says in note and "will not end bit for bit" in note
 
 
 def test_a_stored_run_from_before_pooling_is_todays_config_where_nothing_pools():

@@ -20,7 +20,6 @@ from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
 from flwr.server.superlink.linkstate import LinkStateFactory
 from flwr.server.superlink.linkstate.linkstate_factory import FLWR_IN_MEMORY_DB_NAME
 from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
@@ -36,7 +35,6 @@ class AnsweringGrid(InMemoryGrid):
 
     def __init__(self, factory, claims=None):
         super().__init__(factory)
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.claims = claims or {}
         self.asked: list[int] = []
         self.partition_of: dict[int, int] = {}
