@@ -199,12 +199,17 @@ def pooling_used(method: str, pooling_mode: str) -> str:
     return pooling_mode if entry is not None and entry.pools_counts else "none"
 
 
+def counts_pooling(cfg: RunConfig) -> str:
+    """The pooling the run's clients do: ``q-pooling`` resolved, ``none`` for a method
+    that does not pool (docs/FEDEFC.md §4.7)."""
+    return pooling_used(cfg.method, cfg.q_pooling_mode)
+
+
 def resumes_exactly(cfg: RunConfig) -> bool:
     """Whether a run resumed from a checkpoint ends as the uninterrupted one: its clients
     keep nothing across rounds (``Method.exact_resume``, and no pooled counts: a resumed
     run's nodes start with an empty ``context.state``; docs/RELIABILITY.md)."""
-    return (method_of(cfg).exact_resume
-            and pooling_used(cfg.method, cfg.q_pooling_mode) == "none")
+    return method_of(cfg).exact_resume and counts_pooling(cfg) == "none"
 
 
 def default_config() -> dict[str, Any]:

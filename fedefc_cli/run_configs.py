@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
-from common.methods import load_run_config, pooling_used, resumes_exactly
+from common.methods import counts_pooling, load_run_config, resumes_exactly
 from common.results import check_output_dir, run_folder
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def inexact_resume_note(run_config: dict[str, Any]) -> str | None:
     if resumes_exactly(cfg):
         return None
     kept = ("its clients' pooled phase-2 counts (q-pooling)"
-            if pooling_used(cfg.method, cfg.q_pooling_mode) != "none"
+            if counts_pooling(cfg) != "none"
             else f"what {cfg.method}'s clients keep across rounds")
     return (f"note: {kept} live in the nodes' state, which a resumed run starts empty: it "
             "continues correctly but will not end bit for bit as the uninterrupted run "

@@ -23,7 +23,7 @@ from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.messages import FitConfig, FitReply, carries_accuracy
-from common.methods import pooling_used, validation_share
+from common.methods import counts_pooling, validation_share
 from common.models import ClassifierShape
 
 from .accuracy import aggregate_accuracy
@@ -85,7 +85,7 @@ class PrestoppingServer(MethodServer):
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
                 "accuracy_signal": self.cfg.accuracy_signal_mode,
                 "validation_share": validation_share(self.cfg),
-                "q_pooling": pooling_used(self.cfg.method, self.cfg.q_pooling_mode)}
+                "q_pooling": counts_pooling(self.cfg)}
 
     def notes(self) -> list[str]:
         """A run that never left phase 1 trained as FedAvg: say so, and what to change."""

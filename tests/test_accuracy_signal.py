@@ -22,9 +22,9 @@ from common.data_plan import data_plan, training_size
 from common.methods import (
     METHODS,
     changed_keys,
+    counts_pooling,
     load_object,
     load_run_config,
-    pooling_used,
     resumes_exactly,
     validation_share,
 )
@@ -226,7 +226,7 @@ def test_the_counts_are_pooled_where_every_client_trains_every_round(keys, pooli
     and only FedEFC pools; the summary says what the run did, and a pooling run does not
     resume exactly (its nodes' state starts empty in a resumed run)."""
     cfg = load_run_config(keys)
-    assert pooling_used(cfg.method, cfg.q_pooling_mode) == pooling
+    assert counts_pooling(cfg) == pooling
     assert resumes_exactly(cfg) == (pooling == "none" and METHODS[cfg.method].exact_resume)
     if METHODS[cfg.method].prestopping:
         server = PrestoppingServer(cfg, ClassifierShape(10, 84))
@@ -372,4 +372,4 @@ def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path)
         cfg = load_run_config(cell.config)
         assert cfg.accuracy_signal_mode in ("global", "local-train"), cell
         assert validation_share(cfg) == 0.0, cell
-        assert pooling_used(cfg.method, cfg.q_pooling_mode) == "none", cell
+        assert counts_pooling(cfg) == "none", cell
