@@ -3,6 +3,9 @@
 # PLAN is the order of its steps, each run while time is left:
 #   cell:METHOD  a paper-scale MNIST cell, `fedefc run mnist` at (alpha-dir, p) = (10, 0.5),
 #                (rho, zeta) = (0.2, 0.8), seed 0 (the preset's own settings otherwise);
+#   silo:METHOD  the default run on the embedded data with num-clients=5, fraction=1.0
+#                (every client in every round: the cross-silo run of docs/FEDEFC.md §3.1),
+#                seed 0;
 #   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS.
 # Results go to $OUT, at most 8 files (the device tool's limit): bench.log (environment and
 # sweep), bench-results.json, cells.log (exit codes and each cell log's tail), and each
@@ -54,14 +57,14 @@ else
   read -r -a bench <<< "${BENCH_ARGS:---rounds 5}"; cell=()
 fi
 
-run_cell() {  # METHOD: one paper-scale MNIST cell, cut at the budget
-  local method=$1 run=/tmp/cells/$1
-  timeout $(( $(left) - 20 )) "$PYTHON" -m fedefc_cli run mnist --set data-dir="\"$MNIST_DIR\"" \
-      --set method="$method" --set alpha-dir=10.0 --set p=0.5 --set rho=0.2 --set zeta=0.8 \
-      --set seed=0 "${cell[@]}" --out-dir "$run" > "/tmp/cell-$method.log" 2>&1
-  echo "== $method exit $? at $(( $(date +%s) - start )) s" | tee -a "$OUT/cells.log"
-  tail -n 15 "/tmp/cell-$method.log" >> "$OUT/cells.log"
-  for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/cell-$method-$f" 2>/dev/null; done
+run_cell() {  # NAME ARGS...: one `fedefc run`, cut at the budget
+  local name=$1 run=/tmp/cells/$1; shift
+  rm -rf "$run"  # a warm machine keeps the last call's runs
+  timeout $(( $(left) - 20 )) "$PYTHON" -m fedefc_cli run "$@" --set seed=0 "${cell[@]}" \
+      --out-dir "$run" > "/tmp/cell-$name.log" 2>&1
+  echo "== $name exit $? at $(( $(date +%s) - start )) s" | tee -a "$OUT/cells.log"
+  tail -n 15 "/tmp/cell-$name.log" >> "$OUT/cells.log"
+  for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/$name-$f" 2>/dev/null; done
 }
 
 for step in ${PLAN:-bench cell:fedefc cell:fedavg}; do
@@ -71,7 +74,11 @@ for step in ${PLAN:-bench cell:fedefc cell:fedavg}; do
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
                --out /tmp/bench-gpu 2>&1 | tee -a "$OUT/bench.log"
            cp /tmp/bench-gpu/results.json "$OUT/bench-results.json" 2>/dev/null ;;
-    cell:*) run_cell "${step#cell:}" ;;
+    cell:*) run_cell "cell-${step#cell:}" mnist --set data-dir="\"$MNIST_DIR\"" \
+                --set method="${step#cell:}" --set alpha-dir=10.0 --set p=0.5 \
+                --set rho=0.2 --set zeta=0.8 ;;
+    silo:*) run_cell "silo-${step#silo:}" --set method="${step#silo:}" --set num-clients=5 \
+                --set fraction=1.0 ;;
     *) echo "unknown step $step in PLAN" | tee -a "$OUT/cells.log" ;;
   esac
 done
