@@ -158,7 +158,7 @@ class RoundPipeline:
         extra = self.server.before_round(
             server_round, self.task_sender(serving, parameters, server_round, sent),
             sorted(serving))
-        if sent:
+        if sum(sent):
             extra["extra_messages_s"] = time.monotonic() - start
         drawn = self.server.sample(server_round, list(serving))
         chosen = self.registry.declare(drawn, server_round)  # a simulation asks them now
@@ -201,13 +201,14 @@ class RoundPipeline:
         """Task messages to chosen partitions between rounds (:mod:`.baselines.
         extra_messages`): each gets the round config plus its task keys; each call is
         bounded by ``client-timeout`` (0: none), as a round's training calls are, and
-        appends the number of messages it sent to ``sent``."""
+        appends the number of messages it sent to ``sent`` (a task for a partition that
+        no node serves, or that the registry refuses, is not sent)."""
         def send(tasks: dict[int, dict[str, Scalar]]) -> dict[int, FitRes]:
-            if sent is not None:
-                sent.append(len(tasks))
             declared = self.registry.declare(list(tasks), server_round)
             configs = {pid: {**round_config(self.cfg, pid, server_round), **tasks[pid]}
-                       for pid in declared}
+                       for pid in declared if pid in serving}
+            if sent is not None:
+                sent.append(len(configs))
             return send_tasks(serving, parameters, configs, server_round,
                               timeout=self.cfg.client_timeout or None)
         return send

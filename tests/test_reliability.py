@@ -262,6 +262,29 @@ def test_strategy_extra_messages_use_the_client_timeout(client_timeout, expected
         release.set()
 
 
+def test_task_sender_counts_only_the_messages_it_sent():
+    """A task for a partition that no node serves is not sent, and a method that asks
+    for no task sends none: the round then records no extra-message time."""
+    nodes = [TimedNode(p, lambda config: {"answer": 1}) for p in range(5)]
+    for node in nodes:
+        node.timeouts = []
+    pipeline = make_driver(**{"method": "fednoro", "num-clients": 5, "fraction": 1.0,
+                              "rounds": 3, "fednoro-warmup": 1}).pipeline
+    serving = pipeline.registry.refresh(manager(nodes), 2)
+    sent: list[int] = []
+    send = pipeline.task_sender(serving, PARAMS, 2, sent)
+    replies = send({p: {"task": "t"} for p in (0, 2, 7)})  # no node serves partition 7
+    assert sorted(replies) == [0, 2]
+    assert send({}) == {}
+    assert sent == [2, 0]
+    assert [len(n.timeouts) for n in nodes] == [1, 0, 1, 0, 0]
+    for tasks, timed in (({}, False), ({7: {"task": "t"}}, False), ({1: {"task": "t"}}, True)):
+        pipeline.server.before_round = lambda r, send_tasks, parts, tasks=tasks: (
+            send_tasks(tasks), {})[1]
+        record = pipeline.plan(2, PARAMS, manager(nodes)).record
+        assert ("extra_messages_s" in record) is timed, tasks
+
+
 def test_round_below_min_fit_clients_keeps_the_model():
     strategy = make_driver(**{"method": "fedefc", "num-clients": 4, "fraction": 1.0,
                               "rounds": 5, "start-round": 0, "min-fit-clients": 3,
