@@ -42,6 +42,10 @@ EVALUATIONS = ("auto", "server", "federated", "both")
 ACCURACY_SIGNALS = ("auto", "global", "held-out", "local-train")
 # how a FedEFC client's count matrices make its Q in phase 2 (docs/FEDEFC.md §4.7)
 Q_POOLINGS = ("auto", "none", "cumulative")
+# how a column of counts becomes a column of Q (docs/FEDEFC.md §4.8)
+Q_ESTIMATORS = ("auto", "counted", "shrunk")
+# the phase-2 guard: the held-out accuracy watched after the switch (docs/FEDEFC.md §3.4)
+PHASE_2_GUARDS = ("auto", "on", "off")
 # SecAgg+ sums quantized values below 2**22 modulo 2**32 (Flower's defaults): more than
 # 2**10 clients in one sum could overflow (docs/PRIVACY.md, "Secure aggregation").
 SECAGG_MAX_CLIENTS = 1024
@@ -111,6 +115,24 @@ def q_pooling_mode(pooling: str, num_clients: int, fraction: float) -> str:
     return "cumulative" if clients_per_round(num_clients, fraction) == num_clients else "none"
 
 
+def q_estimator_mode(estimator: str, num_clients: int, fraction: float) -> str:
+    """``counted`` (each column of counts normalized: the paper) or ``shrunk`` (each
+    column pulled towards the identity as far as its evidence is thin); ``auto`` is
+    ``shrunk`` when every client trains in every round, else ``counted``
+    (docs/FEDEFC.md §4.8)."""
+    if estimator != "auto":
+        return estimator
+    return "shrunk" if clients_per_round(num_clients, fraction) == num_clients else "counted"
+
+
+def phase_2_guard_mode(guard: str, signal_mode: str) -> str:
+    """``on`` or ``off``; ``auto`` is ``on`` exactly where the run's accuracy signal is
+    ``held-out`` (the share the guard measures on; docs/FEDEFC.md §3.4)."""
+    if guard != "auto":
+        return guard
+    return "on" if signal_mode == "held-out" else "off"
+
+
 class RunConfig(BaseModel):
     """Every key a run has whatever its method (declared with its default in pyproject.toml)."""
 
@@ -151,8 +173,11 @@ class RunConfig(BaseModel):
     gamma_thr: int = Field(3, ge=1, le=100_000)
     accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
+    validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
     validation_phase_2: Literal["estimate", "train"] = "estimate"
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
+    q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
+    phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]
     count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -237,6 +262,12 @@ class RunConfig(BaseModel):
                 "no client per round; raise fraction to at least 1/num-clients"
             )
         self._check_privacy()
+        if self.phase_2_guard == "on" and self.accuracy_signal_mode != "held-out":
+            raise ValueError(
+                f"phase-2-guard=\"on\" with accuracy-signal={self.accuracy_signal!r} (resolved "
+                f"{self.accuracy_signal_mode!r}): the guard measures the global model on the "
+                "validation share, which only the held-out signal keeps; set "
+                "accuracy-signal=\"held-out\" or phase-2-guard=\"auto\"")
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
@@ -311,6 +342,19 @@ class RunConfig(BaseModel):
     @property
     def q_pooling_mode(self) -> str:
         return q_pooling_mode(self.q_pooling, self.num_clients, self.fraction)
+
+    @property
+    def q_estimator_mode(self) -> str:
+        return q_estimator_mode(self.q_estimator, self.num_clients, self.fraction)
+
+    @property
+    def phase_2_guard_mode(self) -> str:
+        return phase_2_guard_mode(self.phase_2_guard, self.accuracy_signal_mode)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the phase-2 guard watches this run (docs/FEDEFC.md §3.4)."""
+        return self.prestopping and self.phase_2_guard_mode == "on"
 
     @property
     def server_evaluation(self) -> bool:

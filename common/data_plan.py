@@ -141,6 +141,16 @@ def training_size(cfg: RunConfig, n: int) -> int:
     return n - held_out_count(cfg, n)
 
 
+def validation_count(share: float, cap: int, m: int) -> int:
+    """How many of the ``m`` samples a client trains on form its validation share
+    (docs/FEDEFC.md §3.1): round(share * m), at most ``cap`` (0: no cap), at least 1 and
+    at most m - 1."""
+    count = int(round(share * m))
+    if cap:
+        count = min(count, cap)
+    return min(max(count, 1), m - 1)
+
+
 def build_data_plan(data: Dataset, cfg: RunConfig) -> DataPlan:
     """Partition on true labels, then draw each noise group's observed labels."""
     true = data.train_y.numpy()

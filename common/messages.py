@@ -41,7 +41,9 @@ class FitReply:
     LOSS = "loss"  # str: the name of the loss the client trained with
     TRAIN_LOSS = "train-loss"  # float: mean training loss
     FIT_S = "fit-s"  # float: local compute seconds
-    ACCURACY = "accuracy"  # float in [0, 1]: A_k, phase 1 only (docs/FEDEFC.md §3.1)
+    # float in [0, 1]: A_k in phase 1 (docs/FEDEFC.md §3.1), and in phase 2 where the
+    # phase-2 guard watches the held-out accuracy (§3.4)
+    ACCURACY = "accuracy"
     # simulation diagnostics (diagnostics = true, the simulator's truth; docs/FEDEFC.md §5)
     NOISE_RATE = "noise-rate"  # float: the client's realized flip rate
     Q_COS = "q-cos"  # float: cosine similarity of Q and the true noise matrix (phase 2)
@@ -56,10 +58,12 @@ class EvaluateReply:
     TRUE_ACCURACY = "true-accuracy"  # float in [0, 1]: against their true labels (simulation)
 
 
-def carries_accuracy(phase: int | None) -> bool:
-    """The accuracy rule: a training reply carries A_k exactly in FedEFC's phase 1
-    (docs/FEDEFC.md §3.1). The server asks by sending phase 1; the client answers."""
-    return phase == 1
+def carries_accuracy(phase: int | None, guarded: bool = False) -> bool:
+    """The accuracy rule: a training reply carries A_k in FedEFC's phase 1
+    (docs/FEDEFC.md §3.1), and in phase 2 when the run's phase-2 guard is on (``guarded``:
+    ``phase-2-guard`` resolved, §3.4). The server asks by sending the phase; the client,
+    which knows the run config, answers."""
+    return phase == 1 or (phase == 2 and guarded)
 
 
 Fold = Literal["mean", "sum", "per-client"]
@@ -84,7 +88,7 @@ class ReplyMetric:
 
 
 # What every method's training replies may carry, beyond the partition id and the loss
-# name (both always there) and the phase-1 accuracy (checked by the accuracy rule).
+# name (both always there) and the accuracy A_k (checked by the accuracy rule).
 CORE_REPLY = (
     ReplyMetric(FitReply.Q_COS, fold=("mean", "per-client")),
     ReplyMetric(FitReply.Q_L1),

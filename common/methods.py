@@ -36,6 +36,8 @@ from .config import (
     accuracy_signal_mode,
     config_differences,
     parse_run_config,
+    phase_2_guard_mode,
+    q_estimator_mode,
     q_pooling_mode,
 )
 from .messages import ReplyMetric
@@ -55,8 +57,10 @@ class Method:
     checkpoint ends as the uninterrupted run (docs/RELIABILITY.md). ``counts_subset``: a
     reply counts only the samples it trained on (at most the declared size).
     ``needs_features``: its local update needs the model's penultimate features.
-    ``pools_counts``: its local update sums its phase-2 count matrices over rounds in the
-    node's state where ``q-pooling`` resolves to ``cumulative`` (docs/FEDEFC.md §4.7)."""
+    ``counts_q``: its local update counts FedEFC's Q, so ``q-pooling`` and ``q-estimator``
+    apply to it: it sums its phase-2 count matrices over rounds in the node's state where
+    ``q-pooling`` resolves to ``cumulative`` (docs/FEDEFC.md §4.7) and shrinks Q towards
+    the identity where ``q-estimator`` resolves to ``shrunk`` (§4.8)."""
 
     name: str
     title: str
@@ -68,7 +72,7 @@ class Method:
     exact_resume: bool = True
     counts_subset: bool = False
     needs_features: bool = False
-    pools_counts: bool = False
+    counts_q: bool = False
 
     @property
     def secure(self) -> bool:
@@ -89,7 +93,7 @@ _PLAIN = f"{_SERVERS}.method_server:MethodServer"
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedefc", "FedEFC", _PRESTOPPING, f"{_CLIENTS}.local_update:fedefc",
-           pools_counts=True),
+           counts_q=True),
     Method("fedavg", "FedAvg", _PLAIN, f"{_CLIENTS}.local_update:fedavg"),
     Method("fedprox", "FedProx", _PLAIN, f"{_CLIENTS}.baselines.fedprox:fedprox",
            FedProxSettings),
@@ -196,13 +200,54 @@ def pooling_used(method: str, pooling_mode: str) -> str:
     """The ``q-pooling`` a run of ``method`` whose pooling resolves to ``pooling_mode``
     actually does: ``none`` for a method that does not pool (docs/FEDEFC.md §4.7)."""
     entry = METHODS.get(method)
-    return pooling_mode if entry is not None and entry.pools_counts else "none"
+    return pooling_mode if entry is not None and entry.counts_q else "none"
 
 
 def counts_pooling(cfg: RunConfig) -> str:
     """The pooling the run's clients do: ``q-pooling`` resolved, ``none`` for a method
     that does not pool (docs/FEDEFC.md §4.7)."""
     return pooling_used(cfg.method, cfg.q_pooling_mode)
+
+
+def estimator_used(method: str, estimator_mode: str) -> str:
+    """The ``q-estimator`` a run of ``method`` whose estimator resolves to
+    ``estimator_mode`` actually uses: ``counted`` for a method that does not count
+    FedEFC's Q (docs/FEDEFC.md §4.8)."""
+    entry = METHODS.get(method)
+    return estimator_mode if entry is not None and entry.counts_q else "counted"
+
+
+def q_estimator_used(cfg: RunConfig) -> str:
+    """The estimator the run's clients use: ``q-estimator`` resolved (:func:`estimator_used`)."""
+    return estimator_used(cfg.method, cfg.q_estimator_mode)
+
+
+def shortest_useful_run(cfg: RunConfig) -> int:
+    """The fewest rounds in which a prestopping run can find its T_e and judge a phase 2
+    (docs/FEDEFC.md §3.5): ``start-round``; gamma_thr rounds in which A(t) can still
+    rise (the plateau); A_max and gamma_thr rounds of patience, so T_e; then gamma_thr + 1
+    phase-2 rounds (the guard judges a phase-2 model from round T_e + 2 on, gamma_thr of
+    them)."""
+    return cfg.start_round + 3 * cfg.gamma_thr + 2
+
+
+def short_run_warning(cfg: RunConfig) -> str | None:
+    """What to tell before a prestopping run too short for its phase 2 starts (None
+    when it is long enough, or the run has no prestopping)."""
+    if not (method_of(cfg).prestopping and cfg.prestopping):
+        return None
+    least = shortest_useful_run(cfg)
+    if cfg.rounds >= least:
+        return None
+    earliest = cfg.start_round + cfg.gamma_thr + 1
+    return (f"rounds={cfg.rounds} is too few for {cfg.method}'s phase 2: T_e can come at "
+            f"round {earliest} at the earliest (start-round={cfg.start_round}, then A_max "
+            f"and gamma-thr={cfg.gamma_thr} rounds of patience), and only if A(t) stops "
+            "rising at once; a run that leaves gamma-thr rounds for A(t) to level and "
+            "gamma-thr + 1 phase-2 rounds to judge the correction needs "
+            f"rounds >= {least} (docs/FEDEFC.md §3.5). With fewer, expect a run that never "
+            "leaves phase 1 (it then trains as FedAvg): raise rounds, or lower start-round "
+            "or gamma-thr")
 
 
 def resumes_exactly(cfg: RunConfig) -> bool:
@@ -217,36 +262,50 @@ def default_config() -> dict[str, Any]:
     return load_run_config({}).to_flat()
 
 
+# What a stored run without a key did: the behaviour from before the key existed.
+BEFORE_THE_KEY = {"accuracy-signal": "global", "q-pooling": "none", "q-estimator": "counted",
+                  "phase-2-guard": "off", "validation-max-per-class": 0}
+
+
 def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> dict[str, tuple[Any, Any]]:
     """{key: (stored, wanted)} where a stored resolved config differs from a wanted one;
     a key the stored config lacks counts as its default (:func:`config_differences`),
-    ``accuracy-signal`` compares by the signal it resolves to: a run stored with
-    ``global`` (or from before the key, which ran the paper's signal) is today's ``auto``
-    wherever ``auto`` resolves to the paper's signal; and ``validation-fraction`` by the
-    share it sets aside (:func:`validation_share`: 0 wherever no share is kept), so a
-    changed default of the share orphans only the runs that kept one; ``q-pooling`` by the
-    pooling the run does (:func:`pooling_used`; a run from before the key pooled nothing)."""
+    except the keys of :data:`BEFORE_THE_KEY`, which count as what a run did before them.
+    The keys with an ``auto`` compare by what they resolve to: ``accuracy-signal`` by
+    the signal (a run stored with ``global`` is today's ``auto`` wherever ``auto``
+    resolves to the paper's signal; a method without prestopping uses none),
+    ``q-pooling`` and ``q-estimator`` by what the run's clients do (:func:`pooling_used`,
+    :func:`estimator_used`), ``phase-2-guard`` by whether the guard watched;
+    ``validation-fraction`` and ``validation-max-per-class`` by the share they set aside
+    (0 wherever no share is kept), so a changed default orphans only the runs that kept
+    one."""
     defaults = default_config()
-    return config_differences(_resolved(stored, "global", "none", defaults),
-                              _resolved(wanted, defaults["accuracy-signal"],
-                                        defaults["q-pooling"], defaults),
-                              defaults, ignore)
+    return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
+                              _resolved(wanted, defaults, defaults), defaults, ignore)
 
 
-def _resolved(config: dict[str, Any], missing_signal: str, missing_pooling: str,
+def _resolved(config: dict[str, Any], missing: dict[str, Any],
               defaults: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with its accuracy signal and its pooling resolved (the ``missing_*``
-    where it has none) and its validation share as the share it keeps (0.0 where it
-    keeps none)."""
+    """``config`` with its ``auto`` keys resolved (a key it lacks taken from ``missing``)
+    and its validation share as the share it keeps (0 where it keeps none)."""
     def value(key: str) -> Any:
         return config.get(key, defaults[key])
+
+    def given(key: str) -> Any:
+        return config.get(key, missing[key])
     clients, fraction = int(value("num-clients")), float(value("fraction"))
-    signal = accuracy_signal_mode(config.get("accuracy-signal", missing_signal), clients,
-                                  fraction, bool(value("prestopping")))
+    prestopping = bool(value("prestopping"))
+    signal = accuracy_signal_mode(given("accuracy-signal"), clients, fraction, prestopping)
     method = str(value("method"))
-    pooling = q_pooling_mode(config.get("q-pooling", missing_pooling), clients, fraction)
+    pooling = q_pooling_mode(given("q-pooling"), clients, fraction)
+    estimator = q_estimator_mode(given("q-estimator"), clients, fraction)
+    guard = phase_2_guard_mode(given("phase-2-guard"), signal)
     kept = keeps_share(method, signal)
-    return {**config, "accuracy-signal": signal,
+    entry = METHODS.get(method)
+    return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
             "q-pooling": pooling_used(method, pooling),
-            "validation-fraction": float(value("validation-fraction")) if kept else 0.0}
+            "q-estimator": estimator_used(method, estimator),
+            "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",
+            "validation-fraction": float(value("validation-fraction")) if kept else 0.0,
+            "validation-max-per-class": int(given("validation-max-per-class")) if kept else 0}

@@ -99,6 +99,31 @@ def transition_from_counts(counts: np.ndarray, labels: np.ndarray,
     return column_normalize(counts)
 
 
+def shrink_to_identity(q: np.ndarray, evidence: np.ndarray) -> np.ndarray:
+    """docs/FEDEFC.md §4.8: each column of Q pulled towards the identity's column e_j as
+    far as its evidence is thin, by the James-Stein shrinkage of cell frequencies
+    (Hausser and Strimmer, JMLR 2009, eq. 8)::
+
+        lambda_j = (1 - sum_i Q[i, j]**2) / ((n_j - 1) * sum_i (delta_ij - Q[i, j])**2)
+        Q*[:, j] = lambda_j * e_j + (1 - lambda_j) * Q[:, j],  lambda_j clipped to [0, 1]
+
+    ``evidence[j]`` = n_j, the number of samples counted in column j. lambda_j estimates
+    the share of the column's mean squared error that is sampling noise: a column of one
+    sample (or none) is e_j, a column of many samples keeps its counted frequencies, and
+    a column that already is e_j stays so. Columns still sum to 1."""
+    q = np.asarray(q, dtype=float)
+    k = q.shape[0]
+    eye = np.eye(k)
+    n = np.asarray(evidence, dtype=float)
+    spread = ((eye - q) ** 2).sum(axis=0)  # sum_i (delta_ij - Q[i, j])**2
+    noise = 1.0 - (q ** 2).sum(axis=0)
+    weak = (n <= 1) | (spread == 0)
+    lam = np.ones(k)
+    lam[~weak] = noise[~weak] / ((n[~weak] - 1) * spread[~weak])
+    lam = np.clip(lam, 0.0, 1.0)
+    return lam * eye + (1.0 - lam) * q
+
+
 def matrix_agreement(estimate: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
     """Cosine similarity of the flattened matrices and their L1 distance (docs/FEDEFC.md §5)."""
     a, b = np.ravel(estimate), np.ravel(truth)

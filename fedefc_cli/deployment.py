@@ -51,7 +51,7 @@ import torch
 from common.config import ConfigError
 from common.data_files import write_npz
 from common.data_plan import data_plan
-from common.methods import load_run_config
+from common.methods import load_run_config, short_run_warning
 from common.results import atomic_write_json
 
 from .app_signing import SigningKeyError
@@ -615,6 +615,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise ConfigError("out-dir is required: an absolute folder on the SuperLink machine, "
                           "where the ServerApp writes; e.g. --set out-dir=\"/srv/fedefc/run1\"")
     cfg = load_run_config(merged)
+    warning = short_run_warning(cfg)
+    if warning:
+        print(f"fedefc deploy: WARNING: {warning}", file=sys.stderr, flush=True)
     sign = None
     if args.sign_key:
         key = check_private(args.sign_key, "--sign-key")

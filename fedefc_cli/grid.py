@@ -171,9 +171,14 @@ def resumable(cell: Cell) -> bool:
 
 
 def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int | None = None,
-             client_cpus: int = 1, client_gpus: float = 0.0, log=print) -> int:
-    """Run the unfinished cells; return how many failed."""
-    cells = grid.cells(results_dir, overrides)
+             client_cpus: int = 1, client_gpus: float = 0.0, log=print,
+             rows: list[str] | None = None) -> int:
+    """Run the unfinished cells (of ``rows`` only, when given); return how many failed."""
+    unknown = set(rows or []) - set(grid.rows)
+    if unknown:
+        raise ConfigError(f"grid {grid.name}: no row {sorted(unknown)}; its rows: "
+                          f"{', '.join(grid.rows)}")
+    cells = [c for c in grid.cells(results_dir, overrides) if rows is None or c.row in rows]
     for cell in cells:
         if cell.done:
             check_finished(cell)

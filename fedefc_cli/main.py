@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from common.methods import load_run_config, short_run_warning
+
 from . import deployment, prepare_data, services
 from .errors import EXIT_CODES
 from .grid import Grid, run_grid
@@ -51,6 +53,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"fedefc: {note}", flush=True)
     else:
         run_config = resolve_run_config(args.preset, args.overrides, args.out_dir)
+    warning = short_run_warning(load_run_config(run_config))
+    if warning:
+        print(f"fedefc: WARNING: {warning}", flush=True)
     preflight_in_child(run_config)
     gpus = args.client_gpus
     if gpus is None:
@@ -80,7 +85,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
     failures = 0
     if args.action == "run":
         failures = run_grid(grid, results_dir, args.overrides, args.max_cells,
-                            args.client_cpus, args.client_gpus)
+                            args.client_cpus, args.client_gpus, rows=args.rows)
     for path in write_report(grid, results_dir, args.overrides):
         print(f"wrote {path}")
     return 1 if failures else 0
@@ -184,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--results-dir", default="results",
                       help="root folder of grid results (default ./results)")
     grid.add_argument("--max-cells", type=int, default=None, help="run at most this many cells")
+    grid.add_argument("--row", dest="rows", action="append", default=None, metavar="LABEL",
+                      help="run only the cells of this row (repeatable; the report covers "
+                      "every row)")
     _resources(grid, 0.0)
     grid.set_defaults(func=cmd_grid)
 

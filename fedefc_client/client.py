@@ -122,7 +122,7 @@ class MethodClient(NumPyClient):
                        int(config[FitConfig.SEED]), self.state, dict(config))
         num_examples, extra, stats = self.local_update(job)
         metrics.update(extra)
-        if carries_accuracy(job.phase):
+        if carries_accuracy(job.phase, self.cfg.guarded):
             metrics[FitReply.ACCURACY] = accuracy_signal(job, stats.mean_accuracy)
         metrics[FitReply.TRAIN_LOSS] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:

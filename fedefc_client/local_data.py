@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from common.config import RunConfig
-from common.data_plan import data_plan, held_out_count, training_size
+from common.data_plan import data_plan, held_out_count, training_size, validation_count
 from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
 from common.methods import validation_share
@@ -116,16 +116,17 @@ def held_out_positions(cfg: RunConfig, partition_id: int, n: int
     return np.sort(perm[count:]), np.sort(perm[:count])
 
 
-def validation_positions(cfg: RunConfig, partition_id: int, m: int) -> np.ndarray | None:
+def validation_positions(cfg: RunConfig, partition_id: int, m: int,
+                         num_classes: int) -> np.ndarray | None:
     """The sorted positions of the validation share among the ``m`` samples a client
-    trains on (docs/FEDEFC.md §3.1): round(validation-fraction * m), at least 1 and at
-    most m - 1, drawn with a generator seeded by (seed, partition id); None when the run
-    has no share (``common/methods.py: validation_share``) or the client has fewer than 2
+    trains on (docs/FEDEFC.md §3.1): ``common/data_plan.py: validation_count`` of them,
+    drawn with a generator seeded by (seed, partition id); None when the run has no
+    share (``common/methods.py: validation_share``) or the client has fewer than 2
     samples."""
     share = validation_share(cfg)
     if share == 0.0 or m < 2:
         return None
-    count = min(max(int(round(share * m)), 1), m - 1)
+    count = validation_count(share, cfg.validation_max_per_class * num_classes, m)
     perm = np.random.default_rng(derive_seed(cfg.seed, "validation", partition_id)
                                  ).permutation(m)
     return np.sort(perm[:count])
@@ -156,7 +157,8 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
     return LocalData(x=x, y=torch.as_tensor(labels, dtype=torch.int64).to(device),
                      labels=labels, data=data, true_transition=truth, noise_rate=rate,
                      held_out=held,
-                     validation=validation_positions(cfg, partition_id, len(labels)))
+                     validation=validation_positions(cfg, partition_id, len(labels),
+                                                     data.num_classes))
 
 
 _CACHE: dict[tuple, LocalData] = {}

@@ -14,9 +14,14 @@ import numpy as np
 import torch
 
 from common.losses import forward_corrected_loss
-from common.messages import FitReply, carries_accuracy
+from common.messages import FitReply
 from common.training import TrainStats
-from common.transition import count_matrix, matrix_agreement, transition_from_counts
+from common.transition import (
+    count_matrix,
+    matrix_agreement,
+    shrink_to_identity,
+    transition_from_counts,
+)
 
 from .baselines.label_state import load_vector, save_vector
 from .job import LocalJob
@@ -48,15 +53,20 @@ def fedefc(job: LocalJob) -> Update:
     """Phase 1: cross-entropy. Phase 2: Q from the received global model's predictions
     (paper eqs. (4)-(6), docs/FEDEFC.md §4; on the validation share where the run keeps
     one out of training, §3.1; the counts summed over the client's phase-2 rounds with
-    ``q-pooling = "cumulative"``, §4.7) and the forward-corrected loss (eq. (12))."""
-    if carries_accuracy(job.phase):  # phase 1
+    ``q-pooling = "cumulative"``, §4.7; each column shrunk towards the identity as far as
+    this round's counts in it are few with ``q-estimator = "shrunk"``, §4.8) and the
+    forward-corrected loss (eq. (12))."""
+    if job.phase != 2:
         return fedavg(job)
     at = job.estimation_positions()
     counts = count_matrix(job.probs[at], job.labels[at], job.cfg.count_rule)
+    evidence = counts.sum(axis=0)  # the samples behind each column (pooled rounds recount them)
     if job.cfg.q_pooling_mode == "cumulative":
         counts = pooled_counts(job.state, counts)
-    return train_forward_corrected(job, transition_from_counts(counts, job.labels[at],
-                                                               job.cfg.weighting))
+    q = transition_from_counts(counts, job.labels[at], job.cfg.weighting)
+    if job.cfg.q_estimator_mode == "shrunk":
+        q = shrink_to_identity(q, evidence)
+    return train_forward_corrected(job, q)
 
 
 def pooled_counts(state, counts: np.ndarray) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 After every round the round loop writes ``<out-dir>/checkpoint.pt`` atomically (temp
 file + rename): the round, the global model, the strategy's state (FedEFC: A_max,
-patience, T_e and the accuracy history; a baseline: its own server state), the run
-config and the wall time so far.
+patience, T_e and the accuracy history; a baseline: its own server state), the models
+the method keeps besides the global one (FedEFC's phase-2 guard: its best model), the
+run config and the wall time so far.
 There is no server-side RNG state to keep: client sampling and every client seed are
 pure functions of (seed, round). A new run with ``resume-from=<that folder>`` continues
 with round+1 and appends to the same folder.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,16 @@ class Checkpoint:
     strategy: dict[str, Any]
     config: dict[str, Any]
     elapsed_s: float = 0.0
+    models: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 def save(out_dir: Path, ckpt: Checkpoint) -> None:
     payload = {"format": FORMAT, "round": ckpt.round,
                "weights": [torch.from_numpy(np.ascontiguousarray(w)) for w in ckpt.weights],
                "strategy": json.dumps(ckpt.strategy), "config": json.dumps(ckpt.config),
-               "elapsed_s": float(ckpt.elapsed_s)}
+               "elapsed_s": float(ckpt.elapsed_s),
+               "models": {name: [torch.from_numpy(np.ascontiguousarray(w)) for w in arrays]
+                          for name, arrays in ckpt.models.items()}}
     buf = io.BytesIO()
     torch.save(payload, buf)
     atomic_write_bytes(Path(out_dir) / FILE, buf.getvalue())
@@ -72,7 +76,9 @@ def load(folder: str | Path) -> Checkpoint:
                           weights=[t.numpy() for t in payload["weights"]],
                           strategy=json.loads(payload["strategy"]),
                           config=json.loads(payload["config"]),
-                          elapsed_s=float(payload["elapsed_s"]))
+                          elapsed_s=float(payload["elapsed_s"]),
+                          models={name: [t.numpy() for t in arrays]  # none before the key
+                                  for name, arrays in payload.get("models", {}).items()})
     except Exception as err:  # any unpickling/decoding failure means the file is unusable
         raise CheckpointError(f"{path} is corrupt or not a FedEFC checkpoint ({err}); "
                               "resume from another run or start a new one") from None

@@ -12,11 +12,13 @@ another call left behind. The defaults add nothing: FedAvg, FedProx and FedDitto
 | plan | :meth:`before_round` (work between rounds, task messages) | nothing |
 | plan | :meth:`sample` (which partitions train) | :func:`.plan.sample_round` |
 | plan | :meth:`client_config` (keys of a client's fit config) | none |
-| plan | :meth:`asks_accuracy` (phase-1 replies carry A_k) | never |
+| plan | :meth:`asks_accuracy` (the replies carry A_k) | never |
 | screen | :meth:`check_metrics` (the method's own reply checks) | none |
 | aggregate | :meth:`after_aggregate` (its server step, record fields) | FedAvg's model |
 | record | :meth:`state_fields`, :meth:`describe`, :meth:`summary_fields`, :meth:`notes` | none |
+| loop | :meth:`finished` (the run ends after this round) | never |
 | checkpoint | :meth:`state`, :meth:`load_state`, :meth:`check_checkpoint` | nothing |
+| checkpoint | :meth:`models`, :meth:`load_models` (models it keeps besides the global one) | none |
 
 Whatever a hook must remember across rounds (FedEFC's prestopping rule, FedCorr's noise
 estimates, RoFL's centroids) is the method's run state: it lives in the hooks object,
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from flwr.common import FitRes, Parameters, Scalar
 
 from common.config import RunConfig
@@ -45,14 +48,16 @@ TaskSender = Callable[[dict[int, dict[str, Scalar]]], dict[int, FitRes]]
 class Aggregated:
     """What a round's aggregation gives the method: the accepted replies as (partition
     id, reply) in id order, the new global parameters (None: the round was skipped and
-    the global model is kept) and the means of the metrics the clients summed under
-    secure aggregation (docs/PRIVACY.md; empty in plain rounds)."""
+    the global model is kept), the means of the metrics the clients summed under secure
+    aggregation (docs/PRIVACY.md; empty in plain rounds) and the global model the round
+    sent (``received``: the one its clients measured before training)."""
 
     round: int
     replies: list[tuple[int, FitRes]]
     parameters: Parameters | None
     secure_means: dict[str, float]
     secure: bool
+    received: Parameters | None = None
 
 
 class MethodServer:
@@ -114,6 +119,12 @@ class MethodServer:
         log lines and the summary's ``notes``)."""
         return []
 
+    # -- loop --------------------------------------------------------------------------
+    def finished(self) -> bool:
+        """Whether the run ends after the round just recorded (FedEFC's phase-2 guard,
+        docs/FEDEFC.md §3.4), before its last round."""
+        return False
+
     # -- checkpoint --------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Everything the method must remember to continue the run (JSON-serializable)."""
@@ -121,6 +132,14 @@ class MethodServer:
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state` from a checkpoint."""
+
+    def models(self) -> dict[str, list[np.ndarray]]:
+        """Models the method keeps besides the global one (name -> arrays), for the
+        checkpoint."""
+        return {}
+
+    def load_models(self, models: dict[str, list[np.ndarray]]) -> None:
+        """Restore :meth:`models` from a checkpoint (after :meth:`load_state`)."""
 
     @classmethod
     def check_checkpoint(cls, state: dict[str, Any], cfg: RunConfig) -> None:

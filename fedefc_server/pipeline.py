@@ -183,7 +183,7 @@ class RoundPipeline:
             **round_config(self.cfg, pid, server_round),
             **self.server.client_config(server_round, pid), **privacy})) for pid in chosen]
         return RoundPlan(server_round, instructions, expected, bound,
-                         {"sampled": drawn, **self.registry.take_news(), **extra})
+                         {"sampled": drawn, **self.registry.take_news(), **extra}, parameters)
 
     def privacy_config(self, weight_bound: int) -> dict[str, Scalar]:
         """What a training message adds for the client's privacy mods: SecAgg+'s tail
@@ -278,7 +278,7 @@ class RoundPipeline:
             record.update(self.fold_metrics(metrics, means))
         replies = [(int(res.metrics[FitReply.PARTITION_ID]), res) for _, res in accepted]
         params, fields = self.server.after_aggregate(
-            Aggregated(t, replies, params, means, self.secure))
+            Aggregated(t, replies, params, means, self.secure, plan.sent))
         return RoundOutcome(params, {**record, **fields})
 
     def fold_metrics(self, metrics: list[dict[str, Scalar]], secure_means: dict[str, float]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, Scalar
+from flwr.common import FitIns, Parameters, Scalar
 from flwr.server.client_proxy import ClientProxy
 
 from common.config import RunConfig
@@ -48,14 +48,15 @@ def round_config(cfg: RunConfig, partition_id: int, server_round: int) -> dict[s
 class RoundPlan:
     """One round as planned: the (node, FitIns) pairs to send, what every reply must look
     like, the weight bound of secure aggregation (the largest size declared by the
-    round's clients) and the plan's record fields (``sampled``, the registry's news, a
-    method's work between rounds)."""
+    round's clients), the plan's record fields (``sampled``, the registry's news, a
+    method's work between rounds) and the global model the round sends."""
 
     round: int
     instructions: list[tuple[ClientProxy, FitIns]]
     expected: Expected
     weight_bound: int = 1
     record: dict[str, Any] = field(default_factory=dict)
+    sent: Parameters | None = None
 
     @property
     def partitions(self) -> list[int]:

@@ -9,27 +9,34 @@ Per round (paper Algorithm 1, docs/FEDEFC.md §3):
   averaged WITHOUT weights (paper eq. (2); ``median`` / ``trimmed-mean`` bound lying
   clients, :mod:`.accuracy`) into A(t), which the :class:`.Prestopper` turns into T_e.
   Under secure aggregation the accuracies travel inside the secure sum and the server
-  learns only their mean A(t) (docs/PRIVACY.md; ``client_acc`` is then not recorded).
+  learns only their mean A(t) (docs/PRIVACY.md; ``client_acc`` is then not recorded);
+- where the phase-2 guard is on (docs/FEDEFC.md §3.4), phase-2 replies carry A_k too and
+  the :class:`.guard.Phase2Guard` keeps the global model with the best A(t); when phase
+  2 stops beating it, that model is restored and the run ends.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
-from flwr.common import Parameters, Scalar
+from flwr.common import Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.messages import FitConfig, FitReply, carries_accuracy
-from common.methods import counts_pooling, validation_share
+from common.methods import counts_pooling, q_estimator_used, validation_share
 from common.models import ClassifierShape
 
 from .accuracy import aggregate_accuracy
+from .checkpoint import CheckpointError
+from .guard import Phase2Guard
 from .method_server import Aggregated, MethodServer
 from .pipeline import evaluation_text
 from .prestopping import Prestopper
+
+KEPT = "guard-best"  # the checkpoint's name for the guard's best model
 
 
 class PrestoppingServer(MethodServer):
@@ -38,6 +45,8 @@ class PrestoppingServer(MethodServer):
     def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
         super().__init__(cfg, model_shape)
         self.prestopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
+        self.guard = Phase2Guard(cfg.start_round, cfg.gamma_thr) if cfg.guarded else None
+        self.kept: Parameters | None = None  # the guard's best model
 
     def phase(self, server_round: int) -> int:
         return self.prestopper.phase(server_round)
@@ -46,10 +55,12 @@ class PrestoppingServer(MethodServer):
         return {FitConfig.PHASE: self.phase(server_round)}
 
     def asks_accuracy(self, server_round: int) -> bool:
-        return carries_accuracy(self.phase(server_round))
+        return carries_accuracy(self.phase(server_round), self.cfg.guarded)
 
     def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
-        """A(t) of a phase-1 round that was aggregated, fed to the prestopping rule."""
+        """A(t) of a round that was aggregated: in phase 1 fed to the prestopping rule,
+        in every round to the phase-2 guard, whose verdict may replace the new global
+        model with the best one it kept (docs/FEDEFC.md §3.4)."""
         t = result.round
         if result.parameters is None or not self.asks_accuracy(t):
             return result.parameters, {}
@@ -58,37 +69,108 @@ class PrestoppingServer(MethodServer):
         else:
             accs = [float(res.metrics[FitReply.ACCURACY]) for _, res in result.replies]
             a_t = aggregate_accuracy(accs, self.cfg.accuracy_aggregation, self.cfg.trim_fraction)
-        if a_t is not None and self.prestopper.observe(t, a_t):
+        fields: dict[str, Any] = {"client_acc": accs, "A": a_t}
+        if a_t is None:
+            return result.parameters, fields
+        if self.phase(t) == 1 and self.prestopper.observe(t, a_t):
             log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
                 "phase 2 from round %d", t, self.prestopper.a_max, self.prestopper.patience,
                 t + 1)
-        return result.parameters, {"client_acc": accs, "A": a_t}
+        return self.guarded(result, a_t), fields
+
+    def guarded(self, result: Aggregated, a_t: float) -> Parameters | None:
+        """The round's new global model after the guard saw A(t): FedAvg's, or, when the
+        guard fires, the best model it kept (the model a round received is the one its
+        A(t) measures)."""
+        if self.guard is None:
+            return result.parameters
+        t = result.round
+        verdict = self.guard.observe(t, a_t, phase_2_model=self.phase(t - 1) == 2)
+        if verdict == "best":
+            self.kept = result.received
+        elif verdict == "fired":
+            log(WARNING, "PHASE-2 GUARD: %d rounds of phase 2 did not beat A = %.4f, the "
+                "held-out accuracy of the model round %d received: that model is restored "
+                "and the run ends after round %d", self.guard.patience, self.guard.best_a,
+                self.guard.best_round, t)
+            return self.kept
+        return result.parameters
+
+    def finished(self) -> bool:
+        """The guard fired: the run ends with the model it restored."""
+        return self.guard is not None and self.guard.fired is not None
 
     # -- records, checkpoint, summary ---------------------------------------------------
     def state_fields(self, server_round: int) -> dict[str, Any]:
-        """The phase of the round, A_max, the patience counter and T_e."""
+        """The phase of the round, A_max, the patience counter and T_e; with the guard,
+        its best round and count of phase-2 rounds that did not beat it."""
         p = self.prestopper
-        return {"phase": p.phase(server_round), "A_max": p.a_max, "patience": p.patience,
-                "t_e": p.t_e}
+        fields = {"phase": p.phase(server_round), "A_max": p.a_max, "patience": p.patience,
+                  "t_e": p.t_e}
+        if self.guard is not None:
+            fields.update(guard_best_round=self.guard.best_round, guard_worse=self.guard.worse)
+        return fields
 
     def state(self) -> dict[str, Any]:
-        return {"prestopper": asdict(self.prestopper)}
+        state: dict[str, Any] = {"prestopper": asdict(self.prestopper)}
+        if self.guard is not None:
+            state["guard"] = asdict(self.guard)
+        return state
 
     def load_state(self, state: dict[str, Any]) -> None:
+        self.check_checkpoint(state, self.cfg)
         stopper = dict(state["prestopper"])
         stopper["history"] = [tuple(h) for h in stopper["history"]]
         self.prestopper = Prestopper(**stopper)
+        if self.guard is not None and "guard" in state:
+            self.guard = Phase2Guard(**state["guard"])
+
+    @classmethod
+    def check_checkpoint(cls, state: dict[str, Any], cfg: RunConfig) -> None:
+        """A run whose phase-2 guard fired has ended with the model it restored."""
+        fired = (state.get("guard") or {}).get("fired")
+        if fired is not None:
+            raise CheckpointError(
+                f"this run ended after round {fired}: its phase-2 guard restored the model of "
+                f"round {state['guard']['best_round']} (docs/FEDEFC.md §3.4), and nothing "
+                "remains to resume; start a new run")
+
+    def models(self) -> dict[str, list]:
+        return {} if self.kept is None else {KEPT: parameters_to_ndarrays(self.kept)}
+
+    def load_models(self, models: dict[str, list]) -> None:
+        if self.guard is not None and self.guard.best_round is not None:
+            if KEPT not in models:
+                raise CheckpointError(
+                    f"the checkpoint's phase-2 guard kept the model of round "
+                    f"{self.guard.best_round} but the checkpoint holds no {KEPT!r} model; "
+                    "start a new run")
+            self.kept = ndarrays_to_parameters(models[KEPT])
 
     def summary_fields(self) -> dict[str, Any]:
-        """T_e, A_max, the accuracy signal the run used with the share it kept, and how
-        its clients pooled their counts (``auto`` resolved: docs/FEDEFC.md §3.1, §4.7)."""
+        """T_e, A_max, the accuracy signal the run used with the share it kept, how its
+        clients pooled their counts and estimated Q, and the phase-2 guard (``auto``
+        resolved: docs/FEDEFC.md §3.1, §3.4, §4.7, §4.8)."""
+        g = self.guard
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
                 "accuracy_signal": self.cfg.accuracy_signal_mode,
                 "validation_share": validation_share(self.cfg),
-                "q_pooling": counts_pooling(self.cfg)}
+                "q_pooling": counts_pooling(self.cfg),
+                "q_estimator": q_estimator_used(self.cfg),
+                "phase_2_guard": "on" if g is not None else "off",
+                "guard_restored_round": None if g is None or g.fired is None else g.best_round,
+                "guard_ended_at": None if g is None else g.fired}
 
     def notes(self) -> list[str]:
-        """A run that never left phase 1 trained as FedAvg: say so, and what to change."""
+        """A run that never left phase 1 trained as FedAvg, and a run whose guard undid
+        phase 2: say so in plain words, and what to change."""
+        if self.finished():
+            g = self.guard
+            return [f"phase 2 did not beat the held-out accuracy of the model round "
+                    f"{g.best_round} received (A = {g.best_a:.4f}) in {g.patience} rounds "
+                    f"of its own: the phase-2 guard restored that model, and the run ended "
+                    f"with it after round {g.fired} of {self.cfg.rounds} (docs/FEDEFC.md "
+                    "§3.4)"]
         if not self.cfg.prestopping or self.prestopper.t_e is not None:
             return []
         last = self.prestopper.history[-1][1] if self.prestopper.history else None
@@ -116,5 +198,10 @@ class PrestoppingServer(MethodServer):
         kinds = ", ".join(sorted(set(record.get("client_loss", [])))) or "no clients"
         cos = record.get("q_cos")
         q = "" if cos is None else f" (Q vs true: cos {cos:.3f}, L1 {record['q_l1']:.3f})"
-        return (f"{head} | {record.get('n_clients', 0)} clients, loss: {kinds}{q} | "
+        guard = ""
+        if self.guard is not None and record.get("A") is not None:
+            guard = (f" | A(t) {record['A']:.4f}  best {self.guard.best_a:.4f} (round "
+                     f"{record['guard_best_round']})  not beaten {record['guard_worse']}/"
+                     f"{self.guard.patience}")
+        return (f"{head} | {record.get('n_clients', 0)} clients, loss: {kinds}{q}{guard} | "
                 f"{evaluation_text(record)}")

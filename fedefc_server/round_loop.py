@@ -113,6 +113,8 @@ class RoundLoop(Server):
                 if not outcome.record.get("n_clients"):
                     raise RunFailed(f"round {server_round}: no node trained "
                                     f"({untrained_reason(outcome.record)})")
+                if self.pipeline.server.finished():  # FedEFC's phase-2 guard fired
+                    break
         except RunFailed as err:
             self._finish(None, failure=str(err))
             raise
@@ -160,7 +162,8 @@ class RoundLoop(Server):
         if server_round > 0:
             checkpoint.save(self.recorder.out_dir, checkpoint.Checkpoint(
                 server_round, parameters_to_ndarrays(self.parameters),
-                self.pipeline.state(), self.cfg.to_flat(), self.elapsed()))
+                self.pipeline.state(), self.cfg.to_flat(), self.elapsed(),
+                self.pipeline.server.models()))
 
     def _finish(self, weights: list[np.ndarray] | None, failure: str | None = None
                 ) -> dict[str, Any]:

@@ -23,7 +23,7 @@ go through Flower's SecAgg+ workflow (:mod:`.secure_round`). One loop, both mode
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
-from common.methods import load_object, load_run_config, method_of
+from common.methods import load_object, load_run_config, method_of, short_run_warning
 from common.models import classifier_shape
 from common.params import get_weights
 from common.results import RunRecorder, atomic_write_json, run_folder
@@ -107,6 +107,9 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     log(INFO, "FedEFC run | method %s | %s | %d clients, %d per round | %d rounds | "
         "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
+    short = short_run_warning(cfg)
+    if short:
+        log(WARNING, "%s", short)
     server_hooks: type[MethodServer] = load_object(method.server)
     allowlist = Allowlist.load(cfg.allowlist, cfg.num_clients) if cfg.allowlist else None
     pipeline = RoundPipeline(cfg, method, server_hooks(cfg, classifier_shape(model, task)),
@@ -115,6 +118,7 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
                              evaluator)
     if ckpt:
         pipeline.load_state(ckpt.strategy)
+        pipeline.server.load_models(ckpt.models)
     atomic_write_json(Path(out_dir) / "data.json", info)
     manager = SimpleClientManager()
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,

@@ -7,10 +7,11 @@ breaks the declared-size rule (:mod:`.declarations`); its arrays do not match th
 global model (count, shapes, dtypes) or hold NaN or Inf; its update (its float arrays
 minus the global model's) is longer than the round's norm bound (:func:`norm_bound`:
 ``dp-clip``, verified, and ``max-update-norm``); its accuracy (when the round
-asks for one: FedEFC's phase 1, :func:`common.messages.carries_accuracy`) is missing or
-not a number in [0, 1]; or a metric the round's schema declares (the core's and the
-method's :class:`common.messages.ReplyMetric` values) is there but is not a finite
-number (a count: not an integer >= 0). bool, str and bytes are not numbers here:
+asks for one: FedEFC's phase 1, and phase 2 under the phase-2 guard,
+:func:`common.messages.carries_accuracy`) is missing or not a number in [0, 1]; or a
+metric the round's schema declares (the core's and the method's
+:class:`common.messages.ReplyMetric` values) is there but is not a finite number (a
+count: not an integer >= 0). bool, str and bytes are not numbers here:
 ``float()`` would take True or "0.9", or raise. A method's server adds checks of its own
 metrics (``MethodServer.check_metrics``). The other replies aggregate normally.
 
@@ -141,7 +142,7 @@ def check_reply(res: FitRes, expected: Expected, seen: set[int],
     if reason:
         return reason
     if expected.needs_accuracy:
-        reason = bad_number("phase-1 accuracy", res.metrics.get(FitReply.ACCURACY), 0.0, 1.0)
+        reason = bad_number("accuracy", res.metrics.get(FitReply.ACCURACY), 0.0, 1.0)
         if reason:
             return reason
     reason = bad_metrics(res.metrics, expected.schema)

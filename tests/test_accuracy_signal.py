@@ -25,6 +25,7 @@ from common.methods import (
     counts_pooling,
     load_object,
     load_run_config,
+    q_estimator_used,
     resumes_exactly,
     validation_share,
 )
@@ -32,7 +33,7 @@ from common.models import ClassifierShape
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
-from common.transition import column_normalize, estimate_transition
+from common.transition import column_normalize, estimate_transition, shrink_to_identity
 from fedefc_cli.grid import Grid
 from fedefc_cli.run_configs import CONFIGS_DIR, inexact_resume_note, resume_config
 from fedefc_client import local_data
@@ -66,16 +67,19 @@ def rows_of(x: torch.Tensor) -> set[bytes]:
 def test_the_share_is_a_seeded_fraction_of_the_training_part():
     cfg = silo()
     assert validation_share(cfg) == 0.4
-    val = validation_positions(cfg, 3, 50)
+    val = validation_positions(cfg, 3, 50, 10)
     assert len(val) == 20 and len(np.unique(val)) == 20 and list(val) == sorted(val)
     assert 0 <= val.min() and val.max() < 50
-    assert np.array_equal(val, validation_positions(silo(), 3, 50))  # a pure function
-    assert not np.array_equal(val, validation_positions(cfg, 4, 50))  # per partition
-    assert not np.array_equal(val, validation_positions(silo(seed=1), 3, 50))  # per seed
-    assert len(validation_positions(silo(**{"validation-fraction": 0.3}), 3, 50)) == 15
-    assert len(validation_positions(silo(**{"validation-fraction": 0.01}), 3, 50)) == 1
-    assert len(validation_positions(silo(**{"validation-fraction": 0.99}), 3, 50)) == 49
-    assert validation_positions(cfg, 3, 1) is None  # a single sample is trained on
+    assert np.array_equal(val, validation_positions(silo(), 3, 50, 10))  # a pure function
+    assert not np.array_equal(val, validation_positions(cfg, 4, 50, 10))  # per partition
+    assert not np.array_equal(val, validation_positions(silo(seed=1), 3, 50, 10))  # per seed
+    assert len(validation_positions(silo(**{"validation-fraction": 0.3}), 3, 50, 10)) == 15
+    assert len(validation_positions(silo(**{"validation-fraction": 0.01}), 3, 50, 10)) == 1
+    assert len(validation_positions(silo(**{"validation-fraction": 0.99}), 3, 50, 10)) == 49
+    assert validation_positions(cfg, 3, 1, 10) is None  # a single sample is trained on
+    capped = silo(**{"validation-max-per-class": 1})  # at most 1 x 10 classes
+    assert len(validation_positions(capped, 3, 50, 10)) == 10
+    assert len(validation_positions(capped, 3, 20, 10)) == 8  # the fraction, below the cap
 
 
 @pytest.mark.parametrize("keys", [
@@ -85,7 +89,7 @@ def test_no_share_without_a_held_out_signal_of_a_prestopping_method(keys):
     """FedAvg and the methods without a phase switch train on everything; so does FedEFC
     with the paper's signal (its results stay those of docs/RESULTS.md)."""
     cfg = silo(**keys)
-    assert validation_share(cfg) == 0.0 and validation_positions(cfg, 3, 50) is None
+    assert validation_share(cfg) == 0.0 and validation_positions(cfg, 3, 50, 10) is None
     assert partition_data(cfg, 3, CPU).validation is None
 
 
@@ -171,7 +175,7 @@ def test_phase_2_estimates_q_on_the_share_or_trains_on_it(use):
     takes Q from all of them (the paper's estimate). Q is recomputed here from the
     model's predictions (common/transition.py is tested against cleanlab)."""
     cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1, "validation-phase-2": use,
-                                     "q-pooling": "none"})
+                                     "q-pooling": "none", "q-estimator": "counted"})
     local = partition_data(cfg, 1, CPU)
     model = initial_model(cfg, local.data.task)
     probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU))
@@ -192,7 +196,7 @@ def test_phase_2_pools_the_counts_of_the_clients_rounds():
     the Q of a client's second phase-2 round is the column-normalized sum of cleanlab's
     confident joints of both rounds' received models on the share; with ``none`` it is
     the second round's alone, and nothing is kept in the node's state."""
-    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1})
+    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1, "q-estimator": "counted"})
     assert cfg.q_pooling == "auto" and cfg.q_pooling_mode == "cumulative"
     local = partition_data(cfg, 1, CPU)
     val = local.validation
@@ -209,6 +213,28 @@ def test_phase_2_pools_the_counts_of_the_clients_rounds():
         np.testing.assert_allclose(job.last_q, column_normalize(expected))
         assert (POOLED_COUNTS in state) == (pooling == "cumulative")
     assert not np.allclose(column_normalize(joints[0] + joints[1]), column_normalize(joints[1]))
+
+
+def test_the_shrunk_estimator_pulls_the_pooled_counts_towards_the_identity():
+    """``q-estimator = "shrunk"`` (the default when every client trains every round): the
+    Q of a client's second phase-2 round is the column-normalized sum of both rounds'
+    cleanlab confident joints, each column shrunk towards e_j by the evidence of this
+    round's counts (common/transition.py: shrink_to_identity, tested by hand there)."""
+    cfg = silo(rho=0.4, zeta=0.4, **{"local-epochs": 1})
+    assert cfg.q_estimator == "auto" and q_estimator_used(cfg) == "shrunk"
+    local = partition_data(cfg, 1, CPU)
+    val = local.validation
+    models = [initial_model(cfg, local.data.task) for _ in range(2)]
+    LocalJob(cfg, local, models[1], 1, 1, 1).train()
+    joints = [compute_confident_joint(local.labels[val], predict_proba(
+        m, local.x, BatchTransform.of(local.spec, CPU))[val], calibrate=False) for m in models]
+    state = RecordDict()
+    for rnd, model in zip((3, 4), models):
+        job = LocalJob(cfg, local, copy.deepcopy(model), 2, rnd, rnd, state)
+        fedefc(job)
+    expected = shrink_to_identity(column_normalize(joints[0] + joints[1]), joints[1].sum(0))
+    np.testing.assert_allclose(job.last_q, expected)
+    assert not np.allclose(expected, column_normalize(joints[0] + joints[1]))
 
 
 @pytest.mark.parametrize("keys, pooling", [
@@ -249,6 +275,26 @@ def test_resuming_a_run_that_cannot_end_exactly_says_so(keys, says, tmp_path):
         assert says in note and "will not end bit for bit" in note
 
 
+def test_a_stored_run_from_before_the_estimator_and_the_guard_is_todays_where_neither_runs():
+    """A run stored without ``q-estimator``, ``phase-2-guard`` and
+    ``validation-max-per-class`` counted Q, had no guard and no cap: today's config where
+    ``auto`` resolves to those (part of the clients per round, or FedAvg), another where
+    the defaults now shrink and guard (a grid must not mix them)."""
+    new = ("q-estimator", "phase-2-guard", "validation-max-per-class")
+    for keys, same in (({"num-clients": 20, "fraction": 0.5}, True),
+                       ({"num-clients": 5, "fraction": 1.0, "method": "fedavg"}, True),
+                       ({"num-clients": 5, "fraction": 1.0}, False),
+                       ({"num-clients": 5, "fraction": 1.0, "q-estimator": "counted",
+                         "phase-2-guard": "off"}, True)):
+        wanted = load_run_config(keys).to_flat()
+        older = {k: v for k, v in wanted.items() if k not in new}
+        assert (changed_keys(older, wanted) == {}) == same, keys
+    full = load_run_config({"num-clients": 5, "fraction": 1.0}).to_flat()
+    assert changed_keys({**full, "q-estimator": "shrunk", "phase-2-guard": "on"}, full) == {}
+    assert changed_keys({**full, "validation-max-per-class": 7}, full) == {
+        "validation-max-per-class": (7, full["validation-max-per-class"])}
+
+
 def test_a_stored_run_from_before_pooling_is_todays_config_where_nothing_pools():
     """A run stored without ``q-pooling`` pooled nothing: today's config where ``auto``
     resolves to ``none`` (or the method does not pool), another config where FedEFC now
@@ -257,7 +303,8 @@ def test_a_stored_run_from_before_pooling_is_todays_config_where_nothing_pools()
                        ({"num-clients": 5, "fraction": 1.0, "method": "fedavg"}, True),
                        ({"num-clients": 5, "fraction": 1.0}, False),
                        ({"num-clients": 5, "fraction": 1.0, "q-pooling": "none"}, True)):
-        wanted = load_run_config(keys).to_flat()
+        wanted = load_run_config({"q-estimator": "counted", "phase-2-guard": "off",
+                                  **keys}).to_flat()
         older = {k: v for k, v in wanted.items() if k != "q-pooling"}
         assert (changed_keys(older, wanted) == {}) == same, keys
     full = load_run_config({"num-clients": 5, "fraction": 1.0}).to_flat()
@@ -366,10 +413,13 @@ def test_the_methods_with_a_share_are_the_ones_with_fedefcs_server():
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS_DIR / "grids").glob("*.toml")
                                         if p.stem.startswith(("paper-", "mnist-lite-"))))
 def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path):
-    """The shipped cross-device grids run the paper's signal, train on all their data and
-    count each phase-2 round anew."""
+    """The shipped cross-device grids run the paper's signal, train on all their data,
+    count each phase-2 round anew with the paper's estimator and run to the last round
+    without the phase-2 guard."""
     for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
         cfg = load_run_config(cell.config)
         assert cfg.accuracy_signal_mode in ("global", "local-train"), cell
         assert validation_share(cfg) == 0.0, cell
         assert counts_pooling(cfg) == "none", cell
+        assert q_estimator_used(cfg) == "counted", cell
+        assert not cfg.guarded, cell

@@ -96,6 +96,20 @@ def test_a_finished_cell_with_another_config_is_refused(finished_grid):
         run_grid(Grid.load(path), results, ["lr=0.05"], log=lambda *_: None)
 
 
+def test_a_grid_run_can_be_kept_to_some_rows(tmp_path, tiny_mnist_dir):
+    """``fedefc grid run --row LABEL``: only that row's cells count and run; a label the
+    grid lacks is refused before anything runs."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(GRID.format(data=tiny_mnist_dir))
+    logs = []
+    assert run_grid(Grid.load(path), tmp_path / "results", [], max_cells=0, log=logs.append,
+                    rows=["FedAvg"]) == 0
+    assert logs == ["grid tiny: 2 cells, 0 finished, 0 to run now"]
+    with pytest.raises(ConfigError, match=r"no row \['FedProx'\]; its rows: FedAvg, FedEFC"):
+        run_grid(Grid.load(path), tmp_path / "results", [], rows=["FedProx"])
+    assert not (tmp_path / "results").exists()
+
+
 def test_paper_numbers_match_the_papers_table():
     paper = load_paper_numbers()
     cfg = {"dataset": "mnist", "alpha-dir": 10.0, "p": 0.5, "rho": 0.2, "zeta": 0.8,

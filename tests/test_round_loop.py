@@ -101,7 +101,9 @@ def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_c
 
 
 def test_fedefc_records_every_round_its_checkpoint_and_the_summary(tmp_path):
-    init, evaluated = run_loop(tmp_path, "fedefc")
+    """The paper's protocol (no phase-2 guard: phase-2 replies carry no A_k; the guard
+    is tested in test_guard.py)."""
+    init, evaluated = run_loop(tmp_path, "fedefc", **{"phase-2-guard": "off"})
     # each round adds the size-weighted mean partition id: (10*0+20*1+30*2+40*3)/100 = 2
     step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
     recs = records(tmp_path)

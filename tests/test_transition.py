@@ -13,6 +13,7 @@ from common.transition import (
     estimate_transition,
     label_prior_weighting,
     matrix_agreement,
+    shrink_to_identity,
 )
 
 
@@ -175,6 +176,34 @@ def test_oracle_predictor_recovers_the_noise_matrix(rule):
     q = estimate_transition(probs, noisy, rule)
     assert np.abs(q - nm).max() < 0.05
     assert np.abs(q - empirical_transition(noisy, true, k)).max() < 1e-2
+
+
+# -- the shrunk estimator (docs/FEDEFC.md §4.8) ---------------------------------------------
+
+
+def test_a_column_without_evidence_is_the_identitys_and_one_with_overwhelming_evidence_counts():
+    """Column 0 rests on no sample (only the raised diagonal), column 1 on two million,
+    column 2 is already e_2: the shrunk Q keeps e_0, the counted column 1 to 1e-6, e_2."""
+    counts = np.array([[1, 600_000, 0],
+                       [0, 1_400_000, 0],
+                       [0, 0, 7]])
+    q = shrink_to_identity(column_normalize(counts), counts.sum(axis=0))
+    np.testing.assert_allclose(q[:, 0], [1, 0, 0])
+    np.testing.assert_allclose(q[:, 1], [0.3, 0.7, 0], atol=1e-6)
+    assert not np.allclose(q[:, 1], [0, 1, 0])
+    np.testing.assert_allclose(q[:, 2], [0, 0, 1])
+    np.testing.assert_allclose(q.sum(axis=0), 1.0)
+
+
+def test_the_shrinkage_of_a_hand_counted_column():
+    """Counts (8, 2, 0) in column 0: q = (0.8, 0.2, 0), lambda = (1 - 0.68) / (9 * 0.08)
+    = 4/9, so Q*[:, 0] = 4/9 e_0 + 5/9 q = (8/9, 1/9, 0); column 1 (1, 3, 0): q = (1/4,
+    3/4, 0), lambda = (1 - 10/16) / (3 * 2/16) = 1, the identity's column."""
+    counts = np.array([[8, 1, 0], [2, 3, 0], [0, 0, 5]])
+    q = shrink_to_identity(column_normalize(counts), counts.sum(axis=0))
+    np.testing.assert_allclose(q[:, 0], [8 / 9, 1 / 9, 0])
+    np.testing.assert_allclose(q[:, 1], [0, 1, 0])
+    np.testing.assert_allclose(q[:, 2], [0, 0, 1])
 
 
 def test_matrix_agreement():

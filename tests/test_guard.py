@@ -1,0 +1,313 @@
+"""The phase-2 guard (docs/FEDEFC.md §3.4) and the short-run warning (§3.5).
+
+The guard's rule on its own; the round loop with nodes whose held-out accuracy is
+scripted, so every round it keeps, restores and ends in is known in advance; and the
+project's real clients on real images with a phase 2 made to hurt (a transition matrix
+that shifts every class to the next), which the guard must notice and undo.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+
+import fedefc_client.local_update as local_update
+from common.methods import load_run_config, short_run_warning, shortest_useful_run
+from common.params import get_weights
+from common.results import RunRecorder
+from common.runtime import initial_model
+from fedefc_cli import deployment
+from fedefc_cli.errors import UsageError
+from fedefc_cli.main import main
+from fedefc_client.client import MethodClient
+from fedefc_client.local_data import partition_data
+from fedefc_server import checkpoint, evaluation
+from fedefc_server.checkpoint import CheckpointError
+from fedefc_server.guard import Phase2Guard
+from fedefc_server.round_loop import RoundLoop
+from tests.helpers import OK, FakeProxy, make_pipeline, records
+
+CPU = torch.device("cpu")
+
+
+# -- the rule ---------------------------------------------------------------------------------
+
+
+def test_the_guard_keeps_the_best_model_and_fires_after_patience_phase_2_rounds():
+    """Rounds up to start-round are not watched; phase-1 rounds may set the best but
+    never count against it; a phase-2 model that does not beat the best counts, one that
+    beats it becomes the best and clears the count; ``patience`` in a row fire it, once."""
+    guard = Phase2Guard(start_round=2, patience=2)
+    seen = [guard.observe(t, a, p2) for t, a, p2 in (
+        (1, 0.9, False),   # before start-round: ignored
+        (3, 0.5, False),   # the first watched round is the best
+        (4, 0.4, False),   # phase 1, below: no count
+        (5, 0.6, True),    # a phase-2 model beats it
+        (6, 0.55, True),   # 1
+        (7, 0.6, True),    # a tie does not beat it: 2, fired
+        (8, 0.99, True),   # after firing: nothing
+    )]
+    assert seen == ["", "best", "", "best", "", "fired", ""]
+    assert (guard.best_round, guard.best_a, guard.fired) == (5, 0.6, 7)
+
+
+def test_a_phase_2_that_keeps_beating_the_best_never_fires():
+    guard = Phase2Guard(start_round=0, patience=1)
+    assert [guard.observe(t, 0.1 * t, True) for t in range(1, 6)] == ["best"] * 5
+    assert guard.fired is None and guard.worse == 0
+
+
+# -- the round loop, scripted -----------------------------------------------------------------
+
+SIZES = {0: 10, 1: 20, 2: 30, 3: 40}
+# A(t) by round (start-round 1, gamma-thr 2): the best at round 2, patience 2 -> T_e = 4,
+# phase 2 from round 5. A(5) measures round 4's (phase-1) model: no count; A(6) = 0.58:
+# 1; A(7) = 0.65 beats 0.6: the model round 7 received (after round 6) is the best;
+# A(8), A(9) below: 2 in a row, fired in round 9.
+GUARDED = {1: 0.5, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.55, 6: 0.58, 7: 0.65, 8: 0.6, 9: 0.62,
+           10: 0.9, 11: 0.9, 12: 0.9}
+
+
+class HeldOutNode(FakeProxy):
+    """Adds its partition id to every weight and reports the scripted held-out accuracy
+    whenever the server sends a phase, as a client of a guarded run does."""
+
+    script = GUARDED
+
+    def fit(self, ins, timeout, group_id):
+        weights = [w + self.partition_id for w in parameters_to_ndarrays(ins.parameters)]
+        metrics = {"partition-id": self.partition_id, "loss": "cross-entropy"}
+        if "phase" in ins.config:
+            metrics["accuracy"] = self.script[int(ins.config["round"])]
+        return FitRes(OK, ndarrays_to_parameters(weights), self.num_examples, metrics)
+
+
+class RisingNode(HeldOutNode):
+    """T_e = 4 as above; then every phase-2 model beats the last."""
+
+    script = {**{t: GUARDED[t] for t in range(1, 6)}, **{t: 0.6 + 0.01 * t for t in range(6, 13)}}
+
+
+def guarded_loop(tmp_path, node=HeldOutNode, rounds=12, **keys):
+    cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "rounds": rounds,
+                           "start-round": 1, "gamma-thr": 2, "out-dir": str(tmp_path),
+                           **keys})
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 3)
+    init = get_weights(model)
+    pipeline = make_pipeline(cfg, max_private=10**8,
+                             evaluator=lambda weights: (1.0, float(weights[1][0])))
+    manager = SimpleClientManager()
+    for pid, size in SIZES.items():
+        manager.register(node(f"node-{pid}", pid, size))
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(init), cfg=cfg,
+                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
+                     run_info={})
+    loop.set_max_workers(1)
+    loop.fit(rounds, None)
+    return cfg, init
+
+
+def test_the_guard_restores_the_best_model_and_ends_the_run(tmp_path, caplog):
+    """Every round adds 2 (the size-weighted mean partition id) to the bias, whose first
+    entry is the 'test accuracy': round 9 restores the model round 7 received, the
+    initial one plus 6 rounds, and the run ends there, 3 rounds early."""
+    cfg, init = guarded_loop(tmp_path)
+    assert cfg.guarded
+    step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
+    recs = records(tmp_path)
+    assert [r["round"] for r in recs] == list(range(10))
+    assert [r["t_e"] for r in recs][4:] == [4] * 6
+    assert [r["A"] for r in recs[1:]] == [GUARDED[t] for t in range(1, 10)]
+    assert [r["guard_best_round"] for r in recs[1:]] == [None, 2, 2, 2, 2, 2, 7, 7, 7]
+    assert [r["guard_worse"] for r in recs[1:]] == [0, 0, 0, 0, 0, 1, 0, 1, 2]
+    for r in recs[:9]:  # round t's model: t steps of FedAvg
+        assert r["test_acc"] == pytest.approx(init[1][0] + r["round"] * step)
+    restored = init[1][0] + 6 * step
+    assert recs[9]["test_acc"] == pytest.approx(restored)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final_acc"] == pytest.approx(restored)
+    assert summary["phase_2_guard"] == "on"
+    assert (summary["guard_restored_round"], summary["guard_ended_at"]) == (7, 9)
+    assert "phase-2 guard restored that model" in summary["notes"][0]
+    assert "after round 9 of 12" in summary["notes"][0]
+    assert "PHASE-2 GUARD" in caplog.text
+    saved = torch.load(tmp_path / "model.pt")
+    np.testing.assert_allclose(saved["bias"].numpy(), init[1] + 6 * step, rtol=1e-6)
+    ckpt = checkpoint.load(tmp_path)
+    assert ckpt.round == 9 and ckpt.strategy["guard"]["fired"] == 9
+    np.testing.assert_allclose(ckpt.models["guard-best"][1], init[1] + 6 * step, rtol=1e-6)
+    with pytest.raises(CheckpointError, match="nothing remains to resume"):
+        type(make_pipeline(cfg).server).check_checkpoint(ckpt.strategy, cfg)
+
+
+def test_a_guarded_run_resumes_with_the_model_its_guard_kept(tmp_path):
+    """Interrupted after round 8 (the kept model is round 7's received one), resumed from
+    the checkpoint: the guard fires in round 9 and restores the very model it kept."""
+    guarded_loop(tmp_path / "whole")
+    guarded_loop(tmp_path / "part", rounds=8)
+    ckpt = checkpoint.load(tmp_path / "part")
+    assert ckpt.strategy["guard"]["best_round"] == 7 and "guard-best" in ckpt.models
+    cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "rounds": 12,
+                           "start-round": 1, "gamma-thr": 2, "out-dir": str(tmp_path / "part")})
+    pipeline = make_pipeline(cfg, max_private=10**8,
+                             evaluator=lambda weights: (1.0, float(weights[1][0])))
+    pipeline.load_state(ckpt.strategy)
+    pipeline.server.load_models(ckpt.models)
+    manager = SimpleClientManager()
+    for pid, size in SIZES.items():
+        manager.register(HeldOutNode(f"node-{pid}", pid, size))
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(ckpt.weights), cfg=cfg,
+                     recorder=RunRecorder(tmp_path / "part", cfg.to_flat(), resume_round=8),
+                     model=torch.nn.Linear(2, 3), run_info={}, first_round=9)
+    loop.set_max_workers(1)
+    loop.fit(12, None)
+    whole, part = (json.loads((tmp_path / d / "summary.json").read_text())
+                   for d in ("whole", "part"))
+    assert part["final_acc"] == whole["final_acc"] and part["guard_ended_at"] == 9
+    with pytest.raises(CheckpointError, match="holds no 'guard-best' model"):
+        pipeline.server.load_models({})
+
+
+def test_a_phase_2_that_keeps_improving_runs_to_the_end(tmp_path):
+    guarded_loop(tmp_path, node=RisingNode)
+    recs = records(tmp_path)
+    assert len(recs) == 13 and recs[-1]["guard_worse"] == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["t_e"] == 4 and summary["guard_ended_at"] is None and summary["notes"] == []
+
+
+def test_without_the_guard_phase_2_sends_no_accuracy_and_runs_to_the_end(tmp_path):
+    """``phase-2-guard = "off"``: the paper's protocol, phase-2 replies carry no A_k."""
+    cfg, _ = guarded_loop(tmp_path, **{"phase-2-guard": "off"})
+    assert not cfg.guarded
+    recs = records(tmp_path)
+    assert len(recs) == 13 and all(r.get("A") is None for r in recs[5:])
+    assert json.loads((tmp_path / "summary.json").read_text())["phase_2_guard"] == "off"
+
+
+@pytest.mark.parametrize("keys, guard", [
+    ({"num-clients": 5, "fraction": 1.0}, "on"),       # every client, every round: held-out
+    ({}, "off"),                                        # 10 of 20: the paper's signal
+    ({"num-clients": 100, "fraction": 0.1}, "off"),     # the paper's settings
+    ({"num-clients": 5, "fraction": 1.0, "accuracy-signal": "global"}, "off"),
+    ({"num-clients": 5, "fraction": 1.0, "phase-2-guard": "off"}, "off"),
+    ({"accuracy-signal": "held-out"}, "on"),            # a share, so a guard
+])
+def test_the_guard_watches_exactly_the_runs_with_a_validation_share(keys, guard):
+    assert load_run_config(keys).phase_2_guard_mode == guard
+
+
+def test_the_guard_needs_the_held_out_signal():
+    with pytest.raises(ValueError, match="phase-2-guard=\"on\" with accuracy-signal='global'"):
+        load_run_config({"phase-2-guard": "on", "accuracy-signal": "global"})
+
+
+# -- real clients, a phase 2 made to hurt -----------------------------------------------------
+
+
+class ClientNode(FakeProxy):
+    """A node whose replies come from the project's MethodClient (in this process)."""
+
+    def __init__(self, cid, partition_id, cfg):
+        self.cfg = cfg
+        self.state = RecordDict()
+        local = partition_data(cfg, partition_id, CPU)
+        super().__init__(cid, partition_id, len(local))
+
+    def fit(self, ins, timeout, group_id):
+        client = MethodClient(self.cfg, self.partition_id,
+                              lambda: partition_data(self.cfg, self.partition_id, CPU),
+                              self.state)
+        weights, n, metrics = client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        return FitRes(OK, ndarrays_to_parameters(weights), n, metrics)
+
+
+def test_a_phase_2_made_to_hurt_is_undone(tmp_path, monkeypatch):
+    """Three clients of the embedded MNIST train every round; in phase 2 their Q says that
+    every class is labelled as the next one, so the forward-corrected loss teaches the
+    model to predict the previous class: its test accuracy collapses, so does the
+    held-out accuracy the clients report, and the guard restores the best model it kept,
+    the test accuracy of that model's round."""
+    k = 10
+    shift = np.roll(np.eye(k), 1, axis=0)  # Q[j + 1, j] = 1: true j is observed as j + 1
+    monkeypatch.setattr(local_update, "transition_from_counts", lambda *args: shift)
+    cfg = load_run_config({"num-clients": 3, "fraction": 1.0, "rounds": 14,
+                           "start-round": 2, "gamma-thr": 2, "local-epochs": 1,
+                           "q-estimator": "counted", "client-threads": 1,
+                           "out-dir": str(tmp_path)})
+    data = partition_data(cfg, 0, CPU).data
+    model = initial_model(cfg, data.task)
+    pipeline = make_pipeline(cfg, max_private=10**6,
+                             evaluator=evaluation.TestSetEvaluator(cfg, data))
+    manager = SimpleClientManager()
+    for pid in range(3):
+        manager.register(ClientNode(f"node-{pid}", pid, cfg))
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(get_weights(model)), cfg=cfg,
+                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
+    loop.set_max_workers(1)
+    loop.fit(cfg.rounds, None)
+    recs = records(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    t_e, best, end = summary["t_e"], summary["guard_restored_round"], summary["guard_ended_at"]
+    assert t_e is not None and end == t_e + 1 + cfg.gamma_thr  # two phase-2 models judged
+    assert recs[-1]["round"] == end < cfg.rounds
+    phase_2 = [r for r in recs if r["phase"] == 2 and r["round"] < end]
+    assert all(r["client_loss"] == ["forward-corrected"] * 3 for r in phase_2)
+    assert max(r["test_acc"] for r in phase_2) < recs[best - 1]["test_acc"] - 0.2  # it hurt
+    assert summary["final_acc"] == pytest.approx(recs[best - 1]["test_acc"])  # undone
+    assert recs[best - 1]["test_acc"] > 0.6
+
+
+# -- runs too short for a phase 2 (docs/FEDEFC.md §3.5) ---------------------------------------
+
+
+@pytest.mark.parametrize("keys, least", [
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2}, 10),
+    ({"rounds": 15, "start-round": 5, "gamma-thr": 3}, 16),
+    ({"rounds": 16, "start-round": 5, "gamma-thr": 3}, None),
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "method": "fedavg"}, None),
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "prestopping": False}, None),
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "method": "confident-learning"}, 10),
+])
+def test_a_run_too_short_for_its_phase_2_is_told_with_the_rounds_it_needs(keys, least):
+    cfg = load_run_config(keys)
+    warning = short_run_warning(cfg)
+    if least is None:
+        assert warning is None
+        return
+    assert shortest_useful_run(cfg) == least
+    assert f"rounds >= {least}" in warning and f"rounds={cfg.rounds}" in warning
+    assert f"round {cfg.start_round + cfg.gamma_thr + 1} at the earliest" in warning
+
+
+def test_the_defaults_and_the_paper_presets_are_long_enough():
+    from fedefc_cli.run_configs import resolve_run_config
+    for preset in (None, "mnist", "cifar10", "cifar100", "cross-silo"):
+        flat = resolve_run_config(preset, ["data-dir=/data"] if preset in (
+            "mnist", "cifar10", "cifar100") else [], "")
+        assert short_run_warning(load_run_config(flat)) is None, preset
+
+
+def test_fedefc_run_and_submit_say_it_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """``fedefc run`` prints the warning before its preflight (which fails here on a model
+    that does not import); ``fedefc deploy submit`` before it contacts the SuperLink."""
+    short = ["--set", "rounds=8", "--set", "start-round=2", "--set", "gamma-thr=2"]
+    assert main(["run", *short, "--set", "model=no_such_module:net",
+                 "--out-dir", str(tmp_path / "run")]) != 0
+    assert "WARNING: rounds=8 is too few" in capsys.readouterr().out
+
+    def unreachable(*args, **kwargs):
+        raise UsageError("no SuperLink here")
+
+    monkeypatch.setattr(deployment, "wait_for_superlink", unreachable)
+    assert main(["deploy", "submit", "nowhere", *short,
+                 "--set", f"out-dir={tmp_path / 'srv'}"]) != 0
+    assert "WARNING: rounds=8 is too few" in capsys.readouterr().err
