@@ -10,13 +10,16 @@ Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
 2. :func:`audit_mod`: records what leaves the client (``audit = true``, or the node
    policy's ``audit-dir``);
 3. :func:`policy_mod`: refuses a run that breaks the node's policy (:mod:`.policy`);
-4. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
+4. :func:`server_checks_mod`: refuses a message that asks for other privacy parameters
+   than the run's and the policy's (:mod:`.server_checks`);
+5. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
    its masks drawn from :mod:`common.secure_prf`;
-5. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
+6. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
    :func:`common.secure_means.clear_metrics` in the clear (secure rounds);
-6. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``);
-7. :func:`clipping_mod`: client-side fixed clipping, as Flower's ``fixedclipping_mod``
-   (``dp-clip``).
+7. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``),
+   counted in the node's privacy ledger (:class:`DpLedger`);
+8. :func:`clipping_mod`: client-side fixed clipping to the run's ``dp-clip``, as
+   Flower's ``fixedclipping_mod``.
 
 So the update is clipped, then noised, then (with its tail) quantized and masked, and
 the audit sees the message as the server will.
@@ -26,11 +29,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict, dataclass
 from logging import ERROR, WARNING
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Context, Error, Message
+from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
@@ -39,14 +43,11 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.compat.common import recorddict_compat as compat
-from flwr.supercore.differential_privacy import (
-    KEY_CLIPPING_NORM,
-    compute_clip_model_update,
-    get_norm,
-)
+from flwr.supercore.differential_privacy import compute_clip_model_update, get_norm
 
 from common import secure_prf
 from common.config import RunConfig
+from common.dp_accounting import epsilon
 from common.faults import corrupt_secure_reply, inflate_count, parse_faults, weight_factor
 from common.messages import FitConfig
 from common.methods import load_run_config
@@ -57,6 +58,7 @@ from common.seeds import derive_seed
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
 from .scrub import private_strings, scrub
+from .server_checks import bad_clipping_norm, bad_secagg_request
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 
@@ -108,9 +110,33 @@ def policy_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mes
     problems = policy.violations(_config(ctxt))
     if not problems:
         return call_next(msg, ctxt)
-    reason = describe_refusal(problems)
+    return _refuse(msg, ctxt, describe_refusal(problems))
+
+
+def _refuse(msg: Message, ctxt: Context, reason: str) -> Message:
+    """An error reply with ``reason`` (Flower's code for a mod's failed precondition)."""
     log(WARNING, "run %s: %s", ctxt.run_id, reason)
     return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, reason), reply_to=msg)
+
+
+def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """Refuse a training message that asks for other privacy parameters than the run's
+    and the node policy's (:mod:`.server_checks`): a DP clipping norm other than
+    ``dp-clip``, a SecAgg+ setup below the run's or the policy's minimums, an unmask
+    request for both secrets of a node. The reply is an error naming the value, the
+    run's value and what an honest server sends; nothing of the message is run."""
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, ctxt)
+    cfg, records = _config(ctxt), msg.content.config_records
+    reason = None
+    if "fitins.config" in records:
+        reason = bad_clipping_norm(dict(records["fitins.config"]), cfg)
+    if reason is None and cfg.secure_aggregation and RECORD_KEY_CONFIGS in records:
+        reason = bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg, _policy(ctxt),
+                                    cfg.clipping_range)
+    if reason is None:
+        return call_next(msg, ctxt)
+    return _refuse(msg, ctxt, "this node refuses the message: " + reason)
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -170,14 +196,16 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
 
 def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Client-side fixed clipping when ``dp-clip > 0``: the update (trained minus received
-    float weights) is scaled to L2 norm at most the clipping norm the server sends in the
-    fit config (Flower's protocol of DifferentialPrivacyClientSideFixedClipping and
-    ``fixedclipping_mod``, whose clipping function this is). Integer arrays (BatchNorm's
-    batch counters) are left as they are: Flower's mod scales them in place and fails."""
-    if _config(ctxt).dp_clip <= 0 or msg.metadata.message_type != MessageType.TRAIN:
+    float weights) is scaled to L2 norm at most the run's ``dp-clip``, never a norm a
+    message carries (Flower's DifferentialPrivacyClientSideFixedClipping sends one as
+    ``clipping_norm``; :func:`server_checks_mod` refuses a message whose value is not the
+    run's). The clipping function is Flower's ``fixedclipping_mod``'s. Integer arrays
+    (BatchNorm's batch counters) are left as they are: Flower's mod scales them in place
+    and fails."""
+    norm = _config(ctxt).dp_clip
+    if norm <= 0 or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
-    norm = float(fitins.config[KEY_CLIPPING_NORM])
     out = call_next(msg, ctxt)
     if out.has_error():
         return out
@@ -197,9 +225,53 @@ def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> M
     return out
 
 
+DP_LEDGER = "fedefc-dp-ledger"  # context.state: the node's noised releases in this run
+
+
+@dataclass(frozen=True)
+class DpLedger:
+    """What this node's noise has given away in this run (docs/PRIVACY.md, "The node's
+    own policy"): ``releases`` noised updates that left it, clipped to ``clip`` with noise
+    of standard deviation ``noise_std`` (the smallest it applied), and their epsilon at
+    ``delta`` (the policy's ``dp-delta``, else the run's), from the accountant of
+    :mod:`common.dp_accounting` at the noise multiplier it applied, noise_std / clip.
+    Kept in the node's ``context.state`` (never sent to the server), written to its
+    audit log with every training reply."""
+
+    releases: int = 0
+    clip: float = 0.0
+    noise_std: float = 0.0
+    delta: float = 1e-5
+    epsilon: float = 0.0
+
+    @classmethod
+    def of(cls, ctxt: Context) -> DpLedger:
+        record = ctxt.state.config_records.get(DP_LEDGER)
+        return cls() if record is None else cls(**{k.replace("-", "_"): v
+                                                   for k, v in record.items()})
+
+    def released(self, clip: float, noise_std: float, delta: float) -> DpLedger:
+        """The ledger after one more release of this clip and noise."""
+        std = noise_std if self.releases == 0 else min(self.noise_std, noise_std)
+        clip = max(self.clip, clip)
+        return DpLedger(self.releases + 1, clip, std, delta,
+                        epsilon(std / clip, self.releases + 1, delta))
+
+    def save(self, ctxt: Context) -> None:
+        ctxt.state.config_records[DP_LEDGER] = ConfigRecord(
+            {k.replace("_", "-"): v for k, v in asdict(self).items()})
+
+    def as_entry(self) -> dict:
+        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+
+
 def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Add N(0, (z C)^2) to every float weight of a training reply, z =
-    ``dp-noise-multiplier``, C = ``dp-clip`` (docs/PRIVACY.md, "Differential privacy").
+    ``dp-noise-multiplier``, C = ``dp-clip`` (docs/PRIVACY.md, "Differential privacy"),
+    and count the release in the node's :class:`DpLedger`. With a node policy's
+    ``max-epsilon`` the node refuses a training message whose release would take the
+    ledger's epsilon above it: the bound holds over the releases the node actually made,
+    at the noise it actually applied, however many training messages a server sends.
 
     The noise comes from the operating system's entropy, not from the run's seed: noise
     that the server could regenerate from the seed would protect nothing. A run with
@@ -207,16 +279,27 @@ def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     cfg = _config(ctxt)
     if cfg.dp_noise_multiplier <= 0 or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
+    policy = _policy(ctxt)
+    clip, std = cfg.dp_clip, cfg.dp_noise_multiplier * cfg.dp_clip
+    delta = policy.dp_delta if policy is not None else cfg.dp_delta
+    ledger = DpLedger.of(ctxt)
+    after = ledger.released(clip, std, delta)
+    if policy is not None and policy.max_epsilon and after.epsilon > policy.max_epsilon:
+        return _refuse(msg, ctxt, (
+            f"this node refuses the message: it has released {ledger.releases} noised "
+            f"update(s) in this run (noise multiplier {std / clip:g}); one more gives "
+            f"epsilon={after.epsilon:.4g} at delta={delta:g}, above this node's max-epsilon "
+            f"{policy.max_epsilon:g}"))
     out = call_next(msg, ctxt)
     if out.has_error():
         return out
     fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
     rng = np.random.default_rng()
-    std = cfg.dp_noise_multiplier * cfg.dp_clip
     fitres.parameters = ndarrays_to_parameters([
         a + rng.normal(0.0, std, a.shape).astype(a.dtype) if a.dtype.kind == "f" else a
         for a in parameters_to_ndarrays(fitres.parameters)])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    after.save(ctxt)
     return out
 
 
@@ -279,16 +362,21 @@ def audit_path(cfg: RunConfig, partition_id: int | str, policy: NodePolicy | Non
 def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Append one JSON line per reply to :func:`audit_path` (when there is one):
     :func:`describe_reply` of the reply as it leaves the client (after every inner mod),
-    or the exception that replaced it. The log and a folder it creates are owner-only."""
+    or the exception that replaced it; a reply that released a noised update also holds
+    the node's :class:`DpLedger` (``dp``: its releases so far and their epsilon).
+    The log and a folder it creates are owner-only."""
     pid = ctxt.node_config.get("partition-id", "unknown")  # none: the ClientApp refuses
     path = audit_path(_config(ctxt), pid, _policy(ctxt), ctxt.run_id)
     if path is None:
         return call_next(msg, ctxt)
     make_private_dir(path.parent)
     entry = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
+    ledger = DpLedger.of(ctxt)
     try:
         out = call_next(msg, ctxt)
         entry = describe_reply(out)
+        if DpLedger.of(ctxt) != ledger:  # this reply released a noised update
+            entry["dp"] = DpLedger.of(ctxt).as_entry()
     except Exception as err:
         entry["exception"] = type(err).__name__
         raise
@@ -299,5 +387,5 @@ def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     return out
 
 
-MODS = [error_reply_mod, audit_mod, policy_mod, secure_aggregation_mod, secure_tail_mod,
-        noise_mod, clipping_mod]
+MODS = [error_reply_mod, audit_mod, policy_mod, server_checks_mod, secure_aggregation_mod,
+        secure_tail_mod, noise_mod, clipping_mod]

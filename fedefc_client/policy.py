@@ -15,6 +15,7 @@ Example::
     min-dp-noise-multiplier = 0.8      # and so dp-clip > 0 (the noise is z x dp-clip)
     max-epsilon = 10.0                 # at dp-delta, over the run's rounds
     max-rounds = 200
+    min-secure-clients = 5             # a SecAgg+ round this node joins sums >= 5 clients
     methods = ["fedefc", "fedavg"]
     audit-dir = "/var/lib/fedefc/audit" # this node's own audit log, always written
     # allow-diagnostics = false, allow-faults = false: the defaults
@@ -53,6 +54,7 @@ class NodePolicy(BaseModel):
     max_epsilon: float = Field(0.0, ge=0.0)  # 0: no bound
     dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)  # the node's own delta for max-epsilon
     max_rounds: int = Field(0, ge=0)  # 0: no bound
+    min_secure_clients: int = Field(0, ge=0)  # 0: the run's; else the fewest a sum may hold
     methods: tuple[str, ...] = ()  # (): every method
     allow_diagnostics: bool = False
     allow_faults: bool = False
@@ -94,6 +96,10 @@ class NodePolicy(BaseModel):
                            f"{eps:.4g} at delta={self.dp_delta:g}, above this node's "
                            f"max-epsilon {self.max_epsilon:g}: raise dp-noise-multiplier or "
                            "lower rounds")
+        if self.min_secure_clients > cfg.clients_per_round and cfg.secure_aggregation:
+            out.append(f"a secure round of this run sums at most {cfg.clients_per_round} "
+                       f"clients, below this node's min-secure-clients "
+                       f"{self.min_secure_clients}: raise fraction or num-clients")
         if self.max_rounds and cfg.rounds > self.max_rounds:
             out.append(f"rounds={cfg.rounds} is above this node's max-rounds "
                        f"{self.max_rounds}")

@@ -6,12 +6,26 @@ the server records the refusal with its reason, and the run goes on without the 
 import json
 import stat
 
+import numpy as np
 import pytest
-from flwr.common import GetPropertiesIns
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.client import ClientApp, NumPyClient
+from flwr.common import (
+    FitIns,
+    GetPropertiesIns,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.constant import ErrorCode
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.compat.common import recorddict_compat as compat
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from common.dp_accounting import epsilon
 from common.methods import load_run_config
 from fedefc_client.client_app import app as client_app
+from fedefc_client.mods import MODS
 from fedefc_client.policy import NodePolicy, PolicyError, load_policy
 from tests.helpers import InProcessGrid
 from tests.test_privacy import micro_config, secure_round
@@ -165,3 +179,175 @@ def test_an_unusable_policy_file_refuses_every_message_without_naming_its_path(
         proxy.get_properties(GetPropertiesIns({}), None, 1)
     assert "private-site" not in str(err.value)
     assert "node policy <node-config:policy-file>" in str(err.value)
+
+
+# -- a dishonest server: the node trusts only what it signed for ----------------------------
+def app_training_to(trained: list[np.ndarray]) -> ClientApp:
+    """The project's mods (:data:`fedefc_client.mods.MODS`) around a client whose local
+    update returns ``trained`` (5 samples, partition 0): the node's privacy path without
+    its data."""
+    class Fixed(NumPyClient):
+        def fit(self, parameters, config):
+            return [a.copy() for a in trained], 5, {"partition-id": 0}
+
+    return ClientApp(client_fn=lambda context: Fixed().to_client(), mods=MODS)
+
+
+def node(run_config: dict, node_config: dict | None = None) -> Context:
+    return Context(1, 1000, {"partition-id": 0, "num-partitions": 20, **(node_config or {})},
+                   RecordDict(), {"diagnostics": False, **run_config})
+
+
+def train(received: list[np.ndarray], config: dict, server_round: int = 1) -> Message:
+    content = compat.fitins_to_recorddict(FitIns(ndarrays_to_parameters(received),
+                                                 {"round": server_round, **config}), True)
+    return Message(content, 1000, MessageType.TRAIN, group_id=str(server_round))
+
+
+def arrays_of(reply: Message) -> list[np.ndarray]:
+    return parameters_to_ndarrays(compat.recorddict_to_fitres(reply.content, True).parameters)
+
+
+RECEIVED = [np.zeros(20_000, np.float32)]
+TRAINED = [np.full(20_000, 0.1, np.float32)]  # an update of norm sqrt(20000) x 0.1 = 14.1
+
+
+def test_the_node_clips_with_the_runs_dp_clip_whatever_norm_a_message_carries():
+    """Issue 29 (2b): a fit message carrying clipping_norm = 1e9 made the node clip at
+    1e9 instead of the run's dp-clip (the update left at norm 14.1; with noise of
+    z x dp-clip the effective noise multiplier fell by 1e9 / dp-clip). Now the message is
+    refused, naming both values; a message without the key (Flower's DP key is the
+    server's to send) is clipped to dp-clip, where the node raised a KeyError before."""
+    app, run_config = app_training_to(TRAINED), {"dp-clip": 2.0}
+    refused = app(train(RECEIVED, {KEY_CLIPPING_NORM: 1e9}), node(run_config))
+    assert refused.has_error() and refused.error.code == ErrorCode.MOD_FAILED_PRECONDITION
+    assert ("the server sent clipping_norm=1000000000.0, but the run's signed dp-clip is 2"
+            in refused.error.reason)
+    for config in ({}, {KEY_CLIPPING_NORM: 2.0}):
+        reply = app(train(RECEIVED, config), node(run_config))
+        assert not reply.has_error()
+        assert np.linalg.norm(arrays_of(reply)[0] - RECEIVED[0]) == pytest.approx(2.0, rel=1e-5)
+
+
+def setup_message(clients: int, shares: int, threshold: int, clipping_range: float = 8.0
+                  ) -> Message:
+    return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({
+        Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: clients, Key.SHARE_NUMBER: shares,
+        Key.THRESHOLD: threshold, Key.CLIPPING_RANGE: clipping_range,
+        Key.TARGET_RANGE: 2**22, Key.MOD_RANGE: 2**32, Key.MAX_WEIGHT: 100.0})}),
+        1000, MessageType.TRAIN, group_id="1")
+
+
+SECURE_RUN = {"secure-aggregation": True, "num-clients": 10, "fraction": 1.0}
+
+
+@pytest.mark.parametrize("numbers, node_policy, reason", [
+    ((1, 1, 1), {}, "sums 1 client(s), below the run's min-secure-clients=3"),
+    ((2, 2, 2), {}, "sums 2 client(s), below the run's min-secure-clients=3"),
+    ((4, 4, 2), {}, "has 4 share(s) and a threshold of 2 for 4 clients, but the run's "
+                    "num-shares=0 and reconstruction-threshold=0.67 give 4 shares and a "
+                    "threshold of 3"),
+    ((10, 10, 4), {}, "a threshold of 4 for 10 clients"),
+    ((4, 4, 3), {"min-secure-clients": 5},
+     "sums 4 client(s), below this node's policy's min-secure-clients=5"),
+    ((4, 4, 3, 1e6), {}, "quantizer (clipping range, grid, modulus) is (1000000.0, "),
+], ids=["one-client", "two-clients", "half-threshold", "minority-of-10", "policy-minimum",
+        "clipping-range"])
+def test_a_node_refuses_a_secagg_setup_that_breaks_the_run_or_its_policy(
+        tmp_path, numbers, node_policy, reason):
+    """Issue 29 (2a): a setup of sample = shares = threshold = 1 was accepted (Flower's
+    client checks types only), and the server then unmasked that node's update alone.
+    The run's own numbers for a round the policy allows (secagg_shares: 4 clients, 4
+    shares, threshold 3; 5, 5 and 3) are accepted."""
+    text = "\n".join(f"{k} = {v}" for k, v in node_policy.items())
+    config = {"policy-file": write_policy(tmp_path / "policy.toml", text)} if text else {}
+    reply = client_app(setup_message(*numbers), node(SECURE_RUN, config))
+    assert reply.has_error() and reply.error.code == ErrorCode.MOD_FAILED_PRECONDITION
+    assert reason in reply.error.reason
+    allowed = (5, 5, 3) if node_policy else (4, 4, 3)
+    honest = client_app(setup_message(*allowed), node(SECURE_RUN, config))
+    assert not honest.has_error()
+    assert set(honest.content.config_records[RECORD_KEY_CONFIGS]) == {Key.PUBLIC_KEY_1,
+                                                                      Key.PUBLIC_KEY_2}
+
+
+def test_a_policy_minimum_above_the_runs_round_size_refuses_the_run():
+    [reason] = policy(**{"min-secure-clients": 11}).violations(run(**SECURE_RUN))
+    assert "sums at most 10 clients, below this node's min-secure-clients 11" in reason
+
+
+class BothSecretsGrid:
+    """A dishonest server below the project's screening grid: its unmask requests also
+    name the first active node dropped, asking every holder for both of its secrets."""
+
+    def __init__(self, grid: InProcessGrid):
+        self.grid = grid
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        for msg in messages:
+            stage = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+            if stage is not None and stage.get(Key.STAGE) == Stage.UNMASK:
+                stage[Key.DEAD_NODE_ID_LIST] = [*stage[Key.DEAD_NODE_ID_LIST],
+                                                stage[Key.ACTIVE_NODE_ID_LIST][0]]
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+def test_no_node_sends_both_secrets_of_one_node(micro_mnist_dir, tmp_path):
+    """A server that names one node both active and dropped in its unmask requests got,
+    from every holder, the share of that node's mask seed and the share of its pairwise
+    key (Flower's client sends both): a threshold of them unmasks its update. Now each
+    node refuses such a request: no shares come back, and Flower's workflow halts the
+    round (the global model kept)."""
+    flat = micro_config(micro_mnist_dir, tmp_path / "out", diagnostics=False,
+                        **{"secure-aggregation": True})
+    inner = InProcessGrid(client_app, flat, 4)
+    fields, params = secure_round(flat, BothSecretsGrid(inner))
+    unmask = [m for m in inner.received
+              if not m.has_error() and Key.SHARE_LIST in m.content.config_records.get(
+                  RECORD_KEY_CONFIGS, {})]
+    for reply in unmask:  # no node id twice: never both secrets of one node
+        ids = reply.content.config_records[RECORD_KEY_CONFIGS][Key.NODE_ID_LIST]
+        assert len(ids) == len(set(ids))
+    refusals = [m for m in inner.received if m.has_error()]
+    assert len(refusals) == 4 and all("both active and dropped" in m.error.reason
+                                      for m in refusals)
+    assert params is None and fields["secure_aggregation_halted"]
+
+
+def test_the_epsilon_a_node_enforces_counts_the_releases_it_made_and_is_audited(tmp_path):
+    """Issue 29 (2): the node bounded epsilon by the run's rounds, whatever it actually
+    released. Now its ledger counts the noised updates that left it, at the noise it
+    applied (measured here from the replies), and refuses the release that would take
+    epsilon above max-epsilon: a server that sends a third training message in a run of
+    two rounds gets a refusal. The node's audit log holds the ledger after each release:
+    epsilon from the accountant (common/dp_accounting.py) at that many releases."""
+    z, clip, delta = 1.0, 2.0, 1e-6
+    bound = epsilon(z, 2, delta) * 1.001  # two releases fit, three do not
+    path = write_policy(tmp_path / "policy.toml", f"""
+        max-epsilon = {bound}
+        dp-delta = {delta}
+        audit-dir = "{tmp_path / 'audit'}"
+    """)
+    ctxt = node({"dp-clip": clip, "dp-noise-multiplier": z, "rounds": 2, "prestopping": False},
+                {"policy-file": path})
+    assert load_policy(path).violations(load_run_config(ctxt.run_config)) == []
+    app = app_training_to(TRAINED)
+    replies = [app(train(RECEIVED, {KEY_CLIPPING_NORM: clip}, t), ctxt) for t in (1, 2, 3)]
+    assert not replies[0].has_error() and not replies[1].has_error()
+    clipped = TRAINED[0] * clip / np.linalg.norm(TRAINED[0])
+    noise = arrays_of(replies[0])[0] - clipped
+    assert noise.std() == pytest.approx(z * clip, rel=0.03)  # the noise it applied
+    assert replies[2].has_error()
+    assert (f"one more gives epsilon={epsilon(z, 3, delta):.4g} at delta=1e-06, above this "
+            f"node's max-epsilon") in replies[2].error.reason
+    entries = [json.loads(x) for x in (tmp_path / "audit" / "run-1-partition-0.jsonl")
+               .read_text().splitlines()]
+    assert [e.get("dp", {}).get("releases") for e in entries] == [1, 2, None]
+    for k, entry in zip((1, 2), entries):
+        assert entry["dp"]["epsilon"] == pytest.approx(epsilon(z, k, delta), rel=1e-9)
+        assert entry["dp"]["noise-std"] == pytest.approx(z * clip)
+        assert entry["dp"]["clip"] == clip and entry["dp"]["delta"] == delta
