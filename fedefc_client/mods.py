@@ -54,6 +54,7 @@ from common.methods import load_run_config
 from common.private_files import make_private_dir, open_private
 from common.secure_means import SCALE_KEY, clear_metrics, encode_tail
 from common.seeds import derive_seed
+from common.update_bound import float_norms, norm_bound, rounding_slack, secure_range
 
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
@@ -133,7 +134,7 @@ def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
         reason = bad_clipping_norm(dict(records["fitins.config"]), cfg)
     if reason is None and cfg.secure_aggregation and RECORD_KEY_CONFIGS in records:
         reason = bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg, _policy(ctxt),
-                                    cfg.clipping_range)
+                                    secure_range(cfg))
     if reason is None:
         return call_next(msg, ctxt)
     return _refuse(msg, ctxt, "this node refuses the message: " + reason)
@@ -162,11 +163,16 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCall
 
 
 def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """In a secure round's training message: append the tail of the summed metrics to the
-    reply's arrays, and keep in its clear metrics only what
+    """In a secure round's training message: replace the reply's arrays by the update
+    (trained minus received, in float64: what SecAgg+ sums, in the quantizer range the
+    run's update bound sets, :func:`common.update_bound.quantizer_range`), append the
+    tail of the summed metrics, and keep in its clear metrics only what
     :func:`common.secure_means.clear_metrics` allows (the partition id, the loss's name;
     the simulation's diagnostics when the run asks for them): no other per-client value
-    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node").
+    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node"). An update
+    longer than the run's bound (:func:`common.update_bound.norm_bound`: an honest
+    client's can be, with ``max-update-norm`` alone) is not sent: the client fails, a
+    dropout, as a plain round would refuse it.
 
     Flower's quantizer rounds stochastically with NumPy's global generator; it is seeded
     here, right before it runs, from (seed, partition, round), so a secure run stays a
@@ -174,21 +180,33 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     cfg = _config(ctxt)
     if not cfg.secure_aggregation or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
-    config = msg.content.config_records["fitins.config"]
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    config = fitins.config
     out = call_next(msg, ctxt)
     if out.has_error():
         return out
     fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
     arrays = parameters_to_ndarrays(fitres.parameters)
+    received = parameters_to_ndarrays(fitins.parameters)
     if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
         raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
                          "them (the server could not detect them in the sum)")
+    matches = [a.shape for a in arrays] == [r.shape for r in received]
+    max_norm, key = norm_bound(cfg.dp_clip, cfg.dp_noise_multiplier, cfg.max_update_norm,
+                               sum(a.size for a in received if a.dtype.kind == "f"))
+    norm, size = float_norms(arrays, received) if matches else (0.0, 0.0)
+    if max_norm is not None and not norm <= max_norm + rounding_slack(max_norm, size):
+        raise ValueError(f"the update's norm {norm:.6g} is above {max_norm:.6g}, the bound "
+                         f"{key} sets: the server refuses such an update in a plain round, "
+                         "and a masked one would break the round's bound check")
     scale, pid = float(config[SCALE_KEY]), partition_of(ctxt, cfg)
     rnd = int(config[FitConfig.ROUND])
     tail, clear = encode_tail(fitres.metrics, fitres.num_examples, scale)
     fitres.metrics = clear_metrics(clear, cfg.diagnostics)
     fitres.num_examples = inflate_count(parse_faults(cfg.faults), pid, rnd, fitres.num_examples)
-    fitres.parameters = ndarrays_to_parameters([*arrays, tail])
+    update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
+              else arrays)  # not the model's arrays: the server's screen refuses them
+    fitres.parameters = ndarrays_to_parameters([*update, tail])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
     np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, rnd) % 2**32)
     return out

@@ -53,14 +53,15 @@ from common.config import RunConfig
 from common.messages import CORE_REPLY, Declaration, EvaluateReply, FitConfig, FitReply
 from common.methods import Method
 from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, decode_tail, tail_scale
+from common.update_bound import norm_bound, secure_range
 
 from .baselines.extra_messages import send_tasks
 from .failures import describe_failure
 from .method_server import Aggregated, MethodServer
 from .plan import RoundPlan, round_config
 from .registry import PartitionRegistry
-from .secure_sum import check_secure_sum
-from .validation import Expected, check_evaluate_reply, check_reply, norm_bound
+from .secure_sum import bad_mean_update, check_secure_sum
+from .validation import Expected, check_evaluate_reply, check_reply
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
 Reply = tuple[ClientProxy, FitRes]
@@ -190,7 +191,7 @@ class RoundPipeline:
         scale (:mod:`common.secure_means`) and Flower's DP clipping norm."""
         config: dict[str, Scalar] = {}
         if self.secure:
-            config[SCALE_KEY] = tail_scale(self.cfg.clipping_range, weight_bound)
+            config[SCALE_KEY] = tail_scale(secure_range(self.cfg), weight_bound)
         if self.cfg.dp_clip > 0:
             config[KEY_CLIPPING_NORM] = self.cfg.dp_clip
         return config
@@ -300,17 +301,24 @@ class RoundPipeline:
 
     def decode_secure_sum(self, summed: SecureSum, plan: RoundPlan, counts: list[int]
                           ) -> tuple[Parameters | None, dict[str, float], str | None]:
-        """(the weights of SecAgg+'s weighted mean, in the global model's dtypes; the
-        means of the summed metrics, :mod:`common.secure_means`; None) for a sum that
-        passes :func:`.secure_sum.check_secure_sum`, else (None, {}, the reason)."""
-        arrays = parameters_to_ndarrays(summed.parameters)
+        """(the new weights: the global model the round sent plus SecAgg+'s weighted mean
+        of the clients' updates, in the global model's dtypes; the means of the summed
+        metrics, :mod:`common.secure_means`; None) for a sum that passes
+        :func:`.secure_sum.check_secure_sum` and, where the run bounds an update,
+        :func:`.secure_sum.bad_mean_update`; else (None, {}, the reason)."""
+        arrays, c = parameters_to_ndarrays(summed.parameters), secure_range(self.cfg)
         reason = check_secure_sum(arrays, summed.weight_total, counts,
-                                  float(plan.weight_bound), self.cfg.clipping_range)
+                                  float(plan.weight_bound), c)
+        *update, tail = arrays
+        sent = parameters_to_ndarrays(plan.sent)
+        expected = plan.expected
+        if reason is None and expected.max_norm is not None:
+            reason = bad_mean_update(update, sent, expected.max_norm, expected.norm_key,
+                                     len(counts), summed.weight_total, c)
         if reason:
             return None, {}, reason
-        *weights, tail = arrays
-        weights = [np.rint(w).astype(dt) if dt.kind in "iu" else w.astype(dt)
-                   for w, dt in zip(weights, plan.expected.dtypes)]
+        weights = [np.rint(g + u).astype(dt) if dt.kind in "iu" else (g + u).astype(dt)
+                   for g, u, dt in zip(sent, update, expected.dtypes)]
         return ndarrays_to_parameters(weights), decode_tail(tail), None
 
     def server_saw(self, results: list[Reply]) -> dict[str, list[str]]:

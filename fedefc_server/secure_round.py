@@ -62,6 +62,7 @@ from flwr.serverapp.grid import Grid
 
 from common import secure_prf
 from common.config import RunConfig, is_strict_majority
+from common.update_bound import secure_range
 
 from .failures import rejection
 from .pipeline import RoundOutcome
@@ -337,7 +338,7 @@ class SecureRound:
         workflow = CheckedSecAggPlus(num_shares=cfg.num_shares or 1.0,  # 1.0: every client
                                      reconstruction_threshold=cfg.reconstruction_threshold,
                                      max_weight=float(strategy.plan.weight_bound),
-                                     clipping_range=cfg.clipping_range,
+                                     clipping_range=secure_range(cfg),
                                      timeout=cfg.client_timeout or None)
         try:
             workflow(grid, context)

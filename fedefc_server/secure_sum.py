@@ -14,7 +14,18 @@ An honest sum satisfies, up to the quantization:
    values each clipped to ±c, divided by the weight total;
 3. the tail's count slot sums to the K clients (each contributes (q_k / 2^22)(c M / 2 n_k),
    about c/2; within K quantization steps 2c / 2^22);
-4. every mean of the tail lies in its slot's bounds (:func:`common.secure_means.bad_means`).
+4. every mean of the tail lies in its slot's bounds (:func:`common.secure_means.bad_means`);
+5. where the run bounds an update (``dp-clip``, ``max-update-norm``:
+   :func:`common.update_bound.norm_bound`), the decoded mean update is no longer than
+   that bound B (:func:`bad_mean_update`): a weighted mean of updates each within B of
+   the global model lies within B of it, whatever their weights.
+
+The clients send their updates (trained minus received arrays), not their weights, and
+the quantizer's range c follows the run's bound (:func:`common.update_bound.
+quantizer_range`), so check 2 bounds every coordinate by what a bounded update can hold
+and check 5 bounds the whole: one client can move the model no further than a round of
+bounded updates could, whatever it puts inside its mask (docs/PRIVACY.md, "One
+client's pull on the secure sum").
 
 A sum that breaks one is refused with the reason: the round keeps the global model,
 and A(t) never reaches the prestopping rule. Who broke it the server cannot know (that
@@ -26,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.secure_means import bad_means, decode_tail
+from common.update_bound import rounding_slack
 
 TARGET_RANGE = 2**22  # Flower's quantization range (the default SecureRound keeps)
 
@@ -63,3 +75,26 @@ def check_secure_sum(arrays: list[np.ndarray], weight_total: int | None, counts:
         return (f"the tail's count slot sums to {clients:.6g} clients, not the {honest:.6g} "
                 f"of the {k} in the sum: a tail was not encoded honestly")
     return bad_means(decode_tail(tail))
+
+
+def bad_mean_update(mean: list[np.ndarray], reference: list[np.ndarray], max_norm: float,
+                    norm_key: str, clients: int, weight_total: int,
+                    clipping_range: float) -> str | None:
+    """Why the decoded mean update ``mean`` (of the float arrays of the global model
+    ``reference``) is longer than ``max_norm``, the bound ``norm_key`` sets for every
+    update, or None. Allowed for: the clients' float32 rounding (as a plain update's,
+    :func:`common.update_bound.rounding_slack`, of the weights' norm) and the quantizer,
+    whose stochastic rounding moves each of the ``clients`` weighted values by less than
+    a step 2c / 2^22, so each coordinate of the mean by less than clients x 2c /
+    weight_total, and the mean's norm by that times the square root of its size."""
+    floats = [(m, r) for m, r in zip(mean, reference) if r.dtype.kind == "f"]
+    norm = float(np.sqrt(sum(float(np.sum(m.astype(np.float64) ** 2)) for m, _ in floats)))
+    size = float(np.sqrt(sum(float(np.sum(r.astype(np.float64) ** 2)) for _, r in floats)))
+    coords = sum(m.size for m, _ in floats)
+    quantizer = clients * 2 * clipping_range / weight_total * np.sqrt(coords)
+    slack = rounding_slack(max_norm, size + max_norm) + quantizer
+    if not norm <= max_norm + slack:  # also a norm that overflowed to inf
+        return (f"the decoded mean update has norm {norm:.6g}, above {max_norm:.6g}, the "
+                f"bound {norm_key} sets for every update: a client moved the model further "
+                "than a bounded update can from inside its mask")
+    return None

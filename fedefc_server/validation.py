@@ -5,7 +5,8 @@ partition id is missing, malformed, not the one its node registered with (whatev
 the order of arrival), not one this round asked for, or repeated; its sample count
 breaks the declared-size rule (:mod:`.declarations`); its arrays do not match the
 global model (count, shapes, dtypes) or hold NaN or Inf; its update (its float arrays
-minus the global model's) is longer than the round's norm bound (:func:`norm_bound`:
+minus the global model's) is longer than the round's norm bound
+(:func:`common.update_bound.norm_bound`:
 ``dp-clip``, verified, and ``max-update-norm``); its accuracy (when the round
 asks for one: FedEFC's phase 1, and phase 2 under the phase-2 guard,
 :func:`common.messages.carries_accuracy`) is missing or not a number in [0, 1]; or a
@@ -37,11 +38,11 @@ import numpy as np
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
 from common.messages import EvaluateReply, FitReply, ReplyMetric
+from common.update_bound import float_norms, rounding_slack
 
 from .declarations import bad_count
 
 MOD_RANGE = 2**32  # SecAgg+'s modulus (Flower's default, the one SecureRound uses)
-NOISE_TAIL = 8.0  # chi_d exceeds sqrt(d) + 8 with probability below exp(-32) (< 1e-13)
 
 
 @dataclass(frozen=True)
@@ -65,35 +66,12 @@ class Expected:
     norm_key: str = ""
 
 
-def norm_bound(dp_clip: float, dp_noise_multiplier: float, max_update_norm: float,
-               float_weights: int) -> tuple[float | None, str]:
-    """(the L2 bound of a plain update's float arrays, the keys that set it); None when
-    neither key is set. ``dp-clip`` C: the client clips to C (docs/PRIVACY.md,
-    "Differential privacy"); with noise of multiplier z on d weights the reply is the
-    clipped update plus N(0, (zC)^2 I), whose norm is below zC (sqrt(d) + 8) but for a
-    probability under 1e-13, so the bound is C (1 + z (sqrt(d) + 8)).
-    ``max-update-norm`` B bounds it too (the smaller bound holds)."""
-    bounds = []
-    if dp_clip > 0:
-        bounds.append((dp_clip * (1 + dp_noise_multiplier * (math.sqrt(float_weights)
-                                                             + NOISE_TAIL)),
-                       "dp-clip" if dp_noise_multiplier == 0 else
-                       "dp-clip with dp-noise-multiplier"))
-    if max_update_norm > 0:
-        bounds.append((max_update_norm, "max-update-norm"))
-    return min(bounds) if bounds else (None, "")
-
-
 def bad_update_norm(arrays: list[np.ndarray], expected: Expected) -> str | None:
     """Why the update of ``arrays`` (their float arrays minus the global model's, in
     float64) is longer than ``expected.max_norm``, or None. The float32 rounding of
-    the client's clipped weights is allowed for: at most 2^-24 of each weight, so
-    2^-22 of the weights' norm, plus 1e-5 of the bound."""
-    pairs = [(a, r) for a, r in zip(arrays, expected.reference) if a.dtype.kind == "f"]
-    norm = math.sqrt(sum(float(np.sum((a.astype(np.float64) - r) ** 2)) for a, r in pairs))
-    size = math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a, _ in pairs))
-    slack = 1e-5 * expected.max_norm + 2.0**-22 * size
-    if not norm <= expected.max_norm + slack:  # also a norm that overflowed to inf
+    the client's clipped weights is allowed for (:func:`common.update_bound.rounding_slack`)."""
+    norm, size = float_norms(arrays, expected.reference)
+    if not norm <= expected.max_norm + rounding_slack(expected.max_norm, size):  # also inf
         return (f"update norm {norm:.6g} above {expected.max_norm:.6g}, the bound "
                 f"{expected.norm_key} sets")
     return None

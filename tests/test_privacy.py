@@ -39,7 +39,14 @@ from common.training import BatchTransform, predict_proba
 from fedefc_client.client_app import app as client_app
 from fedefc_client.job import LocalJob
 from fedefc_client.local_data import partition_data
-from fedefc_client.mods import audit_mod, audit_path, clipping_mod, describe_reply, noise_mod
+from fedefc_client.mods import (
+    audit_mod,
+    audit_path,
+    clipping_mod,
+    describe_reply,
+    noise_mod,
+    secure_tail_mod,
+)
 from fedefc_server import checkpoint, server_app
 from fedefc_server.declarations import SizeRule
 from fedefc_server.registry import PartitionRegistry
@@ -456,6 +463,39 @@ def test_secure_aggregation_refuses_what_it_cannot_serve(overrides, message):
                                     "confident-learning", "fedefc"])
 def test_every_method_that_needs_only_sums_accepts_secure_aggregation(method):
     assert load_run_config({"secure-aggregation": True, "method": method}).secure_aggregation
+
+
+def secure_reply(received, trained, **run) -> list[np.ndarray]:
+    """The arrays a secure training reply carries out of the tail mod (before masking)
+    for a client that received ``received`` and trained ``trained``."""
+    fitins = compat.fitins_to_recorddict(FitIns(ndarrays_to_parameters(received), {
+        "round": 1, "secagg-scale": 4.0}), True)
+    ctxt = Context(1, 1000, {"partition-id": 0}, RecordDict(),
+                   {"secure-aggregation": True, **run})
+
+    def reply(m, c):
+        res = FitRes(OK, ndarrays_to_parameters(trained), 10, {"partition-id": 0})
+        return Message(compat.fitres_to_recorddict(res, True), reply_to=m)
+
+    out = secure_tail_mod(Message(fitins, 1000, MessageType.TRAIN), ctxt, reply)
+    return reply_arrays(out)
+
+
+def test_a_secure_client_sends_its_update_and_never_one_beyond_the_runs_bound():
+    """Issue 29 (1): the masked vector carries the update (trained minus received), which
+    the quantizer's range is sized for, then the tail; an honest client whose update is
+    longer than max-update-norm does not send it (it fails: a dropout), as the server
+    would refuse it in a plain round. Before, the vector carried the trained weights."""
+    received = [np.full((3, 4), 0.5, np.float32), np.array([7, 1])]
+    trained = [received[0] + np.float32(0.25), np.array([9, 1])]  # an update of norm 0.866
+    *update, tail = secure_reply(received, trained)
+    np.testing.assert_allclose(update[0], np.full((3, 4), 0.25))
+    np.testing.assert_array_equal(update[1], [2, 0])
+    assert tail.shape == (len(SLOTS),)
+    assert len(secure_reply(received, trained, **{"max-update-norm": 0.9})) == 3
+    with pytest.raises(ValueError, match="the update's norm 0.866025 is above 0.5, the bound "
+                                         "max-update-norm sets"):
+        secure_reply(received, trained, **{"max-update-norm": 0.5})
 
 
 # -- differential privacy -------------------------------------------------------------------

@@ -20,9 +20,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.app.message_type import MessageType
+from flwr.client import ClientApp
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.compat.common import recorddict_compat as compat
 
 from common.config import ConfigError, secagg_shares
 from common.data_plan import data_plan, held_out_count
@@ -31,11 +33,14 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from common.secure_means import encode_tail, tail_scale
+from common.update_bound import quantizer_range
 from fedefc_client.client_app import app as client_app
+from fedefc_client.client_app import client_fn
 from fedefc_client.local_data import partition_data
+from fedefc_client.mods import MODS, secure_tail_mod
 from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
-from fedefc_server.secure_sum import check_secure_sum
+from fedefc_server.secure_sum import bad_mean_update, check_secure_sum
 from tests.helpers import (
     GLOBAL,
     OK,
@@ -49,7 +54,7 @@ from tests.helpers import (
     records,
     simulate,
 )
-from tests.test_privacy import CPU, micro_config, secure_loop, secure_round
+from tests.test_privacy import CPU, micro_config, plain_round, secure_loop, secure_round
 
 SECURE = {"secure-aggregation": True}
 
@@ -201,6 +206,82 @@ def test_an_honest_sum_passes_its_checks_and_a_changed_weight_total_does_not():
     liar = [updates[0][0], updates[0][1] * np.array([1.5, 1.0, 1.0])]  # 1.5 clients
     arrays, total = flower_secure_sum([liar, *updates[1:]], counts, m, c)
     assert "count slot sums to 3.5 clients" in check_secure_sum(arrays, total, counts, m, c)
+
+
+def test_honest_updates_at_the_bound_pass_and_one_client_beyond_it_does_not():
+    """Flower's own quantizer is the truth. Three clients whose updates all have norm
+    exactly B, in one direction (the mean's norm is then exactly B: the worst case),
+    pass the mean's bound check at every rounding; one client whose update is 1.5 B
+    inside its mask (its coordinates still inside the quantizer's range) is refused."""
+    rng = np.random.default_rng(1)
+    counts, m, bound = [10, 20, 30], 30.0, 0.01
+    direction = rng.normal(size=(40, 25))
+    direction /= np.linalg.norm(direction)
+    c = quantizer_range(8.0, bound, 0.0, 0.0)  # dp-clip = B, no noise
+    assert c == bound and np.abs(direction).max() * bound <= c
+    reference = [rng.normal(size=(40, 25)).astype(np.float32)]
+
+    def tails():
+        return [encode_tail({"accuracy": 0.5}, n, tail_scale(c, m))[0] for n in counts]
+
+    for _ in range(5):
+        updates = [[bound * direction, t] for t in tails()]
+        arrays, total = flower_secure_sum(updates, counts, m, c)
+        assert check_secure_sum(arrays, total, counts, m, c) is None
+        assert bad_mean_update(arrays[:-1], reference, bound, "dp-clip", 3, total, c) is None
+    liar = [[1.5 * bound * direction, t] if i == 2 else [bound * direction, t]
+            for i, t in enumerate(tails())]
+    arrays, total = flower_secure_sum(liar, counts, m, c)
+    assert check_secure_sum(arrays, total, counts, m, c) is None  # inside every range
+    reason = bad_mean_update(arrays[:-1], reference, bound, "dp-clip", 3, total, c)
+    assert "the decoded mean update has norm 0.0125, above 0.01, the bound dp-clip" in reason
+
+
+def scaling_client(factor: float, node_id: int = 1000) -> ClientApp:
+    """The project's ClientApp whose node ``node_id`` multiplies what it sends by
+    ``factor`` inside its mask (before Flower's SecAgg+ client quantizes and masks it;
+    the quantizer then clips each coordinate to its range): the attack of issue 29 (1)."""
+    def scale(msg, ctxt, call_next):
+        out = call_next(msg, ctxt)
+        if ctxt.node_id != node_id or out.has_error() or msg.metadata.message_type != "train":
+            return out
+        fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
+        *arrays, tail = parameters_to_ndarrays(fitres.parameters)
+        fitres.parameters = ndarrays_to_parameters([a * factor for a in arrays] + [tail])
+        out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
+        return out
+
+    at = MODS.index(secure_tail_mod)
+    return ClientApp(client_fn=client_fn, mods=[*MODS[:at], scale, *MODS[at:]])
+
+
+def test_one_secure_client_moves_the_model_no_further_than_a_bounded_update(micro_mnist_dir,
+                                                                           tmp_path):
+    """Issue 29 (1): with dp-clip = 1e-4 on the honest clients, one client scaling what
+    it sends inside its mask (within the quantizer's range of +-8) was accepted with a
+    mean update of norm 233. Now the clients send updates quantized in +-dp-clip, and the
+    decoded mean update must lie within dp-clip of the global model: the round is refused
+    and the model kept. Without the attacker the secure round gives the plain FedAvg of
+    the clipped updates within 1e-3 of the update's norm, plus the float32 rounding of
+    the weights (2^-22 of their norm); before, quantizing the weights in +-8 put an
+    error of up to 4e-6 on each of them, about 1e-4 over LeNet's 44k: more than the
+    update itself."""
+    keys = {"dp-clip": 1e-4, "diagnostics": False}
+    secure = micro_config(micro_mnist_dir, tmp_path / "s", **SECURE, **keys)
+    plain = micro_config(micro_mnist_dir, tmp_path / "p", **keys)
+    fields, params = secure_round(secure, InProcessGrid(client_app, secure, 4))
+    _, want = plain_round(plain, InProcessGrid(client_app, plain, 4))
+    cfg = load_run_config(plain)
+    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
+    got, want = parameters_to_ndarrays(params), parameters_to_ndarrays(want)
+    moved = np.sqrt(sum(np.sum((w.astype(np.float64) - g) ** 2) for w, g in zip(want, init)))
+    error = np.sqrt(sum(np.sum((a.astype(np.float64) - w) ** 2) for a, w in zip(got, want)))
+    size = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in init))
+    assert 0 < moved <= 1e-4 * (1 + 1e-5) and error <= 1e-3 * moved + 2.0**-22 * size
+    fields, params = secure_round(secure, InProcessGrid(scaling_client(1000.0), secure, 4))
+    assert params is None and fields["skipped"]
+    assert "the decoded mean update has norm" in fields["refused_sum"]
+    assert "the bound dp-clip sets for every update" in fields["refused_sum"]
 
 
 def plain_round_at(flat: dict, server_round: int, weights: list[np.ndarray]):
