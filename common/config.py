@@ -202,6 +202,7 @@ class RunConfig(BaseModel):
     num_shares: int = Field(0, ge=0, le=SECAGG_MAX_CLIENTS)
     reconstruction_threshold: float = Field(0.67, gt=0.5, le=1.0)
     clipping_range: float = Field(8.0, gt=0.0, le=1e6)
+    secure_groups: int = Field(1, ge=1, le=SECAGG_MAX_CLIENTS)
     dp_clip: float = Field(0.0, ge=0.0, le=1e6)
     dp_noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
     dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)  # the delta of the reported epsilon
@@ -379,6 +380,11 @@ class RunConfig(BaseModel):
                 "audit=true needs out-dir: every client writes its audit log under "
                 "<out-dir>/audit; set out-dir")
         if not self.secure_aggregation:
+            if self.secure_groups > 1:
+                raise ValueError(
+                    f"secure-groups={self.secure_groups} needs secure-aggregation=true: it "
+                    "splits a secure round's clients into separately masked sums; set "
+                    "secure-groups=1 or secure-aggregation=true")
             return
         if self.federated_evaluation:
             raise ValueError(
@@ -406,6 +412,12 @@ class RunConfig(BaseModel):
                 f"num-shares={self.num_shares} is even: Flower 1.42's SecAgg+ then gives each "
                 "client one neighbour more than it makes shares for, and the round fails; "
                 f"use an odd number, e.g. num-shares={self.num_shares + 1}")
+        if m // self.secure_groups < self.min_secure_clients:
+            raise ValueError(
+                f"secure-groups={self.secure_groups} with {m} clients per round gives groups "
+                f"of {m // self.secure_groups}, below min-secure-clients="
+                f"{self.min_secure_clients}: each group's sum must hide its clients; lower "
+                "secure-groups or raise fraction or num-clients")
         for clients in range(self.min_secure_clients, m + 1):
             shares, threshold = secagg_shares(self.num_shares, self.reconstruction_threshold,
                                               clients)
@@ -416,11 +428,17 @@ class RunConfig(BaseModel):
                     "shares to rebuild a secret, not a strict majority, so a server could "
                     "rebuild both secrets of one client and unmask its update; raise it "
                     "(0.67 holds for any round size)")
-        if self.accuracy_aggregation != "mean":
+        if self.accuracy_aggregation == "median" and self.secure_groups < 3:
             raise ValueError(
-                f"accuracy-aggregation={self.accuracy_aggregation!r} needs every client's "
-                "accuracy, which secure aggregation hides (the server learns only their "
-                "sum); use accuracy-aggregation=\"mean\" or secure-aggregation=false")
+                "accuracy-aggregation='median' under secure aggregation is the median of "
+                f"the groups' mean accuracies, and secure-groups={self.secure_groups} gives "
+                "fewer than 3 groups; set secure-groups >= 3 (an odd number) or "
+                "accuracy-aggregation=\"mean\"")
+        if self.accuracy_aggregation == "trimmed-mean":
+            raise ValueError(
+                "accuracy-aggregation='trimmed-mean' needs every client's accuracy, which "
+                "secure aggregation hides (the server learns only sums); use "
+                "accuracy-aggregation=\"mean\", or \"median\" with secure-groups >= 3")
 
     @property
     def clients_per_round(self) -> int:

@@ -60,7 +60,7 @@ from .failures import describe_failure
 from .method_server import Aggregated, MethodServer
 from .plan import RoundPlan, round_config
 from .registry import PartitionRegistry
-from .secure_sum import bad_mean_update, check_secure_sum
+from .secure_sum import bad_mean_update, check_secure_sum, group_means
 from .validation import Expected, check_evaluate_reply, check_reply
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
@@ -83,11 +83,37 @@ class Screened:
 @dataclass(frozen=True)
 class SecureSum:
     """What Flower's SecAgg+ workflow decoded (docs/PRIVACY.md): its weighted mean
-    ``parameters`` (the weights, then the tail) and ``weight_total``, the sum's weight
-    factor slot Q (:mod:`.secure_sum`; None if it was not read)."""
+    ``parameters`` (the clients' updates, then the tail) and ``weight_total``, the sum's
+    weight factor slot Q (:mod:`.secure_sum`; None if it was not read), over the
+    clients of ``partitions``."""
 
     parameters: Parameters
     weight_total: int | None
+    partitions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What one secure sum of a round collected (one per group, ``secure-groups``): the
+    screened masked replies, Flower's failures (less the screen's refusals) and the sum
+    (None: no vector arrived)."""
+
+    screened: Screened
+    failures: list
+    summed: SecureSum | None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A secure round's sums decoded: the new parameters (None: refused), the means of the
+    summed metrics, why every sum was refused (or None), the record's fields about the
+    groups and A(t)'s pull bound, and the partitions whose sums were applied."""
+
+    parameters: Parameters | None
+    means: dict[str, float]
+    refused: str | None
+    fields: dict[str, Any]
+    partitions: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -245,12 +271,21 @@ class RoundPipeline:
 
     # -- aggregate ---------------------------------------------------------------------
     def aggregate(self, plan: RoundPlan, screened: Screened, failures: list,
-                  summed: SecureSum | None = None) -> RoundOutcome:
-        """FedAvg of the accepted replies, or (secure rounds) the ``summed`` vector,
-        checked and decoded; then the method's server step. ``failures`` are Flower's,
-        the refused replies not among them. A secure sum that is refused (its reason in
-        the record's ``refused_sum``) keeps the global model, like a skipped round."""
+                  sums: list[SecureSum] | None = None) -> RoundOutcome:
+        """FedAvg of the accepted replies, or (secure rounds) the ``sums`` of its groups,
+        checked, decoded and combined (:meth:`decode_secure_sums`); then the method's
+        server step. ``failures`` are Flower's, the refused replies not among them. A
+        round whose every secure sum is refused (the reasons in the record's
+        ``refused_sum``) keeps the global model, like a skipped round; a group whose sum
+        is refused is left out of the round (``refused_groups``)."""
         t, accepted = plan.round, screened.accepted
+        enough = len(accepted) >= self.cfg.min_fit_clients
+        decoded = None
+        if enough and sums is not None:
+            decoded = self.decode_secure_sums(sums, plan, accepted)
+            if decoded.parameters is not None:
+                accepted = [r for r in accepted
+                            if int(r[1].metrics[FitReply.PARTITION_ID]) in decoded.partitions]
         metrics = [res.metrics for _, res in accepted]
         failed = describe_failures(t, "client", failures)
         record: dict[str, Any] = {
@@ -261,21 +296,20 @@ class RoundPipeline:
             "client_loss": [str(m.get(FitReply.LOSS, "")) for m in metrics],
             "server_saw": self.server_saw(accepted)}
         params, means = None, {}
-        if len(accepted) < self.cfg.min_fit_clients:
+        if not enough:
             log(WARNING, "round %d: %d valid replies < min-fit-clients=%d: round skipped, "
                 "global model kept", t, len(accepted), self.cfg.min_fit_clients)
             record["skipped"] = True
         else:
-            refused = None
-            if summed is not None:
-                params, means, refused = self.decode_secure_sum(
-                    summed, plan, [int(res.num_examples) for _, res in accepted])
-            else:
+            if decoded is None:
                 params = ndarrays_to_parameters(aggregate_inplace(accepted))
-            if refused:
-                log(WARNING, "round %d: secure sum refused, global model kept: %s", t, refused)
-                params, means = None, {}
-                record.update(skipped=True, refused_sum=refused)
+            else:
+                params, means = decoded.parameters, decoded.means
+                record.update(decoded.fields)
+                if decoded.refused:
+                    log(WARNING, "round %d: secure sum refused, global model kept: %s", t,
+                        decoded.refused)
+                    record.update(skipped=True, refused_sum=decoded.refused)
             record.update(self.fold_metrics(metrics, means))
         replies = [(int(res.metrics[FitReply.PARTITION_ID]), res) for _, res in accepted]
         params, fields = self.server.after_aggregate(
@@ -300,26 +334,56 @@ class RoundPipeline:
         return fields
 
     def decode_secure_sum(self, summed: SecureSum, plan: RoundPlan, counts: list[int]
-                          ) -> tuple[Parameters | None, dict[str, float], str | None]:
-        """(the new weights: the global model the round sent plus SecAgg+'s weighted mean
-        of the clients' updates, in the global model's dtypes; the means of the summed
-        metrics, :mod:`common.secure_means`; None) for a sum that passes
-        :func:`.secure_sum.check_secure_sum` and, where the run bounds an update,
-        :func:`.secure_sum.bad_mean_update`; else (None, {}, the reason)."""
+                          ) -> tuple[list[np.ndarray] | None, dict[str, float], str | None]:
+        """(SecAgg+'s weighted mean of the clients' updates; the means of the summed
+        metrics, :mod:`common.secure_means`; None) for a sum of clients with clear sample
+        ``counts`` that passes :func:`.secure_sum.check_secure_sum` and, where the run
+        bounds an update, :func:`.secure_sum.bad_mean_update`; else (None, {}, the
+        reason)."""
         arrays, c = parameters_to_ndarrays(summed.parameters), secure_range(self.cfg)
         reason = check_secure_sum(arrays, summed.weight_total, counts,
                                   float(plan.weight_bound), c)
         *update, tail = arrays
-        sent = parameters_to_ndarrays(plan.sent)
         expected = plan.expected
         if reason is None and expected.max_norm is not None:
-            reason = bad_mean_update(update, sent, expected.max_norm, expected.norm_key,
-                                     len(counts), summed.weight_total, c)
-        if reason:
-            return None, {}, reason
+            reason = bad_mean_update(update, parameters_to_ndarrays(plan.sent),
+                                     expected.max_norm, expected.norm_key, len(counts),
+                                     summed.weight_total, c)
+        return (None, {}, reason) if reason else (update, decode_tail(tail), None)
+
+    def decode_secure_sums(self, sums: list[SecureSum], plan: RoundPlan,
+                           accepted: list[Reply]) -> Decoded:
+        """The round's new weights: the global model the round sent plus the mean update
+        of the groups whose sums pass their checks (:meth:`decode_secure_sum`), each
+        weighted by its weight total (so one group gives SecAgg+'s weighted mean, and
+        several give the mean over all their clients), in the global model's dtypes;
+        A(t) and the other means from the groups' (:func:`.secure_sum.group_means`)."""
+        counts = {int(res.metrics[FitReply.PARTITION_ID]): int(res.num_examples)
+                  for _, res in accepted}
+        kept, refused = [], []
+        for summed in sums:
+            update, means, reason = self.decode_secure_sum(
+                summed, plan, [counts[p] for p in summed.partitions])
+            if reason:
+                refused.append({"partitions": list(summed.partitions), "reason": reason})
+            else:
+                kept.append((summed, update, means))
+        fields: dict[str, Any] = {"refused_groups": refused} if self.cfg.secure_groups > 1 else {}
+        if not kept:
+            return Decoded(None, {}, "; ".join(r["reason"] for r in refused), fields,
+                           frozenset())
+        total = sum(summed.weight_total for summed, _, _ in kept)
+        mean = [sum(summed.weight_total * update[i] for summed, update, _ in kept) / total
+                for i in range(len(kept[0][1]))]
         weights = [np.rint(g + u).astype(dt) if dt.kind in "iu" else (g + u).astype(dt)
-                   for g, u, dt in zip(sent, update, expected.dtypes)]
-        return ndarrays_to_parameters(weights), decode_tail(tail), None
+                   for g, u, dt in zip(parameters_to_ndarrays(plan.sent), mean,
+                                       plan.expected.dtypes)]
+        means, group_fields = group_means(
+            [(m, len(summed.partitions)) for summed, _, m in kept],
+            self.cfg.accuracy_aggregation, self.server.asks_accuracy(plan.round))
+        return Decoded(ndarrays_to_parameters(weights), means, None,
+                       {**fields, **group_fields},
+                       frozenset(p for summed, _, _ in kept for p in summed.partitions))
 
     def server_saw(self, results: list[Reply]) -> dict[str, list[str]]:
         """What the server received of the round's accepted clients: per client in the

@@ -39,11 +39,12 @@ the weights use the quantizer's full range.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 from flwr.common import FitRes, Parameters, bytes_to_ndarray, ndarrays_to_parameters
 from flwr.common.logger import log
@@ -62,10 +63,13 @@ from flwr.serverapp.grid import Grid
 
 from common import secure_prf
 from common.config import RunConfig, is_strict_majority
+from common.messages import FitReply
+from common.seeds import derive_seed
 from common.update_bound import secure_range
 
 from .failures import rejection
-from .pipeline import RoundOutcome
+from .pipeline import Collected, RoundOutcome, Screened
+from .plan import RoundPlan
 from .strategy import RoundStrategy
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
@@ -280,6 +284,25 @@ class Attempts:
                 "secure_attempts": self.count}
 
 
+HALTED = "secure aggregation halted"  # SecAgg+ stopped: too few clients answered a stage
+
+
+def group_plans(plan: RoundPlan, cfg: RunConfig,
+                partition_of: Callable[[str], int | None]) -> list[RoundPlan]:
+    """The round's plan split into ``secure-groups`` plans of sizes as equal as can be,
+    each summed under its own masks (docs/PRIVACY.md, "One client's pull on A(t)"): its
+    partitions shuffled by (seed, round), a pure function of the run like the sampling;
+    the plan itself with one group."""
+    if cfg.secure_groups == 1:
+        return [plan]
+    rng = np.random.default_rng(derive_seed(cfg.seed, "secure-groups", plan.round))
+    order = [int(p) for p in rng.permutation(plan.partitions)]
+    node_of = {partition_of(proxy.cid): proxy.cid for proxy, _ in plan.instructions}
+    groups = [{int(p) for p in members} for members in np.array_split(order, cfg.secure_groups)]
+    return [plan.without({node_of[p] for p in order if p not in members}, partition_of)
+            for members in groups]
+
+
 class SecureRound:
     """``(round strategy, global parameters) -> the round's outcome``: one SecAgg+ round,
     started again without the nodes it refused after their vectors arrived."""
@@ -292,17 +315,57 @@ class SecureRound:
         self.cfg = cfg
 
     def __call__(self, strategy: RoundStrategy, parameters: Parameters) -> RoundOutcome:
-        """The round's outcome. A round refused before its sum (see the module
-        docstring; ``secure_refused`` says why) or that SecAgg+ stopped (too few clients
-        answered a stage to rebuild the masks: ``secure_aggregation_halted``) keeps the
-        global model."""
-        plan, cfg, attempts = strategy.plan, self.cfg, Attempts()
+        """The round's outcome: the sums of its groups (:func:`group_plans`; one group
+        unless ``secure-groups`` > 1) aggregated at once (:meth:`RoundPipeline.
+        aggregate`). A group refused before its sum (see the module docstring; the
+        reason in ``refused_groups``) or that SecAgg+ stopped (too few clients answered
+        a stage to rebuild the masks) is left out; a round with no group left keeps the
+        global model (``secure_refused`` says why, or ``secure_aggregation_halted``)."""
+        plan, pipeline, attempts = strategy.plan, strategy.pipeline, Attempts()
+        groups = group_plans(plan, self.cfg, pipeline.registry.partition_of)
+        collected: list[Collected] = []
+        failed: list[dict[str, Any]] = []
+        for group in groups:
+            result = self.group(strategy if len(groups) == 1 else
+                                RoundStrategy(pipeline, group), parameters, attempts)
+            if isinstance(result, Collected):
+                collected.append(result)
+            else:
+                failed.append({"partitions": group.partitions, "reason": result})
+        if not collected:
+            if all(f["reason"] == HALTED for f in failed):
+                log(WARNING, "round %d: secure aggregation halted (fewer clients than "
+                    "reconstruction-threshold answered a stage): global model kept",
+                    plan.round)
+                return RoundOutcome(None, attempts.record({
+                    "n_clients": 0, "skipped": True, "secure_aggregation_halted": True}))
+            reason = "; ".join(f["reason"] for f in failed)
+            log(WARNING, "round %d: secure round refused, global model kept: %s", plan.round,
+                reason)
+            return RoundOutcome(None, attempts.record({"n_clients": 0, "skipped": True,
+                                                       "secure_refused": reason}))
+        accepted = sorted((r for c in collected for r in c.screened.accepted),
+                          key=lambda r: int(r[1].metrics[FitReply.PARTITION_ID]))
+        screened = Screened(accepted, [x for c in collected for x in c.screened.rejected])
+        outcome = pipeline.aggregate(plan, screened, [f for c in collected for f in c.failures],
+                                     [c.summed for c in collected if c.summed is not None])
+        record = outcome.record
+        if len(groups) > 1:
+            record = {**record, "secure_groups": [g.partitions for g in groups],
+                      "refused_groups": [*failed, *record.get("refused_groups", [])]}
+        return RoundOutcome(outcome.parameters, attempts.record(record))
+
+    def group(self, strategy: RoundStrategy, parameters: Parameters,
+              attempts: Attempts) -> Collected | str:
+        """One group's secure sum (:class:`.pipeline.Collected`), started again without
+        the nodes it refused after their vectors arrived; or why it has none
+        (:data:`HALTED`: SecAgg+ stopped)."""
+        plan, cfg = strategy.plan, self.cfg
         while True:
             attempts.count += 1
             if len(plan.instructions) < cfg.min_secure_clients:
-                return self.refused(plan.round, attempts, f"{len(plan.instructions)} "
-                                    f"clients left, below min-secure-clients="
-                                    f"{cfg.min_secure_clients}")
+                return (f"{len(plan.instructions)} clients left, below min-secure-clients="
+                        f"{cfg.min_secure_clients}")
             grid = ScreeningGrid(self.grid, strategy, self.client_manager,
                                  cfg.min_secure_clients)
             refusal = self.attempt(grid, strategy, parameters)
@@ -312,18 +375,12 @@ class SecureRound:
             attempts.rejected += refusal.refused
             nodes = {r["node"] for r in refusal.refused}
             if not nodes:
-                return self.refused(plan.round, attempts, refusal.reason)
+                return refusal.reason
             log(WARNING, "round %d: %s (nodes %s); nothing was unmasked: the round starts "
                 "again without them", plan.round, refusal.reason, sorted(nodes))
             plan = plan.without(nodes, strategy.pipeline.registry.partition_of)
             strategy = RoundStrategy(strategy.pipeline, plan)
-        if strategy.outcome is not None:
-            return RoundOutcome(strategy.outcome.parameters,
-                                attempts.record(strategy.outcome.record))
-        log(WARNING, "round %d: secure aggregation halted (fewer clients than "
-            "reconstruction-threshold answered a stage): global model kept", plan.round)
-        return RoundOutcome(None, attempts.record({"n_clients": 0, "skipped": True,
-                                                   "secure_aggregation_halted": True}))
+        return HALTED if strategy.collected is None else strategy.collected
 
     def attempt(self, grid: ScreeningGrid, strategy: RoundStrategy,
                 parameters: Parameters) -> RoundRefused | None:
@@ -350,10 +407,3 @@ class SecureRound:
             return RoundRefused(f"SecAgg+ could not unmask the sum ({type(err).__name__}: "
                                 f"{err})")
         return None
-
-    @staticmethod
-    def refused(server_round: int, attempts: Attempts, reason: str) -> RoundOutcome:
-        log(WARNING, "round %d: secure round refused, global model kept: %s", server_round,
-            reason)
-        return RoundOutcome(None, attempts.record({"n_clients": 0, "skipped": True,
-                                                   "secure_refused": reason}))

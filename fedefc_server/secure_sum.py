@@ -34,9 +34,12 @@ is what the masks hide), so the round is not retried with other clients.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from common.secure_means import bad_means, decode_tail
+from common.messages import FitReply
+from common.secure_means import SUMMED_KEYS, bad_means, decode_tail
 from common.update_bound import rounding_slack
 
 TARGET_RANGE = 2**22  # Flower's quantization range (the default SecureRound keeps)
@@ -98,3 +101,51 @@ def bad_mean_update(mean: list[np.ndarray], reference: list[np.ndarray], max_nor
                 f"bound {norm_key} sets for every update: a client moved the model further "
                 "than a bounded update can from inside its mask")
     return None
+
+
+def group_accuracy(values: list[float], clients: list[int], aggregation: str) -> float:
+    """A(t) from the groups' mean accuracies ``values`` (of ``clients`` clients each):
+    their median with ``accuracy-aggregation = median``, else the mean over all the
+    clients (each group's mean weighted by its clients: paper eq. (2))."""
+    if aggregation == "median":
+        return float(np.median(values))
+    return float(np.average(values, weights=clients))
+
+
+def pull_bound(values: list[float], clients: list[int], aggregation: str) -> float:
+    """How far one client could move this round's A(t): a client controls its own
+    group's mean accuracy anywhere in [0, 1] (the sum's checks bound nothing finer) and
+    nothing of another group's, and A(t) does not decrease as one group's mean grows, so
+    the bound is the largest, over the groups, of A(t) with that group's mean at 1
+    minus A(t) with it at 0. One group (``secure-groups = 1``): 1; the mean of G groups:
+    the largest group's share of the clients; their median: the spread between the
+    other groups' means around the median."""
+    def at(g: int, value: float) -> float:
+        return group_accuracy([*values[:g], value, *values[g + 1:]], clients, aggregation)
+
+    return max(at(g, 1.0) - at(g, 0.0) for g in range(len(values)))
+
+
+def group_means(groups: list[tuple[dict[str, float], int]], aggregation: str,
+                accuracy: bool) -> tuple[dict[str, float], dict[str, Any]]:
+    """(the means of the summed metrics over the groups ``(means, clients)`` whose sums
+    were applied, the round record's fields). The accuracy is :func:`group_accuracy`,
+    every other metric the mean over all the clients. Where the round's replies carry
+    an accuracy (``accuracy``), the record has ``A_pull_bound`` (:func:`pull_bound`) and,
+    with more than one group, each group's mean accuracy (``A_groups``): what the server
+    learnt, and how far one client could have moved A(t)."""
+    clients = [k for _, k in groups]
+    means: dict[str, float] = {}
+    for key in SUMMED_KEYS:
+        values = [m[key] for m, _ in groups if key in m]
+        if len(values) == len(groups):
+            means[key] = (group_accuracy(values, clients, aggregation)
+                          if key == FitReply.ACCURACY
+                          else float(np.average(values, weights=clients)))
+    fields: dict[str, Any] = {}
+    if accuracy and FitReply.ACCURACY in means:
+        values = [m[FitReply.ACCURACY] for m, _ in groups]
+        if len(groups) > 1:
+            fields["A_groups"] = values
+        fields["A_pull_bound"] = pull_bound(values, clients, aggregation)
+    return means, fields

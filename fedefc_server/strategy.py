@@ -35,7 +35,14 @@ from flwr.server.strategy import Strategy
 from common.messages import FitReply
 
 from .failures import distinct_failures, is_rejection
-from .pipeline import EvaluationPlan, RoundOutcome, RoundPipeline, Screened, SecureSum
+from .pipeline import (
+    Collected,
+    EvaluationPlan,
+    RoundOutcome,
+    RoundPipeline,
+    Screened,
+    SecureSum,
+)
 from .plan import RoundPlan
 
 
@@ -48,7 +55,8 @@ class RoundStrategy(Strategy):
         self.screened: Screened | None = None  # secure rounds: the masked replies' screen
         self.weight_total: int | None = None  # secure rounds: Q, read by .secure_round
         self.summing = False  # secure rounds: aggregate_fit has received the sum
-        self.outcome: RoundOutcome | None = None  # after aggregate_fit
+        self.collected: Collected | None = None  # secure rounds: after aggregate_fit
+        self.outcome: RoundOutcome | None = None  # plain rounds: after aggregate_fit
         self.evaluation: EvaluationPlan | None = None  # after configure_evaluate
         self.federated: dict[str, Any] = {}  # after aggregate_evaluate: record fields
 
@@ -79,16 +87,21 @@ class RoundStrategy(Strategy):
         """Plain rounds: screen, then aggregate. Secure rounds: ``results`` passed
         :meth:`screen_masked` and each carries the sum as its parameters (its weight
         total is :attr:`weight_total`); ``failures`` include the replies the secure
-        round's grid refused, which it recorded."""
+        round's grid refused, which it recorded. A secure round only collects them
+        (:attr:`collected`): :class:`.secure_round.SecureRound` aggregates the sums of
+        all its groups at once."""
         if self.pipeline.secure:
             self.summing = True
             failures = [f for f in distinct_failures(failures) if not is_rejection(f)]
             accepted = sorted(results, key=lambda r: int(r[1].metrics[FitReply.PARTITION_ID]))
-            screened = Screened(accepted, self.screened.rejected if self.screened else [])
-            summed = SecureSum(results[0][1].parameters, self.weight_total) if results else None
-        else:
-            screened, summed = self.pipeline.screen(self.plan, results), None
-        self.outcome = self.pipeline.aggregate(self.plan, screened, failures, summed)
+            pids = tuple(int(res.metrics[FitReply.PARTITION_ID]) for _, res in accepted)
+            self.collected = Collected(
+                Screened(accepted, self.screened.rejected if self.screened else []), failures,
+                SecureSum(results[0][1].parameters, self.weight_total, pids) if results
+                else None)
+            return None, {}
+        screened = self.pipeline.screen(self.plan, results)
+        self.outcome = self.pipeline.aggregate(self.plan, screened, failures)
         return self.outcome.parameters, {}
 
     # -- evaluation --------------------------------------------------------------------

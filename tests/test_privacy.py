@@ -447,13 +447,17 @@ def test_a_round_below_the_reconstruction_threshold_keeps_the_model(micro_mnist_
     ({"method": "fedcorr"}, "method 'fedcorr' needs every client's own values"),
     ({"method": "fednoro"}, "its server clusters each client's per-class losses"),
     ({"method": "rofl"}, "weights each client's class centroids"),
-    ({"accuracy-aggregation": "median"}, "which secure aggregation hides"),
+    ({"accuracy-aggregation": "trimmed-mean"}, "which secure aggregation hides"),
+    ({"accuracy-aggregation": "median"}, "the median of the groups' mean accuracies, and "
+                                         "secure-groups=1 gives fewer than 3 groups"),
+    ({"secure-groups": 3, "num-clients": 8, "fraction": 1.0},
+     "secure-groups=3 with 8 clients per round gives groups of 2, below min-secure-clients=3"),
     ({"num-clients": 2, "fraction": 0.5}, "SecAgg+ sums the updates of 2..1024 clients"),
     ({"num-shares": 2}, "num-shares=2: a client's secrets go to 3..10"),
     ({"reconstruction-threshold": 0.5}, "greater than 0.5"),
     ({"evaluation": "both"}, "evaluate reply carries its held-out loss and accuracy"),
-], ids=["fedcorr", "fednoro", "rofl", "median", "one-client", "shares", "threshold",
-        "federated-evaluation"])
+], ids=["fedcorr", "fednoro", "rofl", "trimmed-mean", "median-of-one-group", "small-groups",
+        "one-client", "shares", "threshold", "federated-evaluation"])
 def test_secure_aggregation_refuses_what_it_cannot_serve(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_run_config({"secure-aggregation": True, **overrides})

@@ -40,7 +40,12 @@ from fedefc_client.local_data import partition_data
 from fedefc_client.mods import MODS, secure_tail_mod
 from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
-from fedefc_server.secure_sum import bad_mean_update, check_secure_sum
+from fedefc_server.secure_sum import (
+    bad_mean_update,
+    check_secure_sum,
+    group_accuracy,
+    pull_bound,
+)
 from tests.helpers import (
     GLOBAL,
     OK,
@@ -238,9 +243,9 @@ def test_honest_updates_at_the_bound_pass_and_one_client_beyond_it_does_not():
 
 
 def scaling_client(factor: float, node_id: int = 1000) -> ClientApp:
-    """The project's ClientApp whose node ``node_id`` multiplies what it sends by
-    ``factor`` inside its mask (before Flower's SecAgg+ client quantizes and masks it;
-    the quantizer then clips each coordinate to its range): the attack of issue 29 (1)."""
+    """The project's ClientApp whose node ``node_id`` multiplies its update by ``factor``
+    inside its mask (before Flower's SecAgg+ client quantizes and masks it; the
+    quantizer then clips each coordinate to its range): the attack of issue 29 (1)."""
     def scale(msg, ctxt, call_next):
         out = call_next(msg, ctxt)
         if ctxt.node_id != node_id or out.has_error() or msg.metadata.message_type != "train":
@@ -282,6 +287,64 @@ def test_one_secure_client_moves_the_model_no_further_than_a_bounded_update(micr
     assert params is None and fields["skipped"]
     assert "the decoded mean update has norm" in fields["refused_sum"]
     assert "the bound dp-clip sets for every update" in fields["refused_sum"]
+
+
+@pytest.mark.parametrize("aggregation, values, clients, bound", [
+    ("median", [0.2, 0.5, 0.9], [3, 3, 4], 0.7),  # the middle group: 0.9 - 0.2
+    ("median", [0.2, 0.5, 0.9, 0.6, 0.55], [3] * 5, 0.1),  # 0.6 - 0.5
+    ("mean", [0.2, 0.5, 0.9], [3, 3, 4], 0.4),  # the largest group's share
+    ("mean", [0.3], [9], 1.0),  # one sum: anywhere in [0, 1]
+], ids=["median-of-3", "median-of-5", "mean-of-3", "one-group"])
+def test_one_clients_pull_on_a_t_is_bounded_by_the_other_groups(aggregation, values,
+                                                                  clients, bound):
+    """Hand-computed: a client sets its own group's mean anywhere in [0, 1]; the median
+    of the groups' means then stays between the other groups' means around it."""
+    assert pull_bound(values, clients, aggregation) == pytest.approx(bound)
+    assert group_accuracy([0.2, 0.5, 0.9], [3, 3, 4], "mean") == pytest.approx(0.57)
+
+
+def test_one_client_moves_a_t_only_within_the_spread_of_the_other_groups(micro_mnist_dir,
+                                                                         tmp_path):
+    """Issue 29 (1): one secure client set A(t) to exactly 1.0 (a spike moved T_e from
+    none to 9). The attacker here knows every other client's accuracy (the worst case)
+    and adds, inside its mask, what sets its sum's mean accuracy to exactly 1.0. With
+    one sum (secure-groups = 1) A(t) becomes 1.0, and the record says one client could
+    have put it anywhere (A_pull_bound 1). With secure-groups = 3 and
+    accuracy-aggregation = median, the nine clients are summed in three groups under
+    separate masks: A(t) is the median of
+    the groups' means (each the mean of its clients' accuracies in a plain round, the
+    truth here), the model still the FedAvg of all nine, and the attacker moves A(t) by
+    no more than the recorded A_pull_bound, the spread of the other two groups' means."""
+    n, keys = 9, {"diagnostics": False}
+    plain = micro_config(micro_mnist_dir, tmp_path / "p", n, **keys)
+    truth, want = plain_round(plain, InProcessGrid(client_app, plain, n))
+    acc = dict(zip(truth["partition_ids"], truth["client_acc"]))
+    grouped = micro_config(micro_mnist_dir, tmp_path / "g", n, **SECURE, **keys, **{
+        "secure-groups": 3, "accuracy-aggregation": "median"})
+    honest, params = secure_round(grouped, InProcessGrid(client_app, grouped, n))
+    groups = honest["secure_groups"]
+    assert sorted(p for g in groups for p in g) == list(range(n)) and len(groups) == 3
+    means = [float(np.mean([acc[p] for p in g])) for g in groups]
+    assert honest["A_groups"] == pytest.approx(means, abs=1e-6)
+    assert honest["A"] == pytest.approx(float(np.median(means)), abs=1e-6)
+    low, _, high = sorted(means)
+    assert honest["A_pull_bound"] == pytest.approx(high - low, abs=1e-5)
+    for got, w in zip(parameters_to_ndarrays(params), parameters_to_ndarrays(want)):
+        np.testing.assert_allclose(got, w, atol=2e-5)
+    [own] = [g for g in groups if 0 in g]
+    excess = len(own) - sum(acc[p] for p in own)  # added to its sum: its group's mean is 1
+    faults = {"faults": f"secure-acc={excess!r}@0@1"}
+    attacked, _ = secure_round({**grouped, **faults},
+                               InProcessGrid(client_app, {**grouped, **faults}, n))
+    assert attacked["A_groups"][groups.index(own)] == pytest.approx(1.0, abs=1e-5)
+    assert abs(attacked["A"] - honest["A"]) <= honest["A_pull_bound"] + 1e-5
+    faults = {"faults": f"secure-acc={n - sum(acc.values())!r}@0@1"}  # the mean becomes 1
+    single = micro_config(micro_mnist_dir, tmp_path / "s", n, **SECURE, **keys, **faults)
+    one, _ = secure_round(single, InProcessGrid(client_app, single, n))
+    assert one["A"] == pytest.approx(1.0, abs=1e-5) and one["A_pull_bound"] == 1.0
+    assert 1.0 - np.mean(list(acc.values())) > honest["A_pull_bound"]
+    with pytest.raises(ConfigError, match="secure-groups=3 needs secure-aggregation=true"):
+        load_run_config({"secure-groups": 3})
 
 
 def plain_round_at(flat: dict, server_round: int, weights: list[np.ndarray]):
