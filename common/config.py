@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from .faults import parse_faults
+from .faults import parse_faults, parse_server_faults
 from .models import MODELS
 from .named_datasets import DATASETS
 
@@ -196,6 +196,7 @@ class RunConfig(BaseModel):
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5)
     max_client_samples: int = Field(0, ge=0)
     faults: str = ""
+    server_faults: str = ""  # a dishonest server's modes (docs/THREAT-MODEL.md)
     # privacy (docs/PRIVACY.md)
     secure_aggregation: bool = False
     min_secure_clients: int = Field(3, ge=2, le=SECAGG_MAX_CLIENTS)
@@ -238,6 +239,7 @@ class RunConfig(BaseModel):
                 "of the run to continue"
             )
         parse_faults(self.faults)
+        parse_server_faults(self.server_faults)
         if self.min_fit_clients > self.clients_per_round:
             raise ValueError(
                 f"min-fit-clients={self.min_fit_clients} exceeds the "

@@ -1,6 +1,6 @@
-"""Fault injection and attacker modes: make chosen clients fail or lie on purpose, so
-that every failure and every attack of docs/THREAT-MODEL.md can be replayed from a run
-config.
+"""Fault injection and attacker modes: make chosen clients fail or lie on purpose, or
+the server deviate from the run, so that every failure and every attack of
+docs/THREAT-MODEL.md can be replayed from a run config.
 
 The run-config key ``faults`` holds ``;``-separated entries ``KIND@PIDS`` or
 ``KIND@PIDS@ROUNDS``; PIDS and ROUNDS are comma lists of numbers or ranges ("0-4,7").
@@ -30,10 +30,29 @@ Empty (the default) injects nothing. The kinds that lie at registration (``claim
 | ``garbage`` | sends random integers as its masked vector (the right shapes) |
 | ``garbage-bytes`` | sends bytes that are no array as its masked vector |
 | ``unmask-nid=N`` | adds node id N (with a share) to its unmask-stage reply |
+| ``secure-scale=F`` | multiplies its update by F before it is masked (the quantizer then |
+|  | clips each coordinate to its range: a scaled update the masks hide) |
+| ``secure-acc-set=A`` | adds inside its mask what sets its sum's mean accuracy to A, |
+|  | taking the others' for its own (K A - (K - 1) a_k in its slot, K the sum's clients) |
+| ``bad-shares`` | sends well-formed but wrong shares (random bytes) in the unmask stage |
 
-The kinds inside the mask act in the ClientApp's secure-aggregation mods
-(``fedefc_client/mods.py``): :func:`inflate_count` before Flower's SecAgg+ client masks
-the reply, :func:`corrupt_secure_reply` after.
+The attacker lives beside the honest client, in ``fedefc_client/attacker.py``: a
+wrapping client for the kinds that act on a reply's content or a registration, and two
+mods around Flower's SecAgg+ client for the kinds inside the mask (before it masks:
+:func:`inflate_count`, :func:`scale_update`, :func:`accuracy_excess`; after:
+:func:`corrupt_secure_reply`).
+
+The run-config key ``server-faults`` holds a dishonest server's modes, ``;``-separated
+``KIND`` or ``KIND@ROUNDS`` entries (every round without ROUNDS), applied by a wrapping
+grid below the project's ServerApp (``fedefc_server/dishonest.py``) to every message it
+sends:
+
+| kind | the server ... |
+| --- | --- |
+| ``clip=F`` | sends ``clipping_norm = F`` in every training message's config |
+| ``secagg-threshold=N`` | sends SecAgg+ setups with a reconstruction threshold of N |
+| ``secagg-sample=N`` | sends SecAgg+ setups that say the round sums N clients |
+| ``unmask-both`` | names the first active node dropped too in every unmask request |
 """
 
 from __future__ import annotations
@@ -51,9 +70,12 @@ from .secure_means import SLOTS
 
 KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "samples", "acc",
          "no-acc", "pid", "scale", "claim", "private", "held-out", "eval-samples",
-         "secure-acc", "weight", "garbage", "garbage-bytes", "unmask-nid")
-FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc")
+         "secure-acc", "weight", "garbage", "garbage-bytes", "unmask-nid", "secure-scale",
+         "secure-acc-set", "bad-shares")
+FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set")
 INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
+SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "unmask-both")
+SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int}
 
 
 class InjectedFault(RuntimeError):
@@ -100,10 +122,46 @@ def parse_faults(text: str) -> list[Fault]:
             raise ValueError(
                 f"faults entry {entry!r} is not KIND@PIDS[@ROUNDS] with KIND one of "
                 f"{', '.join(KINDS)} (sleep=S, samples=N, acc=A, pid=P, scale=F, claim=P, "
-                "private=N, held-out=N, eval-samples=N, secure-acc=A, unmask-nid=N take a "
-                "value; weight=F an integer >= 2); "
+                "private=N, held-out=N, eval-samples=N, secure-acc=A, unmask-nid=N, "
+                "secure-scale=F, secure-acc-set=A take a value; weight=F an integer >= 2); "
                 "e.g. faults=\"raise@3;acc=1.0@0-9\"") from None
     return faults
+
+
+@dataclass(frozen=True)
+class ServerFault:
+    kind: str
+    arg: str
+    rounds: frozenset[int] | None
+
+    def applies(self, server_round: int) -> bool:
+        return self.rounds is None or server_round in self.rounds
+
+
+def parse_server_faults(text: str) -> list[ServerFault]:
+    """Parse the ``server-faults`` key; ValueError names the bad entry and the format."""
+    faults = []
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        parts = entry.split("@")
+        kind, _, arg = parts[0].partition("=")
+        try:
+            if kind not in SERVER_KINDS or len(parts) > 2 or bool(arg) != (kind in SERVER_ARG):
+                raise ValueError
+            if kind in SERVER_ARG:
+                SERVER_ARG[kind](arg)
+            faults.append(ServerFault(kind, arg, _numbers(parts[1]) if len(parts) == 2
+                                      else None))
+        except ValueError:
+            raise ValueError(
+                f"server-faults entry {entry!r} is not KIND[@ROUNDS] with KIND one of "
+                f"{', '.join(SERVER_KINDS)} (clip=F, secagg-threshold=N, secagg-sample=N "
+                "take a value); e.g. server-faults=\"clip=1e9@1-3;secagg-threshold=1\"") from None
+    return faults
+
+
+def server_fault(faults: list[ServerFault], kind: str, server_round: int) -> ServerFault | None:
+    """The first server fault of ``kind`` in ``server_round``, or None."""
+    return next((f for f in faults if f.kind == kind and f.applies(server_round)), None)
 
 
 def before_training(faults: list[Fault], pid: int, server_round: int) -> None:
@@ -202,22 +260,48 @@ def weight_factor(faults: list[Fault], pid: int, server_round: int) -> int:
     return 1 if f is None else int(f.arg)
 
 
+def scale_update(faults: list[Fault], pid: int, server_round: int,
+                 update: list[np.ndarray]) -> list[np.ndarray]:
+    """Before Flower's SecAgg+ client masks it: the update times F (``secure-scale=F``)."""
+    f = _first(faults, "secure-scale", pid, server_round)
+    return update if f is None else [a * float(f.arg) for a in update]
+
+
+def accuracy_excess(faults: list[Fault], pid: int, server_round: int, accuracy: float,
+                    clients: int) -> float:
+    """What ``secure-acc-set=A`` adds to the client's accuracy inside its mask (0.0
+    without it): the sum of ``clients`` accuracies has mean A if the others equal its
+    own ``accuracy``, so its slot must hold K A - (K - 1) a, a excess of K (A - a)."""
+    f = _first(faults, "secure-acc-set", pid, server_round)
+    return 0.0 if f is None else clients * (float(f.arg) - accuracy)
+
+
+def add_accuracy(tail: np.ndarray, excess: float) -> np.ndarray:
+    """A masked tail whose accuracy slot grows by ``excess`` accuracies: masks cancel in
+    the sum, so the sum's slot grows by excess x c/2, excess x 2^20 quantization steps of
+    2c / 2^22, past the quantizer's clipping."""
+    out = tail.copy()
+    out[1] = (out[1] + round(excess / SLOTS[1][1] * 2**20)) % 2**32
+    return out
+
+
 def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
                          stage: dict) -> dict:
     """After Flower's SecAgg+ client: its reply record (``secaggplus_configs``) as the
     faults alter it. ``secure-acc=A`` adds A x 2^20 to the accuracy slot of the masked
     tail: masks cancel in the sum, so the sum's slot grows by A x c/2 (a quantization
     step is 2c / 2^22), as if the client's accuracy were A more, past the quantizer's
-    clipping. ``garbage`` and ``garbage-bytes`` replace the masked vector,
-    ``unmask-nid=N`` adds node N to the unmask-stage shares."""
+    clipping (:func:`add_accuracy`). ``garbage`` and ``garbage-bytes`` replace the masked
+    vector, ``unmask-nid=N`` adds node N to the unmask-stage shares, ``bad-shares``
+    replaces every share by random bytes of its length."""
     out = dict(stage)
     for f in faults:
         if not f.applies(pid, server_round):
             continue
         if f.kind == "secure-acc" and Key.MASKED_PARAMETERS in out:
             *arrays, tail = [bytes_to_ndarray(b) for b in out[Key.MASKED_PARAMETERS]]
-            tail[1] = (tail[1] + round(float(f.arg) / SLOTS[1][1] * 2**20)) % 2**32
-            out[Key.MASKED_PARAMETERS] = [ndarray_to_bytes(a) for a in (*arrays, tail)]
+            out[Key.MASKED_PARAMETERS] = [ndarray_to_bytes(a) for a in (
+                *arrays, add_accuracy(tail, float(f.arg)))]
         elif f.kind == "garbage" and Key.MASKED_PARAMETERS in out:
             rng = np.random.default_rng()
             out[Key.MASKED_PARAMETERS] = [
@@ -229,4 +313,6 @@ def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
         elif f.kind == "unmask-nid" and Key.SHARE_LIST in out:
             out[Key.NODE_ID_LIST] = [*out[Key.NODE_ID_LIST], int(f.arg)]
             out[Key.SHARE_LIST] = [*out[Key.SHARE_LIST], out[Key.SHARE_LIST][0]]
+        elif f.kind == "bad-shares" and Key.SHARE_LIST in out:
+            out[Key.SHARE_LIST] = [os.urandom(len(b)) for b in out[Key.SHARE_LIST]]
     return out

@@ -29,14 +29,6 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 
 from common.config import RunConfig
-from common.faults import (
-    before_training,
-    claimed_partition,
-    corrupt_evaluation,
-    corrupt_reply,
-    false_declaration,
-    parse_faults,
-)
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
@@ -72,7 +64,6 @@ class MethodClient(NumPyClient):
         self._load = load
         self._local: LocalData | None = None
         self.state = state
-        self.faults = parse_faults(cfg.faults)
 
     # The registry asks every node once which partition it serves and how many samples
     # it trains on and holds out (docs/PRIVACY.md, "Weights bound to facts"); the sizes
@@ -83,18 +74,11 @@ class MethodClient(NumPyClient):
             size, held_out = len(self.local), 0 if held is None else len(held)
         else:
             size, held_out = partition_sizes(self.cfg, self.partition_id)
-        return false_declaration(self.faults, self.partition_id, {
-            Declaration.PARTITION_ID: self.partition_id,
-            Declaration.NUM_EXAMPLES: size,
-            Declaration.HELD_OUT: held_out,
-            Declaration.DATA: Declaration.PRIVATE if self.private_data
-            else Declaration.PARTITION}, self.claimed_size())
-
-    def claimed_size(self) -> int | None:
-        """A ``claim=P`` fault's lie: partition P's training size in the run's public
-        data plan (None without such a fault)."""
-        claim = claimed_partition(self.faults, self.partition_id)
-        return None if claim is None else partition_sizes(self.cfg, claim)[0]
+        return {Declaration.PARTITION_ID: self.partition_id,
+                Declaration.NUM_EXAMPLES: size,
+                Declaration.HELD_OUT: held_out,
+                Declaration.DATA: Declaration.PRIVATE if self.private_data
+                else Declaration.PARTITION}
 
     @property
     def local(self) -> LocalData:
@@ -109,7 +93,6 @@ class MethodClient(NumPyClient):
 
     def fit(self, parameters, config):
         server_round = int(config[FitConfig.ROUND])
-        before_training(self.faults, self.partition_id, server_round)
         local = self.local  # loaded (or read from the cache) before the clock starts
         start = time.perf_counter()
         model = model_for(self.cfg, local.data.task, local.x.device)
@@ -131,16 +114,13 @@ class MethodClient(NumPyClient):
         if job.last_q is not None and self.cfg.diagnostics:  # a simulation's instrument
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
-        return corrupt_reply(self.faults, self.partition_id, job.server_round, get_weights(model),
-                             num_examples, metrics, self.claimed_size())
+        return get_weights(model), num_examples, metrics
 
     def evaluate(self, parameters, config):
         """The received global model's (loss, accuracy) on the held-out samples, weighted
         by their number on the server; (0.0, 0, ...) without held-out data."""
         local = self.local
-        claim = claimed_partition(self.faults, self.partition_id)
-        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id if claim is None
-                         else claim}
+        metrics: dict = {EvaluateReply.PARTITION_ID: self.partition_id}
         held = local.held_out
         if held is None or len(held) == 0:
             return 0.0, 0, metrics
@@ -152,6 +132,4 @@ class MethodClient(NumPyClient):
         if self.cfg.diagnostics and held.true_y is not None:
             metrics[EvaluateReply.TRUE_ACCURACY] = evaluate(model, held.x, held.true_y,
                                                             transform, batch)[1]
-        return float(loss), corrupt_evaluation(self.faults, self.partition_id,
-                                               int(config.get(FitConfig.ROUND, 0)),
-                                               len(held)), metrics
+        return float(loss), len(held), metrics

@@ -8,7 +8,9 @@ partition ``partition-id`` of the run's dataset; ``cache-dir`` to keep the prepa
 data on disk across the per-message ClientApp processes of a SuperNode;
 ``policy-file`` for the node's own policy (:mod:`.policy`, docs/PRIVACY.md §5).
 
-Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md).
+Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md). With
+``faults`` the attacker of :mod:`.attacker` wraps the client and Flower's SecAgg+ client
+(docs/THREAT-MODEL.md); the honest client and mods hold no fault code.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from flwr.common import Context
 from common.methods import load_run_config
 from common.training import pick_device
 
+from .attacker import lying, with_attacker
 from .client import MethodClient
 from .local_data import DATA_PATH_KEY, check_node_config, node_data
 from .mods import MODS
 from .node import partition_of
 
 
-def client_fn(context: Context):
+def method_client(context: Context) -> MethodClient:
+    """The run's honest client for this node."""
     cfg = load_run_config(context.run_config)
     pid = partition_of(context, cfg)
     node = f"node {context.node_id} (partition-id {pid})"
@@ -33,7 +37,10 @@ def client_fn(context: Context):
     check_node_config(node_config, node)
     return MethodClient(
         cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
-        context.state, private_data=DATA_PATH_KEY in node_config).to_client()
+        context.state, private_data=DATA_PATH_KEY in node_config)
 
 
-app = ClientApp(client_fn=client_fn, mods=MODS)
+# the attacker modes of ``faults`` beside the honest client and mods (.attacker): they
+# step aside without faults
+client_fn = lying(method_client)
+app = ClientApp(client_fn=client_fn, mods=with_attacker(MODS))

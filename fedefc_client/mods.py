@@ -48,7 +48,6 @@ from flwr.supercore.differential_privacy import compute_clip_model_update, get_n
 from common import secure_prf
 from common.config import RunConfig
 from common.dp_accounting import epsilon
-from common.faults import corrupt_secure_reply, inflate_count, parse_faults, weight_factor
 from common.messages import FitConfig
 from common.methods import load_run_config
 from common.private_files import make_private_dir, open_private
@@ -141,25 +140,10 @@ def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``;
-    with ``faults``, the attacker modes that act on what it sends
-    (:func:`common.faults.corrupt_secure_reply`, docs/THREAT-MODEL.md)."""
-    cfg = _config(ctxt)
-    if not cfg.secure_aggregation:
+    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``."""
+    if not _config(ctxt).secure_aggregation:
         return call_next(msg, ctxt)
-    out = secaggplus_mod(msg, ctxt, call_next)
-    faults = parse_faults(cfg.faults)
-    if not faults or out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
-        return out
-    pid, rnd = partition_of(ctxt, cfg), int(msg.metadata.group_id or 0)
-    stage = out.content.config_records[RECORD_KEY_CONFIGS]
-    out.content.config_records[RECORD_KEY_CONFIGS] = type(stage)(
-        corrupt_secure_reply(faults, pid, rnd, dict(stage)), False)
-    factor = weight_factor(faults, pid, rnd)
-    if factor > 1 and Key.MASKED_PARAMETERS in stage:  # the clear count stays honest
-        count = out.content.metric_records["fitres.num_examples"]
-        count["num_examples"] = int(count["num_examples"]) // factor
-    return out
+    return secaggplus_mod(msg, ctxt, call_next)
 
 
 def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -203,7 +187,6 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     rnd = int(config[FitConfig.ROUND])
     tail, clear = encode_tail(fitres.metrics, fitres.num_examples, scale)
     fitres.metrics = clear_metrics(clear, cfg.diagnostics)
-    fitres.num_examples = inflate_count(parse_faults(cfg.faults), pid, rnd, fitres.num_examples)
     update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
               else arrays)  # not the model's arrays: the server's screen refuses them
     fitres.parameters = ndarrays_to_parameters([*update, tail])

@@ -48,6 +48,7 @@ from common.training import configure_threads
 from . import checkpoint
 from .allowlist import Allowlist
 from .declarations import SizeRule
+from .dishonest import with_server_faults
 from .evaluation import TestSetEvaluator
 from .method_server import MethodServer
 from .pipeline import RoundPipeline
@@ -137,6 +138,8 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Build the run (:func:`build`) and run its round loop on Flower's grid."""
+    """Build the run (:func:`build`) and run its round loop on Flower's grid (with a
+    ``server-faults`` run, below a dishonest server's: :mod:`.dishonest`)."""
+    grid = with_server_faults(grid, load_run_config(context.run_config))
     loop, config = build(context, grid)
     start_grid(grid=grid, server=loop, config=config)

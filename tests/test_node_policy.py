@@ -27,6 +27,7 @@ from common.methods import load_run_config
 from fedefc_client.client_app import app as client_app
 from fedefc_client.mods import MODS
 from fedefc_client.policy import NodePolicy, PolicyError, load_policy
+from fedefc_server.dishonest import with_server_faults
 from tests.helpers import InProcessGrid
 from tests.test_privacy import micro_config, secure_round
 
@@ -276,46 +277,55 @@ def test_a_policy_minimum_above_the_runs_round_size_refuses_the_run():
     assert "sums at most 10 clients, below this node's min-secure-clients 11" in reason
 
 
-class BothSecretsGrid:
-    """A dishonest server below the project's screening grid: its unmask requests also
-    name the first active node dropped, asking every holder for both of its secrets."""
-
-    def __init__(self, grid: InProcessGrid):
-        self.grid = grid
-
-    def __getattr__(self, name):
-        return getattr(self.grid, name)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        for msg in messages:
-            stage = msg.content.config_records.get(RECORD_KEY_CONFIGS)
-            if stage is not None and stage.get(Key.STAGE) == Stage.UNMASK:
-                stage[Key.DEAD_NODE_ID_LIST] = [*stage[Key.DEAD_NODE_ID_LIST],
-                                                stage[Key.ACTIVE_NODE_ID_LIST][0]]
-        return self.grid.send_and_receive(messages, timeout=timeout)
+def stage_of(msg: Message) -> str | None:
+    return msg.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(Key.STAGE)
 
 
-def test_no_node_sends_both_secrets_of_one_node(micro_mnist_dir, tmp_path):
-    """A server that names one node both active and dropped in its unmask requests got,
-    from every holder, the share of that node's mask seed and the share of its pairwise
-    key (Flower's client sends both): a threshold of them unmasks its update. Now each
-    node refuses such a request: no shares come back, and Flower's workflow halts the
-    round (the global model kept)."""
-    flat = micro_config(micro_mnist_dir, tmp_path / "out", diagnostics=False,
-                        **{"secure-aggregation": True})
-    inner = InProcessGrid(client_app, flat, 4)
-    fields, params = secure_round(flat, BothSecretsGrid(inner))
-    unmask = [m for m in inner.received
-              if not m.has_error() and Key.SHARE_LIST in m.content.config_records.get(
-                  RECORD_KEY_CONFIGS, {})]
-    for reply in unmask:  # no node id twice: never both secrets of one node
-        ids = reply.content.config_records[RECORD_KEY_CONFIGS][Key.NODE_ID_LIST]
-        assert len(ids) == len(set(ids))
-    refusals = [m for m in inner.received if m.has_error()]
-    assert len(refusals) == 4 and all("both active and dropped" in m.error.reason
-                                      for m in refusals)
-    assert params is None and fields["secure_aggregation_halted"]
+@pytest.mark.parametrize("server_faults, stage, reason", [
+    ("clip=1e9", Stage.COLLECT_MASKED_VECTORS,
+     "the server sent clipping_norm=1000000000.0, but the run's signed dp-clip is 0.0001"),
+    ("secagg-threshold=1", Stage.SETUP, "has 4 share(s) and a threshold of 1 for 4 clients"),
+    ("secagg-sample=1", Stage.SETUP, "the SecAgg+ setup sums 1 client(s), below"),
+    ("unmask-both", Stage.UNMASK, "both active and dropped"),
+], ids=["clip", "threshold", "sample", "unmask-both"])
+def test_a_node_with_a_policy_refuses_what_a_dishonest_server_sends(micro_mnist_dir, tmp_path,
+                                                                    server_faults, stage,
+                                                                    reason):
+    """Issue 29 (2): a node whose policy requires secure aggregation and
+    min-dp-noise-multiplier = 1.0, in a run whose config complies (dp-clip 1e-4), below
+    a server that deviates from it (replayed by ``server-faults``, through the wrapping
+    grid the ServerApp uses: fedefc_server/dishonest.py). At 6a260ce a fit message with
+    clipping_norm = 1e9 made the node clip at 1e9, a setup with a threshold or a sample
+    of 1 was accepted, and an unmask request naming a node both active and dropped got
+    both its secrets' shares. Now every node refuses that stage's message, naming the
+    value: no update leaves a node under the forged numbers (no masked vector arrives
+    before the unmask stage, no reply holds two shares of one node) and the round is
+    left without a sum. The same
+    nodes under the honest server complete the round."""
+    policy_file = write_policy(tmp_path / "policy.toml", """
+        require-secure-aggregation = true
+        min-dp-noise-multiplier = 1.0
+    """)
+    flat = micro_config(micro_mnist_dir, tmp_path / "out", diagnostics=False, **{
+        "secure-aggregation": True, "dp-clip": 1e-4, "dp-noise-multiplier": 1.0,
+        "server-faults": server_faults})
+    nodes = {k: {"policy-file": policy_file} for k in range(4)}
+    inner = InProcessGrid(client_app, flat, 4, nodes)
+    fields, params = secure_round(flat, with_server_faults(inner, load_run_config(flat)))
+    assert params is None and fields["skipped"]
+    replies = [(stage_of(q), r) for q, r in zip(inner.sent, inner.received) if stage_of(q)]
+    refused = [r for s, r in replies if s == stage]
+    assert len(refused) == 4 and all(r.has_error() and reason in r.error.reason
+                                     for r in refused)
+    for _, reply in replies:
+        if not reply.has_error():
+            record = reply.content.config_records.get(RECORD_KEY_CONFIGS, {})
+            assert stage == Stage.UNMASK or Key.MASKED_PARAMETERS not in record
+            ids = record.get(Key.NODE_ID_LIST, [])
+            assert len(ids) == len(set(ids))  # never both secrets of one node
+    honest = {**flat, "server-faults": ""}
+    _, params = secure_round(honest, InProcessGrid(client_app, honest, 4, nodes))
+    assert params is not None
 
 
 def test_the_epsilon_a_node_enforces_counts_the_releases_it_made_and_is_audited(tmp_path):

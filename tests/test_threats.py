@@ -10,8 +10,10 @@ run crashed): docs/THREAT-MODEL.md names them.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,24 +22,33 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.app.message_type import MessageType
-from flwr.client import ClientApp
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-from flwr.compat.common import recorddict_compat as compat
 
+import fedefc_client.client
+import fedefc_client.client_app
+import fedefc_client.job
+import fedefc_client.local_update
+import fedefc_client.mods
+import fedefc_client.server_checks
+import fedefc_server.pipeline
+import fedefc_server.registry
+import fedefc_server.round_loop
+import fedefc_server.secure_round
+import fedefc_server.server_app
+import fedefc_server.strategy
+import fedefc_server.validation
 from common.config import ConfigError, secagg_shares
 from common.data_plan import data_plan, held_out_count
-from common.faults import parse_faults
+from common.faults import parse_faults, parse_server_faults
 from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from common.secure_means import encode_tail, tail_scale
 from common.update_bound import quantizer_range
 from fedefc_client.client_app import app as client_app
-from fedefc_client.client_app import client_fn
 from fedefc_client.local_data import partition_data
-from fedefc_client.mods import MODS, secure_tail_mod
 from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
 from fedefc_server.secure_sum import (
@@ -242,31 +253,14 @@ def test_honest_updates_at_the_bound_pass_and_one_client_beyond_it_does_not():
     assert "the decoded mean update has norm 0.0125, above 0.01, the bound dp-clip" in reason
 
 
-def scaling_client(factor: float, node_id: int = 1000) -> ClientApp:
-    """The project's ClientApp whose node ``node_id`` multiplies its update by ``factor``
-    inside its mask (before Flower's SecAgg+ client quantizes and masks it; the
-    quantizer then clips each coordinate to its range): the attack of issue 29 (1)."""
-    def scale(msg, ctxt, call_next):
-        out = call_next(msg, ctxt)
-        if ctxt.node_id != node_id or out.has_error() or msg.metadata.message_type != "train":
-            return out
-        fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
-        *arrays, tail = parameters_to_ndarrays(fitres.parameters)
-        fitres.parameters = ndarrays_to_parameters([a * factor for a in arrays] + [tail])
-        out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
-        return out
-
-    at = MODS.index(secure_tail_mod)
-    return ClientApp(client_fn=client_fn, mods=[*MODS[:at], scale, *MODS[at:]])
-
-
 def test_one_secure_client_moves_the_model_no_further_than_a_bounded_update(micro_mnist_dir,
                                                                            tmp_path):
     """Issue 29 (1): with dp-clip = 1e-4 on the honest clients, one client scaling what
-    it sends inside its mask (within the quantizer's range of +-8) was accepted with a
-    mean update of norm 233. Now the clients send updates quantized in +-dp-clip, and the
-    decoded mean update must lie within dp-clip of the global model: the round is refused
-    and the model kept. Without the attacker the secure round gives the plain FedAvg of
+    it sends inside its mask (within the quantizer's range of +-8; replayed here by
+    ``faults = "secure-scale=1000@0"``) was accepted with a mean update of norm 233.
+    Now the clients send updates quantized in +-dp-clip, and the decoded mean update
+    must lie within dp-clip of the global model: the round is refused and the model
+    kept. Without the attacker the secure round gives the plain FedAvg of
     the clipped updates within 1e-3 of the update's norm, plus the float32 rounding of
     the weights (2^-22 of their norm); before, quantizing the weights in +-8 put an
     error of up to 4e-6 on each of them, about 1e-4 over LeNet's 44k: more than the
@@ -283,7 +277,8 @@ def test_one_secure_client_moves_the_model_no_further_than_a_bounded_update(micr
     error = np.sqrt(sum(np.sum((a.astype(np.float64) - w) ** 2) for a, w in zip(got, want)))
     size = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in init))
     assert 0 < moved <= 1e-4 * (1 + 1e-5) and error <= 1e-3 * moved + 2.0**-22 * size
-    fields, params = secure_round(secure, InProcessGrid(scaling_client(1000.0), secure, 4))
+    attacked = {**secure, "faults": "secure-scale=1000@0"}
+    fields, params = secure_round(attacked, InProcessGrid(client_app, attacked, 4))
     assert params is None and fields["skipped"]
     assert "the decoded mean update has norm" in fields["refused_sum"]
     assert "the bound dp-clip sets for every update" in fields["refused_sum"]
@@ -349,8 +344,8 @@ def test_one_client_moves_a_t_only_within_the_spread_of_the_other_groups(micro_m
 
 def plain_round_at(flat: dict, server_round: int, weights: list[np.ndarray]):
     """Round ``server_round`` without secure aggregation from ``weights``: its params."""
-    grid = InProcessGrid(client_app, flat, 4)
     cfg = load_run_config(flat)
+    grid = InProcessGrid(client_app, flat, cfg.num_clients)
     sizes = [len(partition_data(cfg, k, CPU)) for k in range(cfg.num_clients)]
     driver = RoundDriver(make_pipeline(cfg, plan_sizes=sizes, max_private=10**6))
     params = ndarrays_to_parameters(weights)
@@ -624,11 +619,122 @@ def test_a_bad_allowlist_is_refused_naming_the_entry_and_the_fix(tmp_path, conte
 
 def test_faults_of_the_attack_suite_parse_and_refuse_what_they_cannot_mean():
     faults = parse_faults("secure-acc=410@0@1;weight=1000@1;garbage@2;unmask-nid=999@3;"
-                          "claim=0@3;private=4000@2;held-out=3@1;eval-samples=600@0;scale=1e6@2")
+                          "claim=0@3;private=4000@2;held-out=3@1;eval-samples=600@0;scale=1e6@2;"
+                          "secure-scale=1000@0;secure-acc-set=1.0@1@2-3;bad-shares@2")
     assert [f.kind for f in faults][:3] == ["secure-acc", "weight", "garbage"]
-    for bad in ("weight=1@0", "weight=2.5@0", "claim=x@0", "secure-acc=a@0"):
+    assert [f.kind for f in faults][-3:] == ["secure-scale", "secure-acc-set", "bad-shares"]
+    for bad in ("weight=1@0", "weight=2.5@0", "claim=x@0", "secure-acc=a@0",
+                "secure-scale=x@0", "secure-acc-set@0"):
         with pytest.raises(ValueError, match="KIND@PIDS"):
             parse_faults(bad)
+    server = parse_server_faults("clip=1e9@1-2;secagg-threshold=1;secagg-sample=2;unmask-both")
+    assert [(f.kind, f.arg, f.rounds) for f in server] == [
+        ("clip", "1e9", frozenset({1, 2})), ("secagg-threshold", "1", None),
+        ("secagg-sample", "2", None), ("unmask-both", "", None)]
+    for bad in ("clip", "clip=x", "secagg-threshold=1.5", "unmask-both=1", "raise@0",
+                "clip=1@1@2"):
+        with pytest.raises(ValueError, match=re.escape(f"server-faults entry {bad!r} is not "
+                                                       "KIND[@ROUNDS]")):
+            parse_server_faults(bad)
+    with pytest.raises(ConfigError, match="server-faults entry 'clip' is not KIND"):
+        load_run_config({"server-faults": "clip"})
+
+
+def test_a_secure_run_with_a_scaling_client_keeps_the_honest_result(micro_mnist_dir, tmp_path):
+    """The issue's done-when: ``faults = "secure-scale=1000@0"`` in a secure run with an
+    update bound (dp-clip). With one sum per round every poisoned round is refused and
+    the model stays the global one (at 6a260ce it was applied: the model moved by about
+    400). With secure-groups = 3 of nine clients the attacker's group is refused and
+    left out, and the round gives exactly the plain FedAvg of the six other clients
+    (the truth: a plain round in which the attacker's group fails)."""
+    keys = {"dp-clip": 1e-3, "diagnostics": False, "faults": "secure-scale=1000@0",
+            "prestopping": False, "rounds": 2}
+    flat = micro_config(micro_mnist_dir, tmp_path / "one", **SECURE, **keys)
+    secure_loop(flat, tmp_path / "one")
+    recs = records(tmp_path / "one")
+    for r in recs[1:]:
+        assert r["skipped"] and "the decoded mean update has norm" in r["refused_sum"]
+    cfg = load_run_config(flat)
+    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
+    for got, want in zip(torch.load(tmp_path / "one" / "model.pt").values(), init):
+        np.testing.assert_array_equal(got.numpy(), want)
+    grouped = micro_config(micro_mnist_dir, tmp_path / "g", 9, **SECURE, **keys,
+                           **{"secure-groups": 3})
+    fields, params = secure_round(grouped, InProcessGrid(client_app, grouped, 9))
+    [own] = [g for g in fields["secure_groups"] if 0 in g]
+    [refused] = fields["refused_groups"]
+    assert refused["partitions"] == own
+    assert "the decoded mean update has norm" in refused["reason"]
+    others = sorted(set(range(9)) - set(own))
+    assert fields["partition_ids"] == others
+    crash = {**grouped, "secure-aggregation": False, "secure-groups": 1,
+             "faults": f"raise@{','.join(map(str, own))}"}
+    truth, want = plain_round_at(crash, 1, init_weights(crash))
+    assert truth["partition_ids"] == others
+    for got, w in zip(parameters_to_ndarrays(params), want):
+        np.testing.assert_allclose(got, w, atol=1e-6)
+
+
+def test_a_client_sets_its_sums_mean_accuracy_from_inside_its_mask(micro_mnist_dir, tmp_path):
+    """``secure-acc-set=A``: the client adds K (A - a_k) to its accuracy inside its mask
+    (taking the other K - 1 clients' accuracies for its own a_k), so A(t) becomes
+    A + (sum of the others' - (K - 1) a_k) / K: computed here from a plain round's
+    accuracies. The sum passes every check (the mean stays in [0, 1]), and the record
+    says one client could have put A(t) anywhere (A_pull_bound 1)."""
+    keys = {"diagnostics": False}
+    plain = micro_config(micro_mnist_dir, tmp_path / "p", **keys)
+    truth, _ = plain_round(plain, InProcessGrid(client_app, plain, 4))
+    acc = dict(zip(truth["partition_ids"], truth["client_acc"]))
+    flat = micro_config(micro_mnist_dir, tmp_path / "s", **SECURE, **keys,
+                        faults="secure-acc-set=0.5@0@1")
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    want = 0.5 + (sum(acc[p] for p in (1, 2, 3)) - 3 * acc[0]) / 4
+    assert params is not None and fields["A"] == pytest.approx(want, abs=1e-5)
+    assert fields["A_pull_bound"] == 1.0
+
+
+def test_wrong_shares_stop_the_round_and_name_no_one(micro_mnist_dir, tmp_path):
+    """``bad-shares``: a node sends well-formed but wrong unmask shares (random bytes).
+    The sum cannot be unmasked (or unmasks to garbage the checks refuse): the round is
+    refused and keeps the global model, and the record names no culprit: issue 29's
+    finding 4, still open (docs/THREAT-MODEL.md)."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults="bad-shares@1@1")
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    assert params is None and fields["skipped"]
+    reason = fields.get("secure_refused") or fields.get("refused_sum")
+    assert reason and "1001" not in reason and not fields["rejected_reasons"]
+
+
+def imported_modules(module) -> set[str]:
+    """The modules ``module``'s source imports (absolute, or relative to its package)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(module.__name__.split(".")[:-node.level] + [base]).rstrip(".")
+            out.add(base)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return out
+
+
+def test_the_attacker_lives_beside_the_honest_path():
+    """Issue 29 (6): MethodClient's fit, evaluate and get_properties called five fault
+    hooks, and the secure-aggregation mods two more. Now no honest module of either app
+    imports the fault modes (common.faults) or the attackers (fedefc_client.attacker,
+    fedefc_server.dishonest); only the two composition points do: the ClientApp and the
+    ServerApp."""
+    honest = [fedefc_client.client, fedefc_client.mods, fedefc_client.job,
+              fedefc_client.local_update, fedefc_client.server_checks,
+              fedefc_server.pipeline, fedefc_server.secure_round, fedefc_server.strategy,
+              fedefc_server.round_loop, fedefc_server.validation, fedefc_server.registry]
+    attackers = {"common.faults", "fedefc_client.attacker", "fedefc_server.dishonest"}
+    for module in honest:
+        assert not imported_modules(module) & attackers, module.__name__
+    assert "fedefc_client.attacker" in imported_modules(fedefc_client.client_app)
+    assert "fedefc_server.dishonest" in imported_modules(fedefc_server.server_app)
 
 
 # -- the same attacks through Flower's simulation (`flwr run`) ---------------------------------
