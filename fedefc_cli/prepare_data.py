@@ -49,6 +49,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError  # Pillow comes with torchvision
 
 from common.data_files import shape_text
+from common.private_files import DIR_MODE, FILE_MODE, make_private_dir, open_private
 from common.results import atomic_write_bytes, atomic_write_json
 
 from .errors import UsageError
@@ -247,9 +248,10 @@ def skip_reason(err: Exception) -> str:
 
 def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb",
             fit: str = "crop", class_map: Path | None = None, extend: bool = False,
-            progress: Callable[[str], None] | None = None) -> dict:
+            progress: Callable[[str], None] | None = None, shared: bool = False) -> dict:
     """Write OUT/data.npz, OUT/classes.json and OUT/summary.json from the class folders
-    of ``source`` (module docstring); returns the summary."""
+    of ``source`` (module docstring), owner-only unless ``shared``
+    (:func:`write_output`); returns the summary."""
     source, out = source.expanduser().resolve(), out.expanduser().resolve()
     if channels not in CHANNELS or fit not in FITS:
         raise PrepareError(f"channels={channels!r}, fit={fit!r}: use channels "
@@ -286,7 +288,7 @@ def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb
     check_found(found, folders, source)
 
     summary = make_summary(source, out, size, c, fit, mapping, added, map_path, known, found, n)
-    write_output(out, images[:n], labels[:n], mapping, summary)
+    write_output(out, images[:n], labels[:n], mapping, summary, shared)
     if map_path is not None and (known is None or added):
         map_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(map_path, class_map_bytes(mapping))
@@ -353,19 +355,21 @@ def class_map_bytes(mapping: dict[str, int]) -> bytes:
 
 
 def write_output(out: Path, images: np.ndarray, labels: np.ndarray, mapping: dict[str, int],
-                 summary: dict) -> None:
-    """OUT, written beside it under a hidden name and renamed into place when complete;
-    readable by others (0755 / 0644: a container's SuperExec user may read a read-only
-    mount)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+                 summary: dict, shared: bool = False) -> None:
+    """OUT, written beside it under a hidden name and renamed into place when complete:
+    owner-only (0700 / 0600, docs/PRIVACY.md §6: the images and labels are the node's
+    private data), its missing parents too; with ``shared`` (``--readable-by-others``)
+    data.npz and OUT readable by others (0644 / 0755: a container whose SuperExec user
+    differs from the writer reads a read-only mount)."""
+    make_private_dir(out.parent)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        with open(tmp / "data.npz", "wb") as fh:
+        with open_private(tmp / "data.npz", "wb") as fh:
             np.savez(fh, images=images, labels=labels)
-        (tmp / "data.npz").chmod(0o644)
+        (tmp / "data.npz").chmod(0o644 if shared else FILE_MODE)
         atomic_write_bytes(tmp / "classes.json", class_map_bytes(mapping))
         atomic_write_json(tmp / "summary.json", summary)
-        tmp.chmod(0o755)
+        tmp.chmod(0o755 if shared else DIR_MODE)
         if out.exists():
             out.rmdir()  # the empty folder check_out allowed
         tmp.rename(out)
@@ -423,7 +427,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     summary = prepare(Path(args.source), Path(args.out), parse_size(args.size), args.channels,
                       args.fit, Path(args.class_map) if args.class_map else None,
                       args.extend_class_map,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+                      progress=lambda line: print(line, file=sys.stderr, flush=True),
+                      shared=args.readable_by_others)
     print(describe(summary))
     return 0
 
@@ -447,4 +452,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--extend-class-map", action="store_true",
                       help="give class folders missing from --class-map the next indices "
                            "and rewrite it")
+    data.add_argument("--readable-by-others", action="store_true",
+                      help="write data.npz 0644 in a 0755 folder, for a container whose "
+                           "user differs from yours; default: owner-only (0600 / 0700)")
     data.set_defaults(func=cmd_data)

@@ -45,14 +45,11 @@ class AllowlistError(ConfigError):
     the key and the fix."""
 
 
-def fingerprint(key: bytes | str) -> str:
+def key_fingerprint(key: bytes | str) -> str | None:
     """The SHA-256 fingerprint of a public key as ``ssh-keygen -l`` prints it, from its
-    PEM form (what Flower stores), its OpenSSH line (``key.pub``) or the fingerprint
-    itself. Bytes that are no key (a simulated node's random key) get the digest of the
-    bytes, which matches no key's fingerprint."""
-    text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
-    if text.startswith("SHA256:"):
-        return text.strip()
+    PEM form (what Flower stores) or its OpenSSH line (``key.pub``); None for anything
+    that does not parse as a key (a simulated node's random bytes, or text that merely
+    looks like a fingerprint)."""
     raw = key if isinstance(key, bytes) else key.encode()
     try:
         public = (serialization.load_pem_public_key(raw) if b"-----BEGIN" in raw
@@ -60,7 +57,24 @@ def fingerprint(key: bytes | str) -> str:
         blob = base64.b64decode(public.public_bytes(serialization.Encoding.OpenSSH,
                                                     serialization.PublicFormat.OpenSSH).split()[1])
     except (ValueError, TypeError, IndexError, UnsupportedAlgorithm):
-        blob = b"not a public key:" + raw
+        return None
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def fingerprint(key: bytes | str) -> str:
+    """An allowlist entry's key as a fingerprint: :func:`key_fingerprint` of its
+    ``key.pub`` line or PEM, or the ``SHA256:`` fingerprint the operator wrote. Bytes
+    that are no key get the digest of the bytes, which matches no key's fingerprint.
+    Only entries are read this way: a node's key is matched by :func:`key_fingerprint`
+    alone (:meth:`Allowlist.entry`)."""
+    text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
+    if text.startswith("SHA256:"):
+        return text.strip()
+    raw = key if isinstance(key, bytes) else key.encode()
+    found = key_fingerprint(raw)
+    if found is not None:
+        return found
+    blob = b"not a public key:" + raw
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
@@ -153,9 +167,11 @@ class Allowlist(BaseModel):
         return allowlist
 
     def entry(self, public_key: bytes | None) -> AllowedNode | None:
-        """The entry of the node with ``public_key`` (as Flower stores it), or None."""
-        if public_key is None:
+        """The entry of the node with ``public_key`` (as Flower stores it), or None: a key
+        that does not parse as one matches no entry, whatever its bytes say (a node's key
+        whose bytes are the text ``SHA256:<an entry's fingerprint>`` is no key)."""
+        key_id = None if public_key is None else key_fingerprint(public_key)
+        if key_id is None:
             return None
-        key_id = fingerprint(public_key)
         return next((n for n in self.node if n.key_id == key_id), None)
 

@@ -8,6 +8,8 @@ refused with its value and fix, leaving no output behind."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -432,3 +434,25 @@ def test_export_refuses_images_of_a_dataset_without_images(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "dataset='npz' holds no 8-bit gray or RGB images (samples of shape (6,))" in err
     assert "export it without --images" in err
+
+
+def test_the_prepared_data_is_owner_only_unless_asked_otherwise(tmp_path):
+    """Issue 29 (5): ``fedefc data`` wrote the decoded images and labels 0644 in a 0755
+    folder, readable by every user of the machine. Now, under the usual umask 022, the
+    output folder (and a parent it creates) is 0700 and every file in it 0600;
+    ``--readable-by-others`` gives the container case 0644 / 0755."""
+    old = os.umask(0o022)
+    try:
+        source = write_site(tmp_path / "site")
+        assert main(["data", str(source), str(tmp_path / "new" / "out"), "--size", "8"]) == 0
+        assert main(["data", str(source), str(tmp_path / "shared"), "--size", "8",
+                     "--readable-by-others"]) == 0
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    out = tmp_path / "new" / "out"
+    assert (mode(tmp_path / "new"), mode(out)) == (0o700, 0o700)
+    assert {f.name: mode(f) for f in out.iterdir()} == {
+        "data.npz": 0o600, "classes.json": 0o600, "summary.json": 0o600}
+    assert mode(tmp_path / "shared") == 0o755
+    assert mode(tmp_path / "shared" / "data.npz") == 0o644

@@ -594,6 +594,21 @@ def test_a_key_matches_its_entry_in_any_form_and_ssh_keygens_fingerprint():
     assert fingerprint(b"\x01" * 32) != fingerprint(line)  # a simulated node's random key
 
 
+def test_a_node_key_is_matched_as_a_key_never_as_the_text_of_a_fingerprint(tmp_path):
+    """Issue 29 (5): a node whose raw key bytes were the text ``SHA256:<fingerprint>`` of
+    a listed key was found as that entry (the fingerprint function took the text for
+    the fingerprint). Now a node's key is matched only once it parses as a key; entries
+    may still be written as a fingerprint."""
+    pem, line = keypair()
+    listed = {"partition-id": 0, "data": "partition", "max-samples": 5}
+    for form in (line, fingerprint(line)):
+        allowlist = Allowlist.load(write_allowlist(tmp_path / "a.toml", [
+            {"public-key": form, **listed}]), 4)
+        assert allowlist.entry(pem).partition_id == 0
+        assert allowlist.entry(fingerprint(line).encode()) is None
+        assert allowlist.entry(b" " + fingerprint(line).encode()) is None
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read it"),
     ("[[node]\n", "not valid TOML"),
