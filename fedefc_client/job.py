@@ -24,7 +24,10 @@ from common.training import (
     train_batches,
 )
 
+from .baselines.label_state import load_vector
 from .local_data import LocalData
+
+NOISE_MODEL = "noise-model"  # context.state: the Q this client trained with last (guarded runs)
 
 
 @dataclass
@@ -46,6 +49,8 @@ class LocalJob:
     generator: torch.Generator = field(init=False)
     probs: np.ndarray = field(init=False)
     last_q: np.ndarray | None = field(init=False, default=None)  # the matrix used, if any
+    # the Q this client trained with in its previous round (None: cross-entropy, Q = I)
+    prior_q: np.ndarray | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         device = self.local.x.device
@@ -54,6 +59,9 @@ class LocalJob:
         self.transform = BatchTransform.of(self.local.spec, device)
         self.probs = predict_proba(self.model, self.local.x, self.transform,
                                    self.cfg.eval_batch_size)
+        k = self.probs.shape[1]
+        prior = load_vector(self.state, NOISE_MODEL, k * k)
+        self.prior_q = None if prior is None else prior.reshape(k, k)
 
     @property
     def labels(self) -> np.ndarray:
@@ -104,11 +112,17 @@ class LocalJob:
     def validation_accuracy(self) -> float:
         """Accuracy of the received global model on the validation share's observed
         labels (the ``held-out`` signal); a client too small for a share (one sample)
-        gives :meth:`global_accuracy`."""
+        gives :meth:`global_accuracy`. In phase 2 (the phase-2 guard's signal,
+        docs/FEDEFC.md §3.4) the model's prediction of an observed label is the argmax of
+        ``Q p``, through the Q the client trained with in its previous round
+        (:attr:`prior_q`; p itself after a round of cross-entropy)."""
         val = self.local.validation
         if val is None:
             return self.global_accuracy()
-        return float(np.mean(self.probs[val].argmax(1) == self.labels[val]))
+        probs = self.probs[val]
+        if self.phase == 2 and self.prior_q is not None:
+            probs = probs @ self.prior_q.T
+        return float(np.mean(probs.argmax(1) == self.labels[val]))
 
     def anchor(self, model: nn.Module | None = None) -> list[torch.Tensor]:
         """Detached copies of the trainable parameters (the proximal terms' w_g)."""

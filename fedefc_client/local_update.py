@@ -24,7 +24,7 @@ from common.transition import (
 )
 
 from .baselines.label_state import load_vector, save_vector
-from .job import LocalJob
+from .job import NOISE_MODEL, LocalJob
 
 Update = tuple[int, dict, TrainStats]
 POOLED_COUNTS = "fedefc-counts"  # context.state: the client's phase-2 count matrices, summed
@@ -39,9 +39,13 @@ def train_forward_corrected(job: LocalJob, q: np.ndarray) -> Update:
     """Train with the forward-corrected loss for noise matrix ``q`` (rows = observed
     label, columns = true label; docs/FEDEFC.md §4.5). With ``diagnostics`` and the
     simulator's truth, the reply carries Q's cosine similarity and L1 distance to the
-    client's true noise matrix (two scalars; docs/FEDEFC.md §5), never Q itself."""
+    client's true noise matrix (two scalars; docs/FEDEFC.md §5), never Q itself. Under
+    the phase-2 guard, ``q`` stays in the node's state for the next round's signal
+    (docs/FEDEFC.md §3.4)."""
     metrics: dict = {FitReply.LOSS: "forward-corrected"}
     job.last_q = q
+    if job.cfg.guarded and job.state is not None:  # the guard's signal next round (§3.4)
+        save_vector(job.state, NOISE_MODEL, np.asarray(q, dtype=np.float64).ravel())
     truth = job.local.true_transition
     if job.cfg.diagnostics and truth is not None:
         metrics[FitReply.Q_COS], metrics[FitReply.Q_L1] = matrix_agreement(q, truth)

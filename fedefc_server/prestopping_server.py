@@ -192,9 +192,12 @@ class PrestoppingServer(MethodServer):
             return f"{head} | initial model: {evaluation_text(record)}"
         if record["phase"] == 1:
             a = record.get("A")
-            return (f"{head} | A(t) {'n/a' if a is None else f'{a:.4f}'}  A_max "
-                    f"{record['A_max']:.4f}  patience {record['patience']}/"
-                    f"{self.cfg.gamma_thr} | {evaluation_text(record)}")
+            watched = record["round"] > self.cfg.start_round
+            a_max = f"{record['A_max']:.4f}" if watched else "n/a (from round " \
+                f"{self.cfg.start_round + 1})"
+            return (f"{head} | A(t) {'n/a' if a is None else f'{a:.4f}'}  A_max {a_max}  "
+                    f"patience {record['patience']}/{self.cfg.gamma_thr} | "
+                    f"{evaluation_text(record)}")
         kinds = ", ".join(sorted(set(record.get("client_loss", [])))) or "no clients"
         cos = record.get("q_cos")
         q = "" if cos is None else f" (Q vs true: cos {cos:.3f}, L1 {record['q_l1']:.3f})"

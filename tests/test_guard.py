@@ -230,14 +230,23 @@ class ClientNode(FakeProxy):
 
 
 def test_a_phase_2_made_to_hurt_is_undone(tmp_path, monkeypatch):
-    """Three clients of the embedded MNIST train every round; in phase 2 their Q says that
-    every class is labelled as the next one, so the forward-corrected loss teaches the
-    model to predict the previous class: its test accuracy collapses, so does the
-    held-out accuracy the clients report, and the guard restores the best model it kept,
+    """Three clients of the embedded MNIST train every round; in phase 2 each client's Q
+    is a new permutation of the classes every round (an estimator that keeps changing its
+    mind), so the forward-corrected loss drags the model from one relabelling to the
+    next: its test accuracy collapses, so does the held-out accuracy the clients report
+    (through the Q they trained with), and the guard restores the best model it kept,
     the test accuracy of that model's round."""
     k = 10
-    shift = np.roll(np.eye(k), 1, axis=0)  # Q[j + 1, j] = 1: true j is observed as j + 1
-    monkeypatch.setattr(local_update, "transition_from_counts", lambda *args: shift)
+
+    def changing_its_mind(counts, labels, weighting):
+        """Each call a new derangement: true j is observed as sigma(j) != j."""
+        rng = np.random.default_rng(int(counts.sum()))
+        while True:
+            sigma = rng.permutation(k)
+            if not np.any(sigma == np.arange(k)):
+                return np.eye(k)[sigma].T  # Q[sigma(j), j] = 1
+
+    monkeypatch.setattr(local_update, "transition_from_counts", changing_its_mind)
     cfg = load_run_config({"num-clients": 3, "fraction": 1.0, "rounds": 14,
                            "start-round": 2, "gamma-thr": 2, "local-epochs": 1,
                            "q-estimator": "counted", "client-threads": 1,
