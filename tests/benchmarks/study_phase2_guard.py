@@ -1,22 +1,22 @@
 """Study: FedEFC's phase 2 under full participation, with and without the phase-2 guard.
 
-The choices of docs/FEDEFC.md §3.4 and §4.8 (the guard's rule, what it does when it
-fires, the estimator) were measured with this script. It runs the project's clients in
-one process, as bench_simulation.py's plain loop does (the same ``MethodClient``, data
-plan, sampling, client seeds and prestopping rule; weights averaged by sample count),
-and records in every round the test accuracy of the global model and its held-out A:
-the mean over the clients of its accuracy on their validation shares, which is what a
-guarded run's clients report one round later. Per seed it runs
-
-- FedAvg;
-- FedEFC with ``phase-2-guard = "off"`` for each ``--estimator`` (the trajectory a
-  guard would watch), from which the guard's rule (``fedefc_server/guard.py``) is
-  replayed offline for each patience and margin (a margin of z standard errors of A(t),
-  from the shares' sizes): when it fires in round r (it hears of the model of round r
-  in round r + 1, as in a run), the run ends with the best model, so its final
-  accuracy is that model's and its last records are the rounds up to r + 1;
-- FedEFC whose guard, when it fires, restores the best model and then trains plain
-  cross-entropy on all the data, the share included (``--fallback-all``; online).
+The choices of docs/FEDEFC.md §3.4 and §4.8 (the guard's signal and rule, what it does
+when it fires, the estimator) were measured with this script. It runs the project's
+clients in one process, as bench_simulation.py's plain loop does (the same
+``MethodClient``, data plan, sampling, client seeds and prestopping rule; weights
+averaged by sample count), and records every round's test accuracy and A(t), the mean
+of the accuracies the clients report: with ``phase-2-guard`` on they report in phase 2
+too, the guard's signal (the received model's prediction of the share's observed
+labels through the Q each client trained it with), and the script records beside it
+the plain held-out accuracy of the received model (the signal before it, for the
+comparison). The run itself never stops: the guard's rule (``fedefc_server/guard.py``)
+is replayed on the recorded signals for each patience and margin (a margin of z
+standard errors of A(t), from the shares' sizes). When it fires in round t (round t's
+A(t) measures the model of round t - 1), the guarded run ends with the best model, so
+its final accuracy is that model's and its last records are rounds up to t. Per seed it
+runs FedAvg, FedEFC for each ``--estimator``, and with ``--fallback-all`` FedEFC whose
+guard (online) restores the best model and then trains cross-entropy on all the data,
+the share included.
 
 It prints per variant the mean final accuracy and mean of the last 10 rounds, their
 differences to FedAvg per seed, and how many seeds ended more than 1 point below.
@@ -31,35 +31,49 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
 from common.methods import load_run_config
 from common.params import get_weights, set_weights
 from common.runtime import initial_model, model_for
-from common.training import BatchTransform, configure_threads, pick_device, predict_proba
+from common.training import configure_threads, pick_device
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_client.client import MethodClient
+from fedefc_client.job import LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.plan import round_config, sample_round
 from fedefc_server.prestopping import Prestopper
 
+SIGNALS = ("guard", "plain")  # the guard's A(t), and the plain held-out accuracy
+
 
 @dataclass
 class Trajectory:
-    """Per round 0..T: the global model's test accuracy and held-out A; T_e; the shares'
-    sizes; the round the online guard fired in (fallback runs)."""
+    """Per round 0..T: the global model's test accuracy; per round 1..T the A(t) of each
+    signal (a measure of the model of the round before; None where no share); T_e; the
+    shares' sizes; the round the online guard fired in (fallback runs)."""
 
     acc: list[float]
-    held_out: list[float | None]
-    t_e: int | None
-    shares: list[int]
+    signals: dict[str, list[float | None]] = field(default_factory=dict)
+    t_e: int | None = None
+    shares: list[int] = field(default_factory=list)
     fired: int | None = None
+
+
+def plain_share_accuracy(client: MethodClient, weights, config) -> float | None:
+    """The received model's plain accuracy on the client's share (phase-1 signal)."""
+    local = client.local
+    if local.validation is None:
+        return None
+    model = model_for(client.cfg, local.data.task, local.x.device)
+    set_weights(model, weights)
+    job = LocalJob(client.cfg, local, model, 1, int(config["round"]), int(config["seed"]))
+    return job.validation_accuracy()
 
 
 def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
@@ -74,69 +88,65 @@ def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
     stopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
     states = {pid: RecordDict() for pid in range(cfg.num_clients)}
     locals_ = [partition_data(cfg, pid, device) for pid in range(cfg.num_clients)]
-    probe = model_for(cfg, fed.data.task, device, slot="server")
-
-    def held_out(w: list[np.ndarray]) -> float | None:
-        if locals_[0].validation is None:
-            return None
-        set_weights(probe, w)
-        accs = []
-        for local in locals_:
-            val = torch.as_tensor(local.validation, device=device)
-            pred = predict_proba(probe, local.x.index_select(0, val),
-                                 BatchTransform.of(local.spec, device),
-                                 cfg.eval_batch_size).argmax(1)
-            accs.append(float(np.mean(pred == local.labels[local.validation])))
-        return float(np.mean(accs))
-
-    acc, a_of = [evaluator(weights)[1]], [held_out(weights)]
-    best, best_w, worse, fired = -1.0, None, 0, None
+    tr = Trajectory([evaluator(weights)[1]], {name: [None] for name in SIGNALS})
+    tr.shares = [0 if lo.validation is None else len(lo.validation) for lo in locals_]
+    best, best_w, worse = -1.0, None, 0
     for rnd in range(1, cfg.rounds + 1):
-        replies = []
+        replies, plain = [], []
         for pid in sample_round(cfg, list(range(cfg.num_clients)), rnd):
             client = MethodClient(cfg, pid, lambda p=pid: locals_[p], states[pid])
             config = round_config(cfg, pid, rnd)
-            if fired is None and cfg.method != "fedavg":
+            if tr.fired is None and cfg.method != "fedavg":
                 config["phase"] = stopper.phase(rnd)
+                plain.append(plain_share_accuracy(client, weights, config))
             replies.append(client.fit(weights, config))  # no phase: all data, cross-entropy
+        accs = [m["accuracy"] for _, _, m in replies if "accuracy" in m]
+        a_t = float(np.mean(accs)) if accs else None
+        tr.signals["guard"].append(a_t)
+        tr.signals["plain"].append(float(np.mean(plain)) if plain and None not in plain
+                                   else None)
+        if stopper.phase(rnd) == 1 and a_t is not None:
+            stopper.observe(rnd, a_t)
         total = sum(n for _, n, _ in replies)
-        weights = [sum(w[i] * (n / total) for w, n, _ in replies).astype(weights[i].dtype)
-                   for i in range(len(weights))]
-        if stopper.phase(rnd) == 1 and "accuracy" in replies[0][2]:
-            stopper.observe(rnd, float(np.mean([m["accuracy"] for _, _, m in replies])))
-        a_of.append(held_out(weights))
-        if fallback_patience is not None and fired is None and a_of[-1] is not None \
+        new = [sum(w[i] * (n / total) for w, n, _ in replies).astype(weights[i].dtype)
+               for i in range(len(weights))]
+        if fallback_patience is not None and tr.fired is None and a_t is not None \
                 and rnd > cfg.start_round:
-            if a_of[-1] > best:
-                best, best_w, worse = a_of[-1], weights, 0
-            elif stopper.t_e is not None and rnd > stopper.t_e:
+            if a_t > best:
+                best, best_w, worse = a_t, weights, 0
+            elif stopper.t_e is not None and rnd - 1 > stopper.t_e:
                 worse += 1
                 if worse >= fallback_patience:
-                    fired, weights = rnd, best_w
-        acc.append(evaluator(weights)[1])
-    sizes = [0 if local.validation is None else len(local.validation) for local in locals_]
-    return Trajectory(acc, a_of, stopper.t_e, sizes, fired)
+                    tr.fired, new = rnd, best_w
+        weights = new
+        tr.acc.append(evaluator(weights)[1])
+    tr.t_e = stopper.t_e
+    return tr
 
 
-def replay_guard(tr: Trajectory, start_round: int, patience: int, z: float) -> list[float]:
+def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
+                 z: float) -> list[float]:
     """The test-accuracy records of the guarded run (docs/FEDEFC.md §3.4): the rule of
-    ``Phase2Guard`` on the recorded held-out A, with a margin of ``z`` standard errors."""
+    ``Phase2Guard`` on the recorded signal, a round counting against phase 2 when its
+    A(t) is below the best by more than ``z`` standard errors (z = 0: not beating it)."""
+    a_of = tr.signals[signal]
     if tr.t_e is None:
         return tr.acc
     best, best_round, worse = -1.0, None, 0
-    for r in range(start_round + 1, len(tr.acc)):
-        a = tr.held_out[r]
-        if a > best:
-            best, best_round, worse = a, r, 0
+    for t in range(start_round + 1, len(tr.acc)):
+        a = a_of[t]
+        if a is None:
             continue
-        if r <= tr.t_e:
+        if a > best:
+            best, best_round, worse = a, t, 0
+            continue
+        if t - 1 <= tr.t_e:
             continue
         margin = z * float(np.sqrt(sum(best * (1 - best) / n for n in tr.shares))) / len(
             tr.shares)
-        worse = worse + 1 if a < best - margin else 0
-        if worse >= patience:
-            end = min(r + 1, len(tr.acc) - 1)  # the run hears of round r's model in r + 1
-            return tr.acc[:end] + [tr.acc[best_round]]
+        worse = worse + 1 if a <= best - margin else 0
+        if worse >= patience:  # round t restores the model round best_round received
+            return tr.acc[:t] + [tr.acc[best_round - 1]]
     return tr.acc
 
 
@@ -156,7 +166,7 @@ def main() -> None:
     ap.add_argument("--fallback-all", action="store_true")
     ap.add_argument("--json", help="write every trajectory here")
     args = ap.parse_args()
-    base = resolve_run_config(args.preset, [*args.overrides, "phase-2-guard=\"off\""], "")
+    base = resolve_run_config(args.preset, [*args.overrides, 'phase-2-guard="on"'], "")
     cfg = load_run_config(base)
     patience = args.patience or [cfg.gamma_thr]
     curves: dict[str, dict[int, list[float]]] = {}
@@ -168,10 +178,11 @@ def main() -> None:
             tr = run({**base, "seed": seed, "q-estimator": est})
             dump[f"{est}-s{seed}"] = tr.__dict__
             curves.setdefault(f"{est}, no guard", {})[seed] = tr.acc
-            for p in patience:
-                for z in args.margin:
-                    curves.setdefault(f"{est}, guard p{p} z{z:g}, ends", {})[seed] = \
-                        replay_guard(tr, cfg.start_round, p, z)
+            for signal in SIGNALS:
+                for p in patience:
+                    for z in args.margin:
+                        curves.setdefault(f"{est}, {signal} p{p} z{z:g}, ends", {})[seed] = \
+                            replay_guard(tr, signal, cfg.start_round, p, z)
             if args.fallback_all:
                 for p in patience:
                     fb = run({**base, "seed": seed, "q-estimator": est}, fallback_patience=p)
