@@ -36,8 +36,9 @@ from common.results import RunRecorder
 from common.runtime import initial_model
 from common.secure_means import SLOTS, decode_tail, encode_tail, tail_scale
 from common.training import BatchTransform, predict_proba
+from fedefc_client.baselines.label_state import save_vector
 from fedefc_client.client_app import app as client_app
-from fedefc_client.job import LocalJob
+from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_client.mods import (
     audit_mod,
@@ -210,10 +211,12 @@ def server(flat: dict, grid: InProcessGrid):
     return cfg, make_pipeline(cfg, plan_sizes=sizes, max_private=10**6), grid.manager(), init
 
 
-def secure_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | None = None):
-    """Round 1 under secure aggregation, from the initial model or ``weights``: (its
-    record fields, the new parameters)."""
+def secure_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | None = None,
+                 t_e: int | None = None):
+    """Round 1 under secure aggregation, from the initial model or ``weights`` (in phase 2
+    with ``t_e = 0``): (its record fields, the new parameters)."""
     cfg, pipeline, mgr, init = server(flat, grid)
+    pipeline.server.prestopper.t_e = t_e
     params = ndarrays_to_parameters(init if weights is None else weights)
     plan = pipeline.plan(1, params, mgr)
     outcome = SecureRound(grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
@@ -221,9 +224,11 @@ def secure_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | No
     return {**plan.record, **outcome.record}, outcome.parameters
 
 
-def plain_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | None = None):
+def plain_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | None = None,
+                t_e: int | None = None):
     """Round 1 without it: (its record fields, the new parameters)."""
     cfg, pipeline, mgr, init = server(flat, grid)
+    pipeline.server.prestopper.t_e = t_e
     driver = RoundDriver(pipeline)
     instructions = driver.configure_fit(1, ndarrays_to_parameters(init if weights is None
                                                                   else weights), mgr)
@@ -377,6 +382,48 @@ def test_the_held_out_signal_travels_inside_the_secure_sum(micro_mnist_dir, tmp_
     fields = round_fields(secure, weights)
     assert fields["client_acc"] is None
     assert fields["A"] == pytest.approx(np.mean(held_out), abs=1e-6)
+
+
+def test_the_phase_2_guards_signal_travels_inside_the_secure_sum(micro_mnist_dir, tmp_path):
+    """Under the phase-2 guard (the held-out signal, every client every round), a phase-2
+    reply carries A_k: the received model's prediction of the share's observed labels
+    through the Q the client trained with last round, kept in its node's state
+    (docs/FEDEFC.md §3.4); recomputed here from the model's predictions and each node's
+    Q. A plain round reports each, a secure round only their mean."""
+    keys = {"diagnostics": False, "accuracy-signal": "held-out", "validation-fraction": 0.5,
+            "rho": 0.4, "zeta": 0.4}
+    plain = micro_config(micro_mnist_dir, tmp_path / "plain", **keys)
+    secure = micro_config(micro_mnist_dir, tmp_path / "secure", **keys,
+                          **{"secure-aggregation": True})
+    cfg = load_run_config(secure)
+    assert cfg.guarded
+    clients = [partition_data(cfg, k, CPU) for k in range(4)]
+    model = initial_model(cfg, clients[0].data.task)
+    for k, local in enumerate(clients):  # a received model that has learnt something
+        LocalJob(cfg, local, model, None, 1, k).train()
+    weights = get_weights(model)
+    rng = np.random.default_rng(3)
+    noise = [0.5 * np.eye(10) + 0.5 * rng.dirichlet(np.ones(10), size=10).T for _ in clients]
+    through_q, plain_acc = [], []
+    for local, q in zip(clients, noise):
+        probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU))
+        val = local.validation
+        through_q.append(float(np.mean((probs[val] @ q.T).argmax(1) == local.labels[val])))
+        plain_acc.append(float(np.mean(probs[val].argmax(1) == local.labels[val])))
+    assert through_q != pytest.approx(plain_acc)  # Q changes the prediction here
+
+    def fields(flat, run):
+        grid = InProcessGrid(client_app, flat, 4)
+        for k, q in enumerate(noise):
+            save_vector(grid.contexts[1000 + k].state, NOISE_MODEL, q.ravel())
+        return run(flat, grid, weights, t_e=0)[0]
+
+    plain_fields = fields(plain, plain_round)
+    assert plain_fields["client_loss"] == ["forward-corrected"] * 4  # phase 2
+    assert plain_fields["client_acc"] == pytest.approx(through_q, abs=1e-12)
+    secure_fields = fields(secure, secure_round)
+    assert secure_fields["client_acc"] is None
+    assert secure_fields["A"] == pytest.approx(np.mean(through_q), abs=1e-6)
 
 
 def test_plain_replies_carry_each_accuracy(rounds):
