@@ -192,6 +192,9 @@ class RunConfig(BaseModel):
     min_fit_clients: int = Field(1, ge=1, le=100_000)
     client_timeout: float = Field(0.0, ge=0.0, le=1e6)
     wait_for_nodes: float = Field(300.0, gt=0.0, le=86400.0)
+    # a partition that misses more than this share of the training rounds makes the run
+    # "degraded" (docs/RELIABILITY.md, "A missing site is named"); 1.0: never
+    max_missed_share: float = Field(0.1, ge=0.0, le=1.0)
     accuracy_aggregation: Literal["mean", "median", "trimmed-mean"] = "mean"
     trim_fraction: float = Field(0.1, ge=0.0, lt=0.5)
     max_client_samples: int = Field(0, ge=0)

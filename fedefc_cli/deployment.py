@@ -55,7 +55,7 @@ from common.methods import load_run_config, short_run_warning
 from common.results import atomic_write_json
 
 from .app_signing import SigningKeyError
-from .errors import LaunchError, UsageError
+from .errors import EXIT_DEGRADED, LaunchError, UsageError
 from .flower import (
     RunOutcome,
     active_runs,
@@ -626,6 +626,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     wait_for_superlink(args.connection, env, Path.cwd())
     refuse_a_busy_superlink(args.connection, env, Path.cwd())
     outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign)
+    if outcome.degraded:
+        print(f"fedefc deploy: run {outcome.run_id} completed DEGRADED: {outcome.degradation}."
+              f"\nIts model and summary are in {cfg.out_dir} on the SuperLink machine; the "
+              "summary's missed_rounds lists, per partition, the rounds it missed, and each "
+              "round's record in metrics.jsonl says why (missing). Whole log: flwr log "
+              f"{outcome.run_id} {args.connection}", file=sys.stderr)
+        return EXIT_DEGRADED
     if not outcome.completed:
         print(f"fedefc deploy: {explain_failure(outcome, cfg.out_dir, args.connection)}",
               file=sys.stderr)
@@ -675,6 +682,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print(f"fedefc deploy: the run FAILED: {summary.get('failure', 'no reason recorded')}",
               file=sys.stderr)
         return 1
+    if summary.get("status") == "degraded":
+        print(f"fedefc deploy: the run is DEGRADED: {summary.get('degraded')}",
+              file=sys.stderr)
     if missing:
         print(f"fedefc deploy: {', '.join(missing)} missing: the run did not finish (it may "
               "still run, or have failed before writing them; see flwr log RUN_ID)",
@@ -682,8 +692,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 1
     shown = {k: summary[k] for k in ("status", "final_acc", "best_acc", "t_e",
                                      "client_failures", "rejected_replies") if k in summary}
+    shown.update({k: summary[k] for k in ("missed_rounds", "federated_failures",
+                                          "missed_evaluations") if summary.get(k)})
     print(f"summary: {json.dumps(shown)}")
-    return 0
+    return EXIT_DEGRADED if summary.get("status") == "degraded" else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
-"""The two ways a ``fedefc`` command fails, and their exit codes.
+"""The ways a ``fedefc`` command fails, and their exit codes.
 
 Bad input (a run-config key, a preset, a flag, the data, a checkpoint) exits 2 before
 anything starts, naming the value and the fix; a Flower process or run that fails
-after starting exits 1 (:data:`EXIT_CODES`).
+after starting exits 1 (:data:`EXIT_CODES`); a run that completed ``degraded`` (a
+partition missed more rounds than ``max-missed-share`` allows: docs/RELIABILITY.md)
+exits :data:`EXIT_DEGRADED`, its reason on stderr.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from common.partition import PartitionError
 from common.results import OutputDirError
 from fedefc_client.private_data import PrivateDataError
 from fedefc_server.checkpoint import CheckpointError
+
+EXIT_DEGRADED = 3  # the run completed, but without a site for more rounds than allowed
 
 
 class UsageError(ValueError):

@@ -92,8 +92,11 @@ def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[s
 
 
 # The ServerApp's contract (docs/DEPLOYMENT.md, "When a run fails"): a run that trained
-# nothing logs a last line ``RUN FAILED: <reason>`` and raises.
+# nothing logs a last line ``RUN FAILED: <reason>`` and raises; a run that completed
+# without a site for more rounds than max-missed-share allows logs a last line
+# ``RUN DEGRADED: <reason>`` (fedefc_server/summary.py).
 FAILED_LINE = re.compile(r"RUN FAILED: (.*)")
+DEGRADED_LINE = re.compile(r"RUN DEGRADED: (.*)")
 ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception)\b")
 
 
@@ -104,19 +107,38 @@ class RunOutcome:
     run_id: str
     status: str  # as ``flwr ls`` reports it
     failure: str | None  # the last ``RUN FAILED:`` line's reason, else the last error line
+    degradation: str | None = None  # the ``RUN DEGRADED:`` line's reason
 
     @property
     def completed(self) -> bool:
-        """Flower reports ``finished:completed`` and the log reports no failure."""
-        return self.status == "finished:completed" and self.failure is None
+        """Flower reports ``finished:completed`` and the log reports no failure and no
+        degradation."""
+        return (self.status == "finished:completed" and self.failure is None
+                and self.degradation is None)
+
+    @property
+    def degraded(self) -> bool:
+        """Flower reports ``finished:completed``, the log no failure but ``RUN DEGRADED``."""
+        return (self.status == "finished:completed" and self.failure is None
+                and self.degradation is not None)
 
     @property
     def verdict(self) -> str:
         """``finished:completed`` for a good run only; a run that Flower calls completed
-        but whose log reports ``RUN FAILED`` says so."""
+        but whose log reports ``RUN FAILED`` or ``RUN DEGRADED`` says so."""
         if self.status == "finished:completed" and self.failure is not None:
             return f"finished:completed but RUN FAILED: {self.failure}"
+        if self.degraded:
+            return f"finished:completed but RUN DEGRADED: {self.degradation}"
         return self.status
+
+
+def degradation_reason(lines: list[str]) -> str | None:
+    """The last ``RUN DEGRADED:`` reason of a run's log, if any."""
+    for line in reversed(lines):
+        if match := DEGRADED_LINE.search(line):
+            return match.group(1).strip()
+    return None
 
 
 def failure_reason(lines: list[str], status: str) -> str | None:
@@ -181,7 +203,7 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
     while not status.startswith("finished") and time.monotonic() < deadline:
         time.sleep(1)
         status = run_status(connection, run_id, env, cwd)
-    return RunOutcome(run_id, status, failure_reason(lines, status))
+    return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines))
 
 
 class LocalSimulation(ProcessGroup):

@@ -205,7 +205,8 @@ def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int
             summary = run_simulation_job(config, client_cpus, client_gpus,
                                          log_path=cell.out_dir / "run.log")
             log(f"    final acc {summary.get('final_acc')}, T_e {summary.get('t_e')}, "
-                f"{time.monotonic() - start:.0f} s")
+                f"{time.monotonic() - start:.0f} s"
+                + (f" | DEGRADED: {summary['degraded']}" if summary.get("degraded") else ""))
         except (LaunchError, OSError) as err:
             failures += 1
             log(f"    FAILED: {err}")

@@ -9,7 +9,8 @@
                                                     a deployment across machines
     fedefc data SOURCE OUT --size N                 a folder of images -> a node's data.npz
 
-Bad input exits 2 before anything starts; a failed run exits 1 (:mod:`.errors`).
+Bad input exits 2 before anything starts; a failed run exits 1, a degraded one 3
+(:mod:`.errors`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from common.methods import load_run_config, short_run_warning
 
 from . import deployment, prepare_data, services
-from .errors import EXIT_CODES
+from .errors import EXIT_CODES, EXIT_DEGRADED
 from .grid import Grid, run_grid
 from .report import write_report
 from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
@@ -64,6 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = run_simulation_job(run_config, args.client_cpus, gpus, checked=True)
     print(json.dumps(summary, indent=2))
     print(f"fedefc: results in {summary['out_dir']}")
+    if summary.get("status") == "degraded":
+        print(f"fedefc: the run is DEGRADED: {summary['degraded']}", file=sys.stderr)
+        return EXIT_DEGRADED
     return 0
 
 

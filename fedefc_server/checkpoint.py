@@ -31,10 +31,11 @@ FILE = "checkpoint.pt"
 FORMAT = 2
 # Keys that may differ between the interrupted run and its resumption: where results
 # go, how long to run, how (not what) to compute, whether clients audit their replies,
-# and where the operator keeps the allowlist (the operator may hand a partition over).
+# where the operator keeps the allowlist (the operator may hand a partition over), and
+# how many missed rounds the operator tolerates.
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
                         "eval-batch-size", "client-timeout", "wait-for-nodes", "audit",
-                        "allowlist"})
+                        "allowlist", "max-missed-share"})
 
 
 class CheckpointError(ValueError):

@@ -10,9 +10,13 @@ masks; it is then recorded as a rejection, not a failure (docs/PRIVACY.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.app import Error
+from flwr.server.client_proxy import ClientProxy
 
 REJECTED = 4601  # the error code of a reply refused before the secure sum
+NO_REPLY = "Expected one Message but got: 0"  # Flower's proxy when no reply came in time
 
 
 class RunFailed(RuntimeError):
@@ -46,10 +50,77 @@ def distinct_failures(failures: list) -> list:
     return out
 
 
+class NodeFailed(Exception):
+    """A message to a node that failed (an exception of Flower's, or the node's error
+    reply), with the node and the partition it was sent to (:class:`Attributed`)."""
+
+    def __init__(self, node: str, partition: int | None, cause: BaseException):
+        super().__init__(cause)
+        self.node = node
+        self.partition = partition
+        self.cause = cause
+
+
+class Attributed(ClientProxy):
+    """A node's proxy whose failures name it: every call that raises raises
+    :class:`NodeFailed` with the node and the partition it serves, so that a round's
+    record can say which partition failed and why (Flower's own failures carry
+    neither). Everything else is the proxy's."""
+
+    def __init__(self, proxy: ClientProxy, partition: int | None):
+        super().__init__(proxy.cid)
+        self.proxy = proxy
+        self.partition = partition
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.proxy, name)
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except Exception as err:
+            raise NodeFailed(self.cid, self.partition, err) from err
+
+    def get_properties(self, ins, timeout, group_id):
+        return self._call(self.proxy.get_properties, ins, timeout, group_id)
+
+    def get_parameters(self, ins, timeout, group_id):
+        return self._call(self.proxy.get_parameters, ins, timeout, group_id)
+
+    def fit(self, ins, timeout, group_id):
+        return self._call(self.proxy.fit, ins, timeout, group_id)
+
+    def evaluate(self, ins, timeout, group_id):
+        return self._call(self.proxy.evaluate, ins, timeout, group_id)
+
+    def reconnect(self, ins, timeout, group_id):
+        return self._call(self.proxy.reconnect, ins, timeout, group_id)
+
+
+def attributed_failures(failures: list) -> list[dict[str, Any]]:
+    """{node, partition, reason} of the failures that name their node (:class:`Attributed`
+    proxies' exceptions, and replies of a status other than OK)."""
+    out = []
+    for failure in failures:
+        if isinstance(failure, NodeFailed):
+            out.append({"node": failure.node, "partition": failure.partition,
+                        "reason": describe_failure(failure.cause)})
+        elif isinstance(failure, tuple):
+            proxy, res = failure
+            out.append({"node": proxy.cid, "partition": getattr(proxy, "partition", None),
+                        "reason": f"status {res.status.code.name} {res.status.message}"})
+    return out
+
+
 def describe_failure(failure) -> str:
     """One line for the round record's ``failure_reasons``."""
+    if isinstance(failure, NodeFailed):
+        pid = "" if failure.partition is None else f" (partition {failure.partition})"
+        return f"node {failure.node}{pid}: {describe_failure(failure.cause)}"
     if isinstance(failure, Exception) and failure.args and isinstance(failure.args[0], Error):
         return f"error {failure.args[0].code}: {failure.args[0].reason}"
+    if isinstance(failure, ValueError) and str(failure) == NO_REPLY:
+        return "no reply within client-timeout (Flower returned none)"
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
     proxy, res = failure

@@ -55,8 +55,9 @@ from common.methods import Method
 from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, decode_tail, tail_scale
 from common.update_bound import norm_bound, secure_range
 
+from .attendance import absent_among
 from .baselines.extra_messages import send_tasks
-from .failures import describe_failure
+from .failures import attributed_failures, describe_failure
 from .method_server import Aggregated, MethodServer
 from .plan import RoundPlan, round_config
 from .registry import PartitionRegistry
@@ -209,8 +210,16 @@ class RoundPipeline:
         instructions = [(serving[pid], FitIns(parameters, {
             **round_config(self.cfg, pid, server_round),
             **self.server.client_config(server_round, pid), **privacy})) for pid in chosen]
+        unserved = self.unserved(serving)
         return RoundPlan(server_round, instructions, expected, bound,
-                         {"sampled": drawn, **self.registry.take_news(), **extra}, parameters)
+                         {"sampled": drawn, **self.registry.take_news(), **extra,
+                          **({"unserved": unserved} if unserved else {})}, parameters)
+
+    def unserved(self, serving: dict[int, ClientProxy]) -> list[dict[str, Any]]:
+        """The run's partitions no connected node serves, each with why
+        (:meth:`.registry.PartitionRegistry.absence`)."""
+        return [self.registry.absence(pid) for pid in range(self.cfg.num_clients)
+                if pid not in serving]
 
     def privacy_config(self, weight_bound: int) -> dict[str, Scalar]:
         """What a training message adds for the client's privacy mods: SecAgg+'s tail
@@ -288,8 +297,10 @@ class RoundPipeline:
                             if int(r[1].metrics[FitReply.PARTITION_ID]) in decoded.partitions]
         metrics = [res.metrics for _, res in accepted]
         failed = describe_failures(t, "client", failures)
+        named = attributed_failures(failures)
         record: dict[str, Any] = {
             **screened.record, "failures": len(failed), "failure_reasons": failed,
+            **({"failed_partitions": named} if named else {}),
             "n_clients": len(accepted),
             "partition_ids": [int(m[FitReply.PARTITION_ID]) for m in metrics],
             "num_examples": [int(res.num_examples) for _, res in accepted],
@@ -428,7 +439,16 @@ class RoundPipeline:
         failed = describe_failures(plan.round, "client evaluation", failures)
         held = sorted((r for _, r in valid if r.num_examples > 0),
                       key=lambda r: int(r.metrics[EvaluateReply.PARTITION_ID]))
+        node_of = {pid: proxy.cid for (proxy, _), pid in
+                   zip(plan.instructions, sorted(plan.partitions))}
+        missing = [*self.unserved(dict.fromkeys(plan.partitions)), *absent_among(
+            plan.partitions, [int(r.metrics[EvaluateReply.PARTITION_ID]) for _, r in valid],
+            [*attributed_failures(failures),
+             *({**r, "reason": f"reply refused: {r['reason']}"} for r in rejected)],
+            node_of, "its evaluation failed")]
         fields: dict[str, Any] = {
+            **({"federated_missing": sorted(missing, key=lambda a: a["partition"])}
+               if missing else {}),
             "federated_acc": None, "federated_loss": None,
             "federated_clients": len(held),
             "federated_samples": int(sum(r.num_examples for r in held)),

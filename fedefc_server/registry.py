@@ -183,6 +183,7 @@ class PartitionRegistry:
         self._assumed: dict[int, str] | None = None
         self._proxies: dict[str, ClientProxy] = {}  # the connected nodes, last seen
         self._misplaced: set[str] = set()  # simulated nodes that declared another partition
+        self._claims: dict[int, tuple[str, str]] = {}  # partition -> a refused claimant, why
 
     def partition_of(self, cid: str) -> int | None:
         """The partition id node ``cid`` holds, if it does."""
@@ -298,6 +299,27 @@ class PartitionRegistry:
         return (cid in self._pid_of_cid or cid in self._refused or cid in self._waiting
                 or self._failed.get(cid, ("", 0.0, False))[2])
 
+    def absence(self, pid: int) -> dict[str, Any]:
+        """Why no connected node serves partition ``pid``, as {partition, node, reason}:
+        its node left, was refused or failed to declare, or none has claimed it."""
+        cid = self._holder.get(pid) or (self._assumed or {}).get(pid)
+        if cid is None and pid in self._claims:
+            cid, why = self._claims[pid]
+            return {"partition": pid, "node": cid, "reason": f"its node was refused: {why}"}
+        if cid is None:
+            return {"partition": pid, "node": None,
+                    "reason": "no node has declared it (none connected, or each that did "
+                              "failed before declaring; the log's registry lines say)"}
+        if cid in self._refused:
+            reason = f"its node was refused: {self._refused[cid]}"
+        elif cid in self._failed:
+            reason = f"its node failed to declare: {self._failed[cid][0]}"
+        elif cid not in self._proxies:
+            reason = "its node is no longer connected"
+        else:
+            reason = "its node is waiting to be asked again"
+        return {"partition": pid, "node": cid, "reason": reason}
+
     def notes(self) -> list[str]:
         """What a reader of the run's summary must know about its nodes."""
         return [self.missing_at_start] if self.missing_at_start else []
@@ -365,6 +387,9 @@ class PartitionRegistry:
             if reason is not None:
                 if cid not in self._waiting:
                     self._refused[cid] = reason
+                    claimed = props.get(Keys.PARTITION_ID)
+                    if isinstance(claimed, int) and not isinstance(claimed, bool):
+                        self._claims.setdefault(claimed, (cid, reason))
                 self._news.setdefault("refused_nodes", []).append(
                     {"node": cid, "partition": props.get(Keys.PARTITION_ID),
                      "reason": reason})

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -35,14 +35,15 @@ from flwr.server.history import History
 from torch import nn
 
 from common.config import RunConfig
-from common.dp_accounting import run_guarantee
 from common.params import state_dict_of
 from common.results import RunRecorder
 
 from . import checkpoint
+from .attendance import describe, missed_training
 from .failures import RunFailed
 from .pipeline import RoundOutcome, RoundPipeline
 from .strategy import RoundStrategy
+from .summary import RunFacts, build_summary, tell
 
 SecureRoundFn = Callable[[RoundStrategy, Parameters], RoundOutcome]
 
@@ -131,7 +132,14 @@ class RoundLoop(Server):
         else:
             self.fit_round(server_round=server_round, timeout=timeout)
             outcome = self.strategy.outcome or RoundOutcome(None, {"n_clients": 0})
-        return RoundOutcome(outcome.parameters, {**plan.record, **outcome.record})
+        record = {**plan.record, **outcome.record}
+        partition_of = self.pipeline.registry.partition_of
+        node_of = {pid: proxy.cid for proxy, _ in plan.instructions
+                   if (pid := partition_of(proxy.cid)) is not None}
+        missing = missed_training(record, plan.partitions, node_of)
+        record.pop("unserved", None)
+        return RoundOutcome(outcome.parameters, {**record, **({"missing": missing}
+                                                              if missing else {})})
 
     def _end_round(self, server_round: int, history: History, round_start: float,
                    timeout: float | None, fields: dict[str, Any]) -> None:
@@ -159,6 +167,11 @@ class RoundLoop(Server):
         self.recorder.write_round(record)
         log(INFO, "[round %d/%d] %s", server_round, self.cfg.rounds,
             self.pipeline.describe(record))
+        for key, what in (("missing", "missed by"), ("federated_missing",
+                                                     "federated evaluation missed by")):
+            if record.get(key):
+                log(WARNING, "[round %d/%d] %s %s", server_round, self.cfg.rounds, what,
+                    describe(record[key]))
         if server_round > 0:
             checkpoint.save(self.recorder.out_dir, checkpoint.Checkpoint(
                 server_round, parameters_to_ndarrays(self.parameters),
@@ -167,54 +180,16 @@ class RoundLoop(Server):
 
     def _finish(self, weights: list[np.ndarray] | None, failure: str | None = None
                 ) -> dict[str, Any]:
-        """Write model.pt and summary.json, and log the summary. A run whose clients failed
-        or were rejected still completes; the summary counts them, so that no one reads
-        its accuracy without knowing (the reasons are in the rounds' records). A failed
-        run (``failure``) writes no model; its summary and last log line say why. The
-        method's notes on a completed run (FedEFC: it never left phase 1) are the last
-        log lines and the summary's ``notes``."""
+        """Write model.pt (unless the run failed) and summary.json, and log the summary
+        (:mod:`.summary`: built from the rounds' records, then told). A run whose clients
+        failed or were refused still completes, its summary counting them; one in which
+        a partition missed more rounds than ``max-missed-share`` allows ends
+        ``degraded``; a failed run (``failure``) writes no model."""
         if failure is None:
             self.recorder.write_model(state_dict_of(self.model, weights))
-        notes = [] if failure else self.pipeline.notes()
-        dp = run_guarantee(self.cfg)
-        if dp is not None:
-            log(INFO, "%s", dp.describe())
-        rounds = self.recorder.rounds
-        summary = self.recorder.write_summary({
-            **self.run_info, "method": self.cfg.method, "dataset": self.cfg.dataset,
-            "seed": self.cfg.seed, "rounds": self.cfg.rounds,
-            "status": "failed" if failure else "completed",
-            **({"failure": failure} if failure else {}), "notes": notes,
-            **({"dp": dp.as_record()} if dp else {}),
-            **self.pipeline.server.summary_fields(),
-            "client_failures": sum(int(r.get("failures") or 0) for r in rounds),
-            "rejected_replies": sum(int(r.get("rejected") or 0) for r in rounds),
-            "rounds_with_failures": [r["round"] for r in rounds
-                                     if r.get("failures") or r.get("rejected")],
-            "wall_time_s": self.elapsed(),
-        })
-        t_e = f" | T_e {summary['t_e']}" if "t_e" in summary else ""
-        source = summary.get("accuracy_source", "no evaluation")
-        true = summary.get("federated_true_final_acc")
-        true = "" if true is None else f"; true labels {true:.4f}"
-        federated = ""
-        if source == "server test set" and summary.get("federated_final_acc") is not None:
-            federated = f" | federated final acc {summary['federated_final_acc']:.4f}"
-            federated += f" (held-out data{true})" if true else ""
-        else:
-            source += true
-        failures = (f" in {len(summary['rounds_with_failures'])} rounds (reasons: metrics.jsonl)"
-                    if summary["rounds_with_failures"] else "")
-        log(INFO, "SUMMARY | final acc %.4f (%s)%s | best %.4f (round %s) | mean of last %s "
-            "%.4f%s | client failures %d, rejected replies %d%s | wall time %.1f s",
-            summary.get("final_acc", float("nan")), source, federated,
-            summary.get("best_acc", float("nan")), summary.get("best_round"),
-            summary.get("mean_last10_rounds", 0), summary.get("mean_last10_acc", float("nan")),
-            t_e, summary["client_failures"], summary["rejected_replies"], failures,
-            summary["wall_time_s"])
-        log(INFO, "results: %s", summary["out_dir"])
-        for note in notes:
-            log(WARNING, "NOTE: %s", note)
-        if failure:
-            log(ERROR, "RUN FAILED: %s", failure)
+        facts = RunFacts(self.run_info, self.pipeline.server.summary_fields(),
+                         [] if failure else self.pipeline.notes(), self.elapsed(), failure)
+        summary = self.recorder.write_summary(
+            build_summary(self.cfg, self.recorder.rounds, facts))
+        tell(summary, self.cfg)
         return summary

@@ -34,7 +34,7 @@ from flwr.server.strategy import Strategy
 
 from common.messages import FitReply
 
-from .failures import distinct_failures, is_rejection
+from .failures import Attributed, distinct_failures, is_rejection
 from .pipeline import (
     Collected,
     EvaluationPlan,
@@ -71,8 +71,18 @@ class RoundStrategy(Strategy):
     # -- training ----------------------------------------------------------------------
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        """The plan's instructions (sampled and configured by the pipeline's plan step)."""
-        return list(self.plan.instructions)
+        """The plan's instructions (sampled and configured by the pipeline's plan step);
+        in a plain round each node's proxy names the node and its partition in its
+        failures (:class:`.failures.Attributed`; SecAgg+ sends its own messages)."""
+        if self.pipeline.secure:
+            return list(self.plan.instructions)
+        return self.attributed(self.plan.instructions)
+
+    def attributed(self, instructions: list[tuple[ClientProxy, Any]]
+                   ) -> list[tuple[ClientProxy, Any]]:
+        partition_of = self.pipeline.registry.partition_of
+        return [(Attributed(proxy, partition_of(proxy.cid)), ins)
+                for proxy, ins in instructions]
 
     def screen_masked(self, results: list[tuple[ClientProxy, FitRes]]
                       ) -> list[tuple[ClientProxy, FitRes]]:
@@ -118,7 +128,7 @@ class RoundStrategy(Strategy):
         data (none without federated evaluation)."""
         self.evaluation = self.pipeline.plan_evaluation(server_round, parameters,
                                                         client_manager)
-        return [] if self.evaluation is None else list(self.evaluation.instructions)
+        return [] if self.evaluation is None else self.attributed(self.evaluation.instructions)
 
     def aggregate_evaluate(self, server_round: int,
                            results: list[tuple[ClientProxy, EvaluateRes]],

@@ -27,11 +27,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.methods import load_run_config
 from fedefc_cli import deployment
 from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
-from fedefc_cli.flower import RunOutcome, free_port
+from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
+from fedefc_server.summary import RunFacts, build_summary, summary_lines
 
 DOC = APP_DIR / "docs" / "DEPLOYMENT.md"
 
@@ -357,6 +359,33 @@ def test_submit_claims_results_only_after_a_completed_run(monkeypatch, capsys, t
                f"{failure or 'its log names no reason'}" in err
         assert "flwr log 42 fedefc" in err
         assert f"if anything, is in {tmp_path}/r on the SuperLink machine" in err
+
+
+def test_submit_exits_3_naming_the_site_of_a_degraded_run(monkeypatch, capsys, tmp_path):
+    """The ServerApp's last lines for a run that lost partition 1 after round 1 of 3
+    (told by fedefc_server/summary.py from the records) are what submit reads: Flower
+    says completed, submit exits 3 with the reason, and does not claim a clean result."""
+    cfg = load_run_config({"method": "fedavg", "prestopping": False, "rounds": 3,
+                           "num-clients": 2,
+                           "out-dir": str(tmp_path / "r")})
+    gone = {"partition": 1, "node": "77", "reason": "its node is no longer connected"}
+    rounds = [{"round": 0}, {"round": 1}, {"round": 2, "missing": [gone]},
+              {"round": 3, "missing": [gone]}]
+    summary = {**build_summary(cfg, rounds, RunFacts({}, {})), "out_dir": "/r"}
+    log = [text for _, text in summary_lines(summary)]
+    assert summary["status"] == "degraded" and log[-1].startswith("RUN DEGRADED: ")
+    outcome = RunOutcome("9", "finished:completed", failure_reason(log, "finished:completed"),
+                         degradation_reason(log))
+    assert outcome.degraded and not outcome.completed
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: outcome)
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 3
+    out, err = capsys.readouterr()
+    assert "results in" not in out
+    assert ("run 9 completed DEGRADED: partition 1 missed 2 of 3 rounds (rounds 2-3; last: "
+            "node 77: its node is no longer connected)") in err
+    assert "max-missed-share=0.1" in err and "flwr log 9 fedefc" in err
 
 
 def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,

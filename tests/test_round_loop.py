@@ -73,7 +73,7 @@ class LyingNode(TrainingNode):
 
 
 def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_class=None,
-             **keys):
+             on_manager=None, **keys):
     cfg = load_run_config({"method": method,
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
@@ -91,6 +91,8 @@ def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_c
     manager = SimpleClientManager()
     for pid in SIZES:
         manager.register((node_class or {}).get(pid, node)(f"node-{pid}", pid, SIZES[pid]))
+    if on_manager is not None:
+        on_manager(manager)
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,
                      parameters=ndarrays_to_parameters(init), cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
@@ -175,6 +177,12 @@ def test_summary_counts_the_client_failures_and_rejections_of_a_completed_run(tm
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["client_failures"] == 3 and summary["rejected_replies"] == 1
     assert summary["rounds_with_failures"] == [1, 2, 3]
+    assert summary["missed_rounds"] == {"1": [2], "3": [1, 2, 3]}
+    assert summary["status"] == "degraded"  # floor(0.1 x 3) = 0 misses allowed
+    assert summary["degraded"].startswith("partition 1 missed 1 of 3 rounds (rounds 2; last: "
+                                          "node node-1: reply refused: ")
+    assert "; partition 3 missed 3 of 3 rounds (rounds 1-3; last: node node-3: " \
+           "RuntimeError: partition 3: data.npz is malformed)" in summary["degraded"]
     line = next(x for x in lines if x.startswith("SUMMARY"))
     assert "client failures 3, rejected replies 1 in 3 rounds" in line
 
@@ -209,7 +217,8 @@ def test_a_round_in_which_no_node_trained_fails_the_run_with_its_reason(tmp_path
         logging.getLogger("flwr").removeHandler(handler)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and not (tmp_path / "model.pt").exists()
-    assert "4 sampled; 4 failed, e.g. RuntimeError: partition" in summary["failure"]
+    assert "4 sampled; 4 failed, e.g. node node-" in summary["failure"]
+    assert ": RuntimeError: partition" in summary["failure"]
     assert [r["round"] for r in records(tmp_path)] == [0, 1]
     assert lines[-1] == f"RUN FAILED: {summary['failure']}"
 
@@ -239,3 +248,110 @@ def test_a_dp_run_reports_its_epsilon_over_every_round(tmp_path):
     assert (dp["rounds"], dp["delta"], dp["noise_multiplier"]) == (2, 1e-5, 1.0)
     assert dp["epsilon"] == pytest.approx(epsilon(1.0, 2, 1e-5))
     assert dp["epsilon_secret_sampling"] < dp["epsilon"] and dp["sampling_rate"] == 0.5
+
+
+class LeavingNode(TrainingNode):
+    """A SuperNode killed during round ``LEAVES``: that round's message fails (as
+    Flower's "Node Unavailable") and the node is gone from the client manager after."""
+
+    LEAVES = 2
+    manager: SimpleClientManager | None = None
+
+    def fit(self, ins, timeout, group_id):
+        if int(ins.config["round"]) >= self.LEAVES:
+            self.manager.unregister(self)
+            raise ValueError("Message contains an Error (reason: Node Unavailable).")
+        return super().fit(ins, timeout, group_id)
+
+
+def with_leaving_node(manager):
+    LeavingNode.manager = manager
+
+
+def test_a_site_lost_mid_run_is_named_every_round_and_the_run_ends_degraded(tmp_path):
+    """Partition 2's node dies in round 2 of 4: round 2's record and log name it, its node
+    and the error; rounds 3-4 name it as no longer connected; the summary lists the three
+    rounds it missed; 3 of 4 rounds is more than max-missed-share=0.1 allows, so the run
+    ends degraded (the model is still written), RUN DEGRADED the last log line."""
+    lines, handler = flower_lines()
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        run_loop(tmp_path, "fedavg", rounds=4, node_class={2: LeavingNode},
+                 on_manager=with_leaving_node)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    recs = records(tmp_path)
+    assert [r.get("missing") for r in recs[:2]] == [None, None]
+    (lost,) = recs[2]["missing"]
+    assert (lost["partition"], lost["node"]) == (2, "node-2")
+    assert "Node Unavailable" in lost["reason"]
+    for r in recs[3:]:
+        assert r["missing"] == [{"partition": 2, "node": "node-2",
+                                 "reason": "its node is no longer connected"}]
+        assert r["partition_ids"] == [0, 1, 3]
+    for rnd in (2, 3, 4):
+        line = next(x for x in lines if x.startswith(f"[round {rnd}/4] missed by"))
+        assert "partition 2 (node node-2)" in line
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["missed_rounds"] == {"2": [2, 3, 4]}
+    assert summary["status"] == "degraded" and (tmp_path / "model.pt").exists()
+    assert summary["degraded"].startswith("partition 2 missed 3 of 4 rounds (rounds 2-4")
+    assert "max-missed-share=0.1" in summary["degraded"]
+    assert lines[-1] == f"RUN DEGRADED: {summary['degraded']}"
+
+
+class FlakyNode(TrainingNode):
+    """Fails in the rounds of ``FAILS`` only."""
+
+    FAILS: set[int] = set()
+
+    def fit(self, ins, timeout, group_id):
+        if int(ins.config["round"]) in self.FAILS:
+            raise RuntimeError("transient: out of memory")
+        return super().fit(ins, timeout, group_id)
+
+
+@pytest.mark.parametrize("fails, share, status", [
+    ({3}, 0.1, "completed"),  # 1 missed of 10: floor(0.1 x 10) = 1 allowed
+    ({3, 7}, 0.1, "degraded"),  # 2 missed of 10
+    ({3, 7}, 0.2, "completed"),  # the coordinator allows 2
+    ({3}, 0.0, "degraded"),  # none allowed
+])
+def test_a_site_may_miss_as_many_rounds_as_max_missed_share_allows(tmp_path, monkeypatch,
+                                                                   fails, share, status):
+    monkeypatch.setattr(FlakyNode, "FAILS", fails)
+    run_loop(tmp_path, "fedavg", rounds=10, node_class={1: FlakyNode},
+             **{"max-missed-share": share})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["missed_rounds"] == {"1": sorted(fails)}
+    assert summary["status"] == status
+    assert ("degraded" in summary) == (status == "degraded")
+    for r in records(tmp_path)[1:]:
+        expected = [1] if r["round"] in fails else []
+        assert [a["partition"] for a in r.get("missing", [])] == expected
+        assert 1 in r["partition_ids"] or r["round"] in fails
+
+
+class EvaluationDies(EvaluatingNode):
+    """Its federated evaluation of round 3 fails (the node died during it)."""
+
+    def evaluate(self, ins, timeout, group_id):
+        if int(ins.config["round"]) == 3:
+            raise ValueError("Message contains an Error (reason: Node Unavailable).")
+        return super().evaluate(ins, timeout, group_id)
+
+
+def test_a_failed_federated_evaluation_is_counted_and_named(tmp_path):
+    """A node dies during the last federated evaluation: the final accuracy comes from
+    the others, and the summary says so (it used to count 0 failures)."""
+    run_loop(tmp_path, "fedavg", rounds=3, node=EvaluatingNode, central=False,
+             node_class={2: EvaluationDies},
+             **{"dataset": "npz", "data-path": "/d.npz", "evaluation": "federated"})
+    last = records(tmp_path)[-1]
+    assert last["federated_failures"] == 1 and last["federated_clients"] == 2
+    (miss,) = last["federated_missing"]
+    assert (miss["partition"], miss["node"]) == (2, "node-2")
+    assert "Node Unavailable" in miss["reason"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["federated_failures"] == 1 and summary["missed_evaluations"] == {"2": [3]}
+    assert summary["missed_rounds"] == {} and summary["status"] == "completed"

@@ -14,6 +14,7 @@ from flwr.common.secure_aggregation import secaggplus_utils
 
 from common import secure_prf
 from fedefc_client.client_app import app as client_app
+from fedefc_server.failures import NodeFailed
 from tests.helpers import InProcessGrid, RoundDriver
 from tests.test_privacy import micro_config, secure_round, server
 
@@ -162,7 +163,7 @@ def test_a_secure_round_decodes_the_plain_sum_with_the_new_masks(micro_mnist_dir
     for proxy, ins in instructions:
         try:
             results.append((proxy, proxy.fit(ins, None, 1)))
-        except ValueError as err:  # the error reply of the failing client
+        except NodeFailed as err:  # the round's proxy names a failed client
             failures.append(err)
     ref_params, _ = ref_strategy.aggregate_fit(1, results, failures)
     ref = ref_strategy.fields()

@@ -50,6 +50,7 @@ from common.update_bound import quantizer_range
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
+from fedefc_server.failures import NodeFailed
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
 from fedefc_server.secure_sum import (
     bad_mean_update,
@@ -353,7 +354,7 @@ def plain_round_at(flat: dict, server_round: int, weights: list[np.ndarray]):
     for proxy, ins in driver.configure_fit(server_round, params, grid.manager()):
         try:
             results.append((proxy, proxy.fit(ins, None, server_round)))
-        except ValueError as err:  # Flower's proxy raises for a failed client
+        except NodeFailed as err:  # the round's proxy names a failed client
             failures.append(err)
     new, _ = driver.aggregate_fit(server_round, results, failures)
     return driver.fields(), parameters_to_ndarrays(new)

@@ -1,0 +1,145 @@
+"""A run's summary: built from its rounds' records in one place (:func:`build_summary`),
+told in another (:func:`summary_lines`, :func:`tell`).
+
+The status is one of three (docs/RELIABILITY.md):
+
+- ``failed``: the run could not produce a result (:class:`.failures.RunFailed`); no
+  model is written and the last log line is ``RUN FAILED: <reason>``;
+- ``degraded``: it completed, but a partition missed more training rounds than
+  ``max-missed-share`` allows (:func:`.attendance.degradation`); the model is written
+  and the last log line is ``RUN DEGRADED: <reason>``;
+- ``completed``.
+
+The summary also counts what went wrong on the way: client failures and refused
+replies, failed and refused federated evaluations, and per partition the rounds it
+missed (``missed_rounds``) and the federated evaluations it missed
+(``missed_evaluations``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from logging import ERROR, INFO, WARNING
+from typing import Any
+
+from flwr.common.logger import log
+
+from common.config import RunConfig
+from common.dp_accounting import run_guarantee
+
+from .attendance import degradation, last_reasons, missed_by_partition
+
+FAILED_PREFIX = "RUN FAILED: "  # the last log line of a failed run
+DEGRADED_PREFIX = "RUN DEGRADED: "  # the last log line of a degraded run
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary is built from besides the records: the run's data facts, the
+    method's summary fields and notes, the wall time, and why it failed (if it did)."""
+
+    run_info: dict[str, Any]
+    method_fields: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    failure: str | None = None
+
+
+def count(rounds: list[dict[str, Any]], key: str) -> int:
+    return sum(int(r.get(key) or 0) for r in rounds)
+
+
+def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
+                  ) -> dict[str, Any]:
+    """The summary's fields (the recorder adds the accuracies): status and why, the
+    method's fields, the DP guarantee, and every count of what went wrong."""
+    trained = [r for r in rounds if r.get("round", 0) > 0]
+    missed = missed_by_partition(trained)
+    degraded = None if facts.failure else degradation(
+        missed, len(trained), cfg.max_missed_share, last_reasons(trained))
+    status = "failed" if facts.failure else "degraded" if degraded else "completed"
+    dp = run_guarantee(cfg)
+    return {
+        **facts.run_info, "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed,
+        "rounds": cfg.rounds, "status": status,
+        **({"failure": facts.failure} if facts.failure else {}),
+        **({"degraded": degraded} if degraded else {}),
+        "notes": [] if facts.failure else facts.notes,
+        **({"dp": dp.as_record()} if dp else {}),
+        **facts.method_fields,
+        "client_failures": count(rounds, "failures"),
+        "rejected_replies": count(rounds, "rejected"),
+        "rounds_with_failures": [r["round"] for r in rounds
+                                 if r.get("failures") or r.get("rejected")],
+        "missed_rounds": missed,
+        "federated_failures": count(rounds, "federated_failures"),
+        "federated_rejected": count(rounds, "federated_rejected"),
+        "missed_evaluations": missed_by_partition(rounds, "federated_missing"),
+        "wall_time_s": facts.wall_time_s,
+    }
+
+
+def _accuracy_text(summary: dict[str, Any]) -> tuple[str, str]:
+    """(where the final accuracy comes from, the federated figure beside it)."""
+    source = summary.get("accuracy_source", "no evaluation")
+    true = summary.get("federated_true_final_acc")
+    true = "" if true is None else f"; true labels {true:.4f}"
+    federated = ""
+    if source == "server test set" and summary.get("federated_final_acc") is not None:
+        federated = f" | federated final acc {summary['federated_final_acc']:.4f}"
+        federated += f" (held-out data{true})" if true else ""
+    else:
+        source += true
+    return source, federated
+
+
+def _trouble_text(summary: dict[str, Any]) -> str:
+    """The SUMMARY line's counts of what went wrong."""
+    text = (f"client failures {summary['client_failures']}, rejected replies "
+            f"{summary['rejected_replies']}")
+    if summary["rounds_with_failures"]:
+        text += f" in {len(summary['rounds_with_failures'])} rounds (reasons: metrics.jsonl)"
+    missed = summary.get("missed_rounds") or {}
+    if missed:
+        text += " | missed rounds: " + ", ".join(
+            f"partition {pid} {len(rounds)}" for pid, rounds in missed.items())
+    if summary.get("federated_failures") or summary.get("federated_rejected") or \
+            summary.get("missed_evaluations"):
+        text += (f" | federated evaluations failed {summary.get('federated_failures', 0)}, "
+                 f"refused {summary.get('federated_rejected', 0)}")
+        missed = summary.get("missed_evaluations") or {}
+        if missed:
+            text += ", missed by partitions " + ", ".join(missed)
+    return text
+
+
+def summary_lines(summary: dict[str, Any], dp_text: str | None = None
+                  ) -> list[tuple[int, str]]:
+    """The log lines that tell the summary, as (level, text), in order: the DP
+    guarantee, the SUMMARY line, where the results are, the notes, and for a failed or
+    degraded run its reason last."""
+    lines: list[tuple[int, str]] = []
+    if dp_text:
+        lines.append((INFO, dp_text))
+    t_e = f" | T_e {summary['t_e']}" if "t_e" in summary else ""
+    source, federated = _accuracy_text(summary)
+    lines.append((INFO, (
+        f"SUMMARY | final acc {summary.get('final_acc', float('nan')):.4f} ({source})"
+        f"{federated} | best {summary.get('best_acc', float('nan')):.4f} (round "
+        f"{summary.get('best_round')}) | mean of last {summary.get('mean_last10_rounds', 0)} "
+        f"{summary.get('mean_last10_acc', float('nan')):.4f}{t_e} | {_trouble_text(summary)} "
+        f"| wall time {summary['wall_time_s']:.1f} s")))
+    lines.append((INFO, f"results: {summary['out_dir']}"))
+    lines += [(WARNING, f"NOTE: {note}") for note in summary["notes"]]
+    if summary["status"] == "failed":
+        lines.append((ERROR, FAILED_PREFIX + summary["failure"]))
+    elif summary["status"] == "degraded":
+        lines.append((ERROR, DEGRADED_PREFIX + summary["degraded"]))
+    return lines
+
+
+def tell(summary: dict[str, Any], cfg: RunConfig) -> None:
+    """Log :func:`summary_lines`."""
+    dp = run_guarantee(cfg)
+    for level, text in summary_lines(summary, dp.describe() if dp else None):
+        log(level, "%s", text)
