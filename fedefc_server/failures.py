@@ -13,10 +13,36 @@ from __future__ import annotations
 from typing import Any
 
 from flwr.app import Error
+from flwr.common.constant import ErrorCode
 from flwr.server.client_proxy import ClientProxy
 
 REJECTED = 4601  # the error code of a reply refused before the secure sum
 NO_REPLY = "Expected one Message but got: 0"  # Flower's proxy when no reply came in time
+
+
+# A node's error reply that waiting does not change (docs/RELIABILITY.md, "A run that
+# trained nothing fails"): its own policy refuses the run (Flower's code for a mod's
+# failed precondition), or its ClientApp refused the run's config (the node's config
+# or policy file disagrees with it: the exception's type opens the reply's text).
+PERMANENT_CODES = frozenset({ErrorCode.MOD_FAILED_PRECONDITION})
+PERMANENT_ERRORS = ("ConfigError:", "PolicyError:")
+
+
+class NodeRefused(RuntimeError):
+    """A node's error reply to a message: its Flower error ``code`` and ``reason``."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(f"error {code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+    @property
+    def permanent(self) -> bool:
+        """Whether the refusal stands until the node's operator changes something: a
+        policy refusal or a config mismatch, never a crash or a timeout."""
+        return (self.code in PERMANENT_CODES or
+                (self.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+                 and self.reason.startswith(PERMANENT_ERRORS)))
 
 
 class RunFailed(RuntimeError):

@@ -45,7 +45,10 @@ wait ends early once at least num-clients nodes are connected and every one of t
 answered for good (admitted; refused; or an error reply, such as a node whose own policy
 refuses the run): the run then starts without the partitions nobody serves, says so in
 its log, its first record and its summary's notes, or, when no partition is served,
-fails at once.
+fails at once. It also fails at once (after :data:`SETTLE_S`, so that nodes connecting
+together are all asked) when every node that connected refused for a reason that
+waiting does not change: its declaration refused here, or an error reply that is a
+config mismatch or its policy's refusal (:attr:`.failures.NodeRefused.permanent`).
 """
 
 from __future__ import annotations
@@ -68,11 +71,12 @@ from common.messages import Declaration as Keys
 
 from .allowlist import Allowlist, fingerprint
 from .declarations import SizeRule, read_declaration
-from .failures import RunFailed
+from .failures import NodeRefused, RunFailed
 
 POLL_S = 1.0  # how often the wait for the nodes looks again
 REPORT_S = 15.0  # how often it logs who is missing
 RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
+SETTLE_S = 20.0  # how long every node must stand by a lasting refusal before the run fails
 
 
 def ranges(ids: list[int], limit: int = 12) -> str:
@@ -111,8 +115,7 @@ def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id
             if reply is None:
                 answers[proxy.cid] = TimeoutError(f"no reply within {timeout} s")
             elif reply.has_error():
-                answers[proxy.cid] = RuntimeError(f"error {reply.error.code}: "
-                                                  f"{reply.error.reason}")
+                answers[proxy.cid] = NodeRefused(int(reply.error.code), reply.error.reason)
             else:
                 answers[proxy.cid] = compat.recorddict_to_getpropertiesres(
                     reply.content).properties
@@ -176,6 +179,7 @@ class PartitionRegistry:
         self._waiting: dict[str, int] = {}  # node -> the partition another node holds
         # node -> (its error, when, whether it answered: an error reply, not a silence)
         self._failed: dict[str, tuple[str, float, bool]] = {}
+        self._lasting: set[str] = set()  # nodes whose error reply waiting does not change
         self.missing_at_start: str | None = None  # the partitions the run started without
         self._news: dict[str, Any] = {}  # declarations and refusals since the last take
         self._waited = False  # whether this process waited for the nodes to connect
@@ -261,6 +265,7 @@ class PartitionRegistry:
                              ) -> dict[int, ClientProxy]:
         start = time.monotonic()
         next_report = start
+        refused_since: tuple[frozenset[str], float] | None = None  # nodes, since when
         while True:
             # a node's first message may start its ClientApp cold (imports, data): it has
             # the rest of the wait to answer, not just the usual per-message timeout
@@ -284,6 +289,17 @@ class PartitionRegistry:
                 self._news["missing_partitions"] = missing
                 return serving
             now = time.monotonic()
+            if not serving and nodes and all(map(self.refused_for_good, nodes)):
+                if refused_since is None or refused_since[0] != frozenset(nodes):
+                    refused_since = (frozenset(nodes), now)
+                elif now - refused_since[1] >= min(SETTLE_S, self.wait_for_nodes / 2):
+                    raise RunFailed(
+                        f"every node that connected refused the run for a reason that "
+                        f"waiting does not change (its config or its policy), so the run "
+                        f"would train nothing; {self.report(connected, missing)}. Fix the "
+                        "run config or the nodes, then submit again")
+            else:
+                refused_since = None
             if now - start >= self.wait_for_nodes:
                 raise RunFailed(f"waited {self.wait_for_nodes:.0f} s (wait-for-nodes) for a "
                                 f"node of each of the run's {self.rule.num_clients} partitions "
@@ -298,6 +314,12 @@ class PartitionRegistry:
         was refused, or replied with an error (a node that did not answer may still)."""
         return (cid in self._pid_of_cid or cid in self._refused or cid in self._waiting
                 or self._failed.get(cid, ("", 0.0, False))[2])
+
+    def refused_for_good(self, cid: str) -> bool:
+        """Whether node ``cid`` refused in a way that waiting does not change: this
+        registry refused its declaration, or it answered with a lasting refusal
+        (:attr:`.failures.NodeRefused.permanent`: a config mismatch, its policy)."""
+        return cid in self._refused or cid in self._lasting
 
     def absence(self, pid: int) -> dict[str, Any]:
         """Why no connected node serves partition ``pid``, as {partition, node, reason}:
@@ -378,11 +400,14 @@ class PartitionRegistry:
                 # policy refuses the run) is not sampled; the record says why
                 self._failed[cid] = (str(props), time.monotonic(),
                                      not isinstance(props, TimeoutError))
+                if isinstance(props, NodeRefused) and props.permanent:
+                    self._lasting.add(cid)
                 self._news.setdefault("unanswered_nodes", []).append(
                     {"node": cid, "reason": str(props)})
                 log(WARNING, "node %s did not report its partition id: %s", cid, props)
                 continue
             self._failed.pop(cid, None)
+            self._lasting.discard(cid)
             reason = self.admit(cid, props, keys.get(cid), connected)
             if reason is not None:
                 if cid not in self._waiting:

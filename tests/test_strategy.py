@@ -9,11 +9,14 @@ from flwr.common import parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
+from fedefc_client.client_app import app as client_app
+from fedefc_server import registry
 from fedefc_server.declarations import SizeRule
-from fedefc_server.failures import RunFailed
+from fedefc_server.failures import NodeRefused, RunFailed
 from tests.helpers import (
     PARAMS,
     FakeProxy,
+    InProcessGrid,
     make_driver,
     manager,
     partition_manager,
@@ -211,6 +214,73 @@ def test_a_federation_that_never_forms_fails_the_run_naming_what_is_missing():
     assert "waited 2 s (wait-for-nodes) for a node of each of the run's 4 partitions" in text
     assert "0 of 4 partitions served by 3 connected nodes; missing partitions 0-3" in text
     assert "node 6000 failed to declare: num-partitions=3 differs" in text
+
+
+def test_nodes_that_refuse_the_runs_config_fail_it_at_once_not_after_wait_for_nodes(
+        monkeypatch):
+    """Issue 30's trial: three real ClientApps started for 3 partitions, a run of
+    num-clients=4. Every node refuses the config, and would for ever: the run fails once
+    they have stood by it for SETTLE_S, naming the nodes and their reason, not after the
+    300 s of wait-for-nodes."""
+    monkeypatch.setattr(registry, "SETTLE_S", 1.0)
+    flat = {"method": "fedavg", "num-clients": 4, "fraction": 1.0, "prestopping": False}
+    grid = InProcessGrid(client_app, flat, 3)
+    driver = make_driver(**flat)
+    assert driver.pipeline.cfg.wait_for_nodes == 300.0
+    start = time.monotonic()
+    with pytest.raises(RunFailed) as err:
+        driver.configure_fit(1, PARAMS, grid.manager())
+    assert time.monotonic() - start < 30.0
+    text = str(err.value)
+    assert text.startswith("every node that connected refused the run for a reason that "
+                           "waiting does not change")
+    assert "0 of 4 partitions served by 3 connected nodes; missing partitions 0-3" in text
+    for nid in (1000, 1001, 1002):
+        assert (f"node {nid} failed to declare: error 2: ConfigError: node {nid}: "
+                "num-partitions=3 differs from the run's num-clients=4") in text
+
+
+def test_a_node_whose_policy_refuses_the_run_fails_it_at_once(monkeypatch, tmp_path):
+    """The one node there refuses by its own policy (a lasting refusal, Flower's code 6)."""
+    monkeypatch.setattr(registry, "SETTLE_S", 1.0)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("min-dp-noise-multiplier = 0.5")
+    policy.chmod(0o600)
+    flat = {"method": "fedavg", "num-clients": 2, "fraction": 1.0, "prestopping": False}
+    grid = InProcessGrid(client_app, {**flat}, 1, {0: {"policy-file": str(policy),
+                                                      "num-partitions": 2}})
+    start = time.monotonic()
+    with pytest.raises(RunFailed, match="node 1000 failed to declare: error 6: this node's "
+                                        "policy refuses the run: dp-noise-multiplier=0 "):
+        make_driver(**flat).configure_fit(1, PARAMS, grid.manager())
+    assert time.monotonic() - start < 30.0
+
+
+@pytest.mark.parametrize("code, reason, lasting", [
+    (6, "this node's policy refuses the run: ...", True),  # policy_mod
+    (2, "ConfigError: node 4: num-partitions=3 differs ...", True),  # the node's config
+    (2, "PolicyError: node policy ... is not valid TOML", True),  # its policy file
+    (2, "RuntimeError: CUDA out of memory", False),  # may pass
+    (2, "PrivateDataError: data-path ... does not exist", False),  # fixable while waiting
+    (5, "Node Unavailable", False),  # Flower's: the node went away
+])
+def test_only_a_config_or_policy_refusal_is_lasting(code, reason, lasting):
+    assert NodeRefused(code, reason).permanent is lasting
+
+
+class Crashing(FakeProxy):
+    """A node whose ClientApp crashes on the declaration: it may not next time."""
+
+    def get_properties(self, ins, timeout, group_id):
+        raise RuntimeError("the node ran out of memory")
+
+
+def test_nodes_that_fail_for_a_passing_reason_are_waited_for():
+    nodes = [Crashing(str(6_000 + p), p) for p in range(3)]
+    driver = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0,
+                            "wait-for-nodes": 2.0})
+    with pytest.raises(RunFailed, match=r"waited 2 s \(wait-for-nodes\)"):
+        driver.configure_fit(1, PARAMS, manager(nodes))
 
 
 def test_when_every_node_has_answered_the_run_starts_without_the_missing_partition():
