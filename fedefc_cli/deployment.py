@@ -53,6 +53,8 @@ from common.data_files import write_npz
 from common.data_plan import data_plan
 from common.methods import load_run_config, short_run_warning
 from common.results import atomic_write_json
+from fedefc_server import checkpoint
+from fedefc_server.checkpoint import CheckpointError
 
 from .app_signing import SigningKeyError
 from .errors import EXIT_DEGRADED, LaunchError, UsageError
@@ -67,7 +69,7 @@ from .flower import (
 )
 from .prepare_data import write_image_folder
 from .procs import Processes, ProcessGroup, wait_for_port
-from .run_configs import APP_DIR, merged_config, toml_value
+from .run_configs import APP_DIR, inexact_resume_note, merged_config, resume_config, toml_value
 from .trusted_apps import superexec_argv
 
 DEPLOY_DIR = APP_DIR / "deploy"
@@ -609,8 +611,47 @@ def explain_failure(outcome: RunOutcome, out_dir: str, connection: str) -> str:
     return "\n".join(lines)
 
 
+def resume_submission(folder: str, preset: str | None, overrides: list[str]
+                      ) -> dict[str, Any]:
+    """The run config that resumes the deployment run whose out-dir is ``folder`` (on the
+    SuperLink machine). Where that folder is on this machine too (the operator works on
+    the SuperLink machine, or fetched it), its own ``config.json`` with ``overrides``
+    (e.g. ``rounds``), as ``fedefc resume`` does; else the preset and overrides, which
+    must repeat the run's config (the ServerApp refuses a checkpoint of another config,
+    naming the keys). ConfigError naming the value and the fix otherwise."""
+    path = Path(folder).expanduser()
+    if not path.is_absolute():
+        raise ConfigError(f"--resume {folder!r} is not absolute; give the run's out-dir as "
+                          "the absolute folder on the SuperLink machine, e.g. --resume "
+                          "/srv/fedefc/runs/run1")
+    if (path / "config.json").is_file():
+        if preset:
+            raise ConfigError(f"--resume {folder} takes the run's own config from its "
+                              f"config.json; leave out the preset {preset!r} (change keys "
+                              "that may differ with --set, e.g. --set rounds=60)")
+        if not (path / checkpoint.FILE).is_file():
+            raise CheckpointError(f"--resume {folder}: no {checkpoint.FILE} there; the run "
+                                  "finished no round, so there is nothing to resume: submit "
+                                  "it anew with a new out-dir")
+        print(f"fedefc deploy: resuming the run in {path} with its own config.json",
+              flush=True)
+        return resume_config(str(path), overrides)
+    merged = {**merged_config(preset, overrides), "resume-from": str(path),
+              "out-dir": str(path)}
+    print(f"fedefc deploy: {path} is not on this machine: resuming it with the config of "
+          "the preset and --set given, which must be the run's (the ServerApp refuses a "
+          "checkpoint of another config, naming the keys)", flush=True)
+    return load_run_config(merged).to_flat()
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
-    merged = merged_config(args.preset, args.overrides)
+    if args.resume:
+        merged = resume_submission(args.resume, args.preset, args.overrides)
+        note = inexact_resume_note(merged)
+        if note:
+            print(f"fedefc deploy: {note}", flush=True)
+    else:
+        merged = merged_config(args.preset, args.overrides)
     if not merged.get("out-dir"):
         raise ConfigError("out-dir is required: an absolute folder on the SuperLink machine, "
                           "where the ServerApp writes; e.g. --set out-dir=\"/srv/fedefc/run1\"")

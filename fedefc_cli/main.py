@@ -235,11 +235,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="NAME.pub files written by deploy/gen-node-keys.sh")
     reg.set_defaults(func=deployment.cmd_register)
 
-    submit = dsub.add_parser("submit", help="run the app on a connection; exit 1 unless it "
-                             "completed")
+    submit = dsub.add_parser(
+        "submit", help="run the app on a connection (or resume a run: --resume OUT_DIR); "
+        "exit 1 unless it completed, 3 if it completed degraded",
+        description="Run the app on a connection and follow its log; exit 0 once it "
+        "completed, 1 if it failed, 3 if it completed degraded (a site missed more rounds "
+        "than max-missed-share allows). To resume a run that stopped (its ServerApp or "
+        "the SuperLink was stopped or restarted mid-run), submit it again with --resume "
+        "OUT_DIR: it continues after the last round its checkpoint holds "
+        "(docs/DEPLOYMENT.md, \"Resuming a run\").")
     submit.add_argument("connection")
     _preset(submit)
     _overrides(submit, 'out-dir="/srv/fedefc/run1"')
+    submit.add_argument("--resume", metavar="OUT_DIR",
+                        help="resume the run whose out-dir is OUT_DIR (absolute, on the "
+                        "SuperLink machine) after its last checkpointed round, with its own "
+                        "config.json where OUT_DIR is on this machine (else the preset and "
+                        "--set given, which must be the run's); --set may change rounds, "
+                        "client-timeout, wait-for-nodes, max-missed-share")
     submit.add_argument("--sign-key", help="the coordinator's signing key "
                         "(deploy/gen-signing-key.sh; owner-only): sign the app and this run's "
                         "config for machines started with --trusted-keys")

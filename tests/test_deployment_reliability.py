@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedefc_cli.deployment import LocalDeployment, NodeSpec
+from fedefc_cli.main import main
 from fedefc_cli.procs import descendants, stop_tree
-from fedefc_cli.run_configs import resume_config
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
 from tests.helpers import records, small_job
@@ -108,7 +108,10 @@ def kill_serverapp_after(dep: LocalDeployment, out: Path, rnd: int) -> None:
             pass
 
 
-def test_killed_serverapp_resumes_to_the_uninterrupted_result(tmp_path, tiny_mnist_dir):
+def test_killed_serverapp_resumes_to_the_uninterrupted_result(tmp_path, tiny_mnist_dir,
+                                                              monkeypatch):
+    """Killed after round 3, the run is resumed with the one documented command,
+    ``fedefc deploy submit CONNECTION --resume OUT_DIR``, and ends as the simulation."""
     reference = run_simulation_job(job(tiny_mnist_dir, tmp_path / "simulated"))
     out = tmp_path / "out"
     with LocalDeployment(tmp_path / "federation", nodes(tmp_path)) as dep:
@@ -119,8 +122,8 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_result(tmp_path, tiny_mni
         assert status != "finished:completed"
         assert not (out / "summary.json").exists()
         assert 3 <= checkpoint.load(out).round < 6
-        _, status = dep.run(resume_config(str(out), []), timeout=900)
-    assert status == "finished:completed"
+        monkeypatch.setenv("FLWR_HOME", dep.cli_env["FLWR_HOME"])
+        assert main(["deploy", "submit", dep.CONNECTION, "--resume", str(out)]) == 0
     a = torch.load(tmp_path / "simulated" / "model.pt")
     b = torch.load(out / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)  # client-threads=1: bitwise equal

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
 from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
+from fedefc_server import checkpoint
 from fedefc_server.summary import RunFacts, build_summary, summary_lines
 
 DOC = APP_DIR / "docs" / "DEPLOYMENT.md"
@@ -386,6 +388,80 @@ def test_submit_exits_3_naming_the_site_of_a_degraded_run(monkeypatch, capsys, t
     assert ("run 9 completed DEGRADED: partition 1 missed 2 of 3 rounds (rounds 2-3; last: "
             "node 77: its node is no longer connected)") in err
     assert "max-missed-share=0.1" in err and "flwr log 9 fedefc" in err
+
+
+def submitted(monkeypatch) -> dict:
+    """What ``fedefc deploy submit`` hands Flower (no SuperLink: submit_run captured)."""
+    seen: dict = {}
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+
+    def submit(connection, run_config, *a, **k):
+        seen.update(run_config)
+        return RunOutcome("5", "finished:completed", None)
+
+    monkeypatch.setattr(deployment, "submit_run", submit)
+    return seen
+
+
+def interrupted_run(folder: Path, **keys) -> Path:
+    """An out-dir as a run stopped after round 2 leaves it: config.json, a checkpoint."""
+    folder.mkdir()
+    cfg = load_run_config({"method": "fedavg", "prestopping": False, "rounds": 5,
+                           "num-clients": 3, "seed": 7, "out-dir": str(folder), **keys})
+    (folder / "config.json").write_text(json.dumps(cfg.to_flat()))
+    checkpoint.save(folder, checkpoint.Checkpoint(2, [np.zeros(3, np.float32)], {},
+                                                  cfg.to_flat()))
+    return folder
+
+
+def test_submit_resume_continues_a_run_with_its_own_config(monkeypatch, capsys, tmp_path):
+    """One command resumes a deployment run: its config.json, resume-from and out-dir
+    its folder, a --set (rounds) on top; the ServerApp then accepts the checkpoint."""
+    out = interrupted_run(tmp_path / "run1")
+    seen = submitted(monkeypatch)
+    assert main(["deploy", "submit", "fedefc", "--resume", str(out),
+                 "--set", "rounds=8"]) == 0
+    assert (seen["resume-from"], seen["out-dir"]) == (str(out), str(out))
+    assert (seen["method"], seen["seed"], seen["num-clients"], seen["rounds"]) == \
+        ("fedavg", 7, 3, 8)
+    checkpoint.check_compatible(checkpoint.load(out), seen, out, [(3,)])  # what it checks
+    assert f"resuming the run in {out} with its own config.json" in capsys.readouterr().out
+
+
+def test_submit_resume_of_a_folder_elsewhere_takes_the_config_given(monkeypatch, capsys,
+                                                                   tmp_path):
+    """The out-dir is on the SuperLink machine only: the preset and --set make the config
+    (the ServerApp compares them with the checkpoint's)."""
+    seen = submitted(monkeypatch)
+    remote = "/srv/fedefc/runs/elsewhere-1"
+    assert main(["deploy", "submit", "fedefc", "--resume", remote, "--set", "seed=4"]) == 0
+    assert (seen["resume-from"], seen["out-dir"], seen["seed"]) == (remote, remote, 4)
+    assert "is not on this machine" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume", "runs/r1"], "--resume 'runs/r1' is not absolute"),
+    (["configs-free", "--resume", "{out}"], "leave out the preset 'configs-free'"),
+    (["--resume", "{empty}"], "no checkpoint.pt there; the run finished no round"),
+], ids=["relative", "preset-and-config", "no-checkpoint"])
+def test_submit_resume_refuses_what_it_cannot_resume(monkeypatch, capsys, tmp_path, args,
+                                                      message):
+    out = interrupted_run(tmp_path / "run1")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((out / "config.json").read_text())
+    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    argv = [a.format(out=out, empty=empty) for a in args]
+    assert main(["deploy", "submit", "fedefc", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_submit_help_says_how_to_resume(capsys):
+    with pytest.raises(SystemExit):
+        main(["deploy", "submit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--resume OUT_DIR" in text and "resume the run whose out-dir is OUT_DIR" in text
 
 
 def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,
