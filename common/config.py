@@ -309,14 +309,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"data-dir={self.data_dir!r} is the torchvision folder of mnist "
                              f"and cifar; dataset {self.dataset!r} reads data-path (and "
                              "test-path): set those and leave data-dir empty")
-        if own and not self.data_path and not (self.evaluation == "federated"
-                                               and self.num_classes and self.input_shape):
-            raise ValueError(
-                f"dataset={self.dataset!r} needs data-path: the absolute path of the training "
-                "data (an .npz or an ImageFolder directory). Only a deployment whose nodes "
-                "each bring their own data-path may leave it empty, and then the server, "
-                "holding no data, needs evaluation=\"federated\", num-classes and "
-                "input-shape")
+        if own and not self.data_path:
+            self._check_sites_data()
         if self.evaluation in ("server", "both") and not self.has_test_set:
             raise ValueError(
                 f"evaluation={self.evaluation!r} needs a server test set, and dataset "
@@ -326,6 +320,32 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"local-test-fraction={self.local_test_fraction}: federated evaluation needs "
                 "held-out data on every client; set it in (0, 1), e.g. 0.2")
+
+    def _check_sites_data(self) -> None:
+        """Own data without ``data-path``: a deployment whose nodes bring their own data.
+        The server then holds no data (``evaluation = "federated"``) or only the
+        coordinator's test set (``test-path``, docs/OWN-DATA.md, "The coordinator's
+        clean test set"); either way K and the input shape come from the run config, and
+        a server test set needs a normalization the nodes share."""
+        if self.test_path and self.num_classes and self.input_shape:
+            if self.normalization == "auto":
+                raise ValueError(
+                    f"test-path={self.test_path!r} without data-path: the server evaluates "
+                    "on the coordinator's test set while each node would standardize its "
+                    "inputs by its own data (normalization=\"auto\"), so the model would see "
+                    "the test set on another scale; give the normalization every node and "
+                    "the server share, e.g. normalization=\"0.5,0.5,0.5;0.25,0.25,0.25\" "
+                    "(images, pixel/255) or normalization=\"none\"")
+            return
+        if self.evaluation == "federated" and self.num_classes and self.input_shape:
+            return
+        raise ValueError(
+            f"dataset={self.dataset!r} needs data-path: the absolute path of the training "
+            "data (an .npz or an ImageFolder directory). Only a deployment whose nodes "
+            "each bring their own data-path may leave it empty, and then the server needs "
+            "num-classes and input-shape, and either evaluation=\"federated\" (it holds "
+            "no data) or test-path, the coordinator's test set, with a normalization the "
+            "nodes share")
 
     @property
     def has_test_set(self) -> bool:

@@ -191,7 +191,10 @@ def _build(cfg: RunConfig) -> Dataset:
 
 def _load_own(cfg: RunConfig) -> Dataset:
     """``data-path`` (and ``test-path``) read and checked against each other and the
-    keys: same input shape, labels within K."""
+    keys: same input shape, labels within K. Without ``data-path`` (the nodes hold the
+    training data) only the coordinator's test set: :func:`_load_test_only`."""
+    if not cfg.data_path:
+        return _load_test_only(cfg)
     expected = parse_input_shape(cfg.input_shape)
     train_where = f"data-path={cfg.data_path!r}"
     train = read_samples(cfg.data_path, train_where, expected)
@@ -215,6 +218,23 @@ def _load_own(cfg: RunConfig) -> Dataset:
         test_x, test_y = test.x, test.y
     return Dataset(cfg.dataset, spec, torch.from_numpy(train.x), torch.from_numpy(train.y),
                    torch.from_numpy(test_x), torch.from_numpy(test_y))
+
+
+def _load_test_only(cfg: RunConfig) -> Dataset:
+    """The coordinator's clean test set (``test-path``) of a run whose nodes hold the
+    training data: checked against ``input-shape`` and ``num-classes`` (which the config
+    requires then, with an explicit ``normalization``); an empty training split."""
+    where = f"test-path={cfg.test_path!r}"
+    shape = parse_input_shape(cfg.input_shape)
+    test = read_samples(cfg.test_path, where, shape)
+    k = cfg.num_classes
+    if test.y.max() >= k:
+        raise DatasetError(f"{where}: label {int(test.y.max())} is outside 0..{k - 1} "
+                           f"(num-classes={k}); raise num-classes or fix the labels")
+    spec = make_spec(cfg, TaskShape(test.input_shape, k))
+    return Dataset(cfg.dataset, spec, torch.from_numpy(test.x[:0].copy()),
+                   torch.zeros(0, dtype=torch.int64),
+                   torch.from_numpy(test.x), torch.from_numpy(test.y))
 
 
 def _reads_data_dir(cfg: RunConfig) -> bool:

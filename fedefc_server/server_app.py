@@ -7,7 +7,9 @@ checkpoint's round, in its own folder (docs/RELIABILITY.md).
 
 With a server test set (``evaluation = server | both``) the server loads the run's
 dataset: the test set, and the training data for its facts (realized noise rate,
-client sizes, the sizes its nodes must declare). With ``evaluation = federated`` it
+client sizes, the sizes its nodes must declare); with own data and no ``data-path``
+(the nodes hold the training data) only the coordinator's test set (``test-path``), a
+node's declared size then bounded by ``max-client-samples`` only. With ``evaluation = federated`` it
 loads no data at all: the round-0 model is built from the input shape and K of
 :func:`common.datasets.task_shape` (``input-shape`` and ``num-classes``, or the header
 of ``data-path`` when this machine has that file; docs/OWN-DATA.md, "The server holds
@@ -66,6 +68,12 @@ def data_summary(cfg: RunConfig) -> dict[str, Any]:
             "noise_matrices": [m.tolist() for m in plan.noise_matrices]}
 
 
+def coordinator_test_set_only(cfg: RunConfig) -> bool:
+    """Whether the server holds only a test set: own data, a ``test-path`` and no
+    ``data-path`` (the nodes bring theirs; docs/OWN-DATA.md)."""
+    return cfg.dataset in OWN_DATASETS and bool(cfg.test_path) and not cfg.data_path
+
+
 def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     """Validate everything before round 1, then build the method's server hooks, the
     round pipeline and a round loop that starts at round 1 or after the checkpoint's
@@ -73,7 +81,15 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     cfg = load_run_config(context.run_config)
     method = method_of(cfg)
     configure_threads(cfg.client_threads)
-    if cfg.server_evaluation:
+    if cfg.server_evaluation and coordinator_test_set_only(cfg):
+        # the nodes hold the training data, the coordinator its clean test set
+        data = load_dataset(cfg)
+        task, info = data.task, {"test_samples": len(data.test_y)}
+        evaluator, rule = TestSetEvaluator(cfg, data), SizeRule.for_run(cfg, None)
+        source = (f"{cfg.dataset} (training data held by the clients; the coordinator's "
+                  f"test set: {len(data.test_y)} samples of {shape_text(task.input_shape)}, "
+                  f"K={task.num_classes})")
+    elif cfg.server_evaluation:
         # the noise the run config puts on the dataset's partitions; a deployed node with
         # its own data-path keeps its own labels, whose noise the server cannot know
         data = load_dataset(cfg)

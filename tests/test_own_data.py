@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import astuple
 from pathlib import Path
 
@@ -30,11 +31,12 @@ from common.runtime import initial_model
 from common.training import BatchTransform, predict_logits
 from fedefc_cli.main import main
 from fedefc_client.client import MethodClient
+from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import held_out_positions, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from fedefc_server import server_app
 from fedefc_server.strategy import RoundStrategy
-from tests.helpers import PARAMS, make_driver, partition_manager
+from tests.helpers import PARAMS, InProcessGrid, make_driver, partition_manager
 
 CPU = torch.device("cpu")
 NODE = "node 9 (partition-id 2)"
@@ -494,3 +496,55 @@ def test_a_server_with_the_file_reads_only_its_header_and_without_it_names_the_k
     assert "the server: the run's input shape and number of classes are unknown" in \
         str(err.value)
     assert "Set input-shape" in str(err.value) and "num-classes" in str(err.value)
+
+
+# -- the coordinator's clean test set, the sites' private data -------------------------------
+def test_the_server_evaluates_on_the_coordinators_test_set_while_the_sites_hold_the_data(
+        tmp_path):
+    """evaluation = both, a server test-path and no data-path: the server reads only the
+    coordinator's test file; three real ClientApps train on their own private files and
+    evaluate on their held-out samples. Every round's test accuracy is the global model's
+    on the test file under the shared normalization, computed here by hand."""
+    sites = []
+    for k in range(3):
+        x, y = images(40, (8, 8), 4, seed=k)
+        sites.append(npz(tmp_path / f"site-{k}.npz", images=x, labels=y))
+    tx, ty = images(30, (8, 8), 4, seed=9)
+    flat = {"dataset": "npz", "test-path": npz(tmp_path / "clean-test.npz", images=tx,
+                                               labels=ty),
+            "evaluation": "both", "num-classes": 4, "input-shape": "1x8x8",
+            "normalization": "0.5;0.25", "model": "tests.own_models:tiny_cnn",
+            "method": "fedavg", "prestopping": False, "num-clients": 3, "fraction": 1.0,
+            "rounds": 2, "local-epochs": 1, "batch-size": 16, "client-threads": 1,
+            "out-dir": str(tmp_path / "out")}
+    loop, _ = server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
+    grid = InProcessGrid(client_app, flat, 3, {k: {"data-path": sites[k]} for k in range(3)})
+    for proxy in grid.manager().all().values():
+        loop.client_manager().register(proxy)
+    loop.fit(2, None)
+    info = json.loads((tmp_path / "out" / "data.json").read_text())
+    assert info["test_samples"] == 30 and info["evaluation"] == "both"
+    recs = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in recs] == [0, 1, 2]
+    assert all(r["federated_clients"] == 3 for r in recs)  # the sites evaluated too
+    assert recs[1]["declared"] == {str(k): 32 for k in range(3)}  # 40 less 20 % held out
+    model = initial_model(load_run_config(flat), TaskShape((1, 8, 8), 4))
+    model.load_state_dict(torch.load(tmp_path / "out" / "model.pt"))
+    inputs = (torch.from_numpy(tx).float().unsqueeze(1) / 255.0 - 0.5) / 0.25
+    with torch.no_grad():
+        acc = (model(inputs).argmax(1) == torch.from_numpy(ty)).float().mean().item()
+    assert recs[-1]["test_acc"] == pytest.approx(acc)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["accuracy_source"] == "server test set" and summary["final_acc"] == \
+        pytest.approx(acc)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"num-classes": 4, "input-shape": "1x8x8"}, "normalization=\"auto\""),
+    ({"input-shape": "1x8x8", "normalization": "none"}, "needs data-path"),
+    ({"num-classes": 4, "normalization": "none"}, "needs data-path"),
+], ids=["no-normalization", "no-num-classes", "no-input-shape"])
+def test_a_coordinator_test_set_without_what_the_sites_share_is_refused(keys, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_run_config({"dataset": "npz", "test-path": "/srv/clean-test.npz",
+                         "evaluation": "both", **keys})
