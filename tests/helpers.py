@@ -10,12 +10,15 @@
   (:class:`RoundDriver`).
 - Small real jobs through ``flwr run`` (:func:`simulate`, :func:`small_job`) and their
   records (:func:`records`); the tests that run them carry the ``flower`` marker.
+- How long a test waits for something before it gives up (:func:`patience`), scaled by
+  the one setting ``FEDEFC_TEST_TIME_SCALE``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,35 @@ from fedefc_server.declarations import SizeRule
 from fedefc_server.pipeline import RoundPipeline
 from fedefc_server.registry import PartitionRegistry
 from fedefc_server.strategy import RoundStrategy
+
+
+# -- time ----------------------------------------------------------------------------------
+def time_scale() -> float:
+    """``FEDEFC_TEST_TIME_SCALE`` (default 1): the factor of every limit a test waits for."""
+    text = os.environ.get("FEDEFC_TEST_TIME_SCALE", "").strip() or "1"
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = 0.0
+    if not scale > 0:
+        raise ValueError(f"FEDEFC_TEST_TIME_SCALE={text!r}: give a factor above 0, e.g. 3")
+    return scale
+
+
+def patience(seconds: float) -> float:
+    """How long a test waits for something to happen (a process to start or to exit, a
+    run to end, a round to be recorded) before it gives up and fails: ``seconds`` times
+    ``FEDEFC_TEST_TIME_SCALE``. Such a limit only bounds how long a hang takes to be
+    reported: the test asserts what happened, never that it happened fast, so a larger
+    limit cannot turn a failure into a pass. The base values are far above an idle
+    2-core machine's times (an hour for a Flower run of a few rounds that takes 1-4
+    minutes there), so the suite passes with both cores kept busy by other work
+    (tests/load_harness.py); scale them for a slower machine still."""
+    return seconds * time_scale()
+
+
+RUN_LIMIT_S = 3600.0  # a test's limit (before scaling) for one Flower run of a few rounds
+
 
 OK = Status(code=Code.OK, message="")
 GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]  # a "model": K=3, D=4

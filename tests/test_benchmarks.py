@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import RUN_LIMIT_S, patience
+
 BENCH = Path(__file__).parent / "benchmarks" / "bench_gpu.py"
 
 
 @pytest.mark.flower
 def test_bench_gpu_tiny_run_measures_a_run_with_phase_2(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH), "--tiny", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=1200)
+                         capture_output=True, text=True, timeout=patience(RUN_LIMIT_S))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (row,) = json.loads((tmp_path / "results.json").read_text())
     assert row["t_e"] == 2 and row["phase2_round_s"] > 0  # rounds 3.. ran phase 2

@@ -69,7 +69,7 @@ from fedefc_cli.simulation import run_simulation_job
 from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
-from tests.helpers import records
+from tests.helpers import RUN_LIMIT_S, patience, records
 from tests.test_quickstart import run_quick_start, run_tls_walkthrough, section
 
 NODES = 3
@@ -133,7 +133,7 @@ def run_deployment(base: Path, nodes: list[NodeSpec], run_config: dict, before_r
     ``after_run(dep)`` (a second job on the same federation), stop everything."""
     with LocalDeployment(base / "federation", nodes, **kwargs) as dep:
         extra = before_run(dep) if before_run else {}
-        _, status = dep.run(run_config, timeout=900)
+        _, status = dep.run(run_config, timeout=patience(RUN_LIMIT_S))
         extra.update(after_run(dep) if after_run else {})
         pgids = [proc.pid for _, proc, _ in dep.procs.running]
     return DeployedRun(Path(run_config["out-dir"]), status, pgids, dep.work_dir, extra)
@@ -153,7 +153,7 @@ def secure_job(data_dir: Path, base: Path, dep: LocalDeployment) -> dict:
         "client-threads": 1, "rounds": 4, "secure-aggregation": "true", "audit": "true",
         "min-secure-clients": 2, "evaluation": '"server"', "faults": f'"{SECURE_FAULTS}"',
         "max-missed-share": 0.25})  # each liar misses its one refused round: 1 of 4 allowed
-    _, status = dep.run(run_config, timeout=900)
+    _, status = dep.run(run_config, timeout=patience(RUN_LIMIT_S))
     return {"secure": (Path(run_config["out-dir"]), status)}
 
 
@@ -182,7 +182,7 @@ def refused_node(dep: LocalDeployment, key: Path) -> dict:
                             env=dep.cli_env, cwd=APP_DIR, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=180)
+        out, _ = proc.communicate(timeout=patience(600))
     finally:
         stop_tree(proc)
     return {"code": proc.returncode, "log": out + (folder / "supernode.log").read_text(),
@@ -481,7 +481,7 @@ def expected_commands(tls: bool) -> dict[str, list[str]]:
 def accepted_flags(binary: str) -> set[str]:
     """The flags in ``binary --help`` whose help text does not call them deprecated."""
     text = subprocess.run([flower_bin(binary), "--help"], capture_output=True, text=True,
-                          timeout=120).stdout
+                          timeout=patience(600)).stdout
     options = text.split("options:", 1)[1]
     flags = set()
     for block in re.split(r"\n(?=  -)", options):  # one block per option

@@ -47,10 +47,11 @@ from fedefc_cli.errors import UsageError
 from fedefc_cli.flower import flower_bin, flwr_json, free_port, submit_run
 from fedefc_cli.procs import wait_for_port
 from fedefc_cli.run_configs import write_run_config
+from tests.helpers import patience
 
 pytestmark = pytest.mark.flower
 NOOP_APP = Path(__file__).parent / "flower_apps" / "noop"
-TIMEOUT = 600
+TIMEOUT = patience(1800)  # a run of the no-op app (one message)
 
 
 def make_keys(folder: Path) -> Path:
@@ -117,7 +118,7 @@ def nodes_federation(base: Path) -> dict:
         # the coordinator's runs: failed, hollow, held busy, good
         found["fail"] = submit(noop(base / "m-fail", mode="fail"))
         found["hollow"] = submit(noop(base / "m-hollow", mode="hollow"))
-        hold = noop(base / "m-hold", mode="hold", **{"hold-s": 300.0})
+        hold = noop(base / "m-hold", mode="hold", **{"hold-s": TIMEOUT})
         with ThreadPoolExecutor(1) as pool:
             held = pool.submit(submit, hold)
             deadline = time.monotonic() + TIMEOUT

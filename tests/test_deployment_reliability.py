@@ -21,7 +21,7 @@ from fedefc_cli.main import main
 from fedefc_cli.procs import descendants, stop_tree
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
-from tests.helpers import records, small_job
+from tests.helpers import RUN_LIMIT_S, patience, records, small_job
 
 pytestmark = pytest.mark.flower  # every test here runs a deployment
 NODES = 3
@@ -31,7 +31,8 @@ def job(data_dir: Path, out: Path, **extra) -> dict:
     return small_job(data_dir, out, **{"num-clients": NODES, **extra})
 
 
-def wait_for_round(out: Path, rnd: int, timeout: float = 600.0) -> None:
+def wait_for_round(out: Path, rnd: int, timeout: float | None = None) -> None:
+    timeout = patience(1800) if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(r["round"] >= rnd for r in records(out)):
@@ -55,7 +56,7 @@ def stop_node(dep: LocalDeployment, name: str) -> None:
 # A round waits this long for its clients: far beyond any honest node's round on a loaded
 # machine. The stopped node does not cost it: the SuperLink answers for a node that went
 # offline (node_unavail) as soon as its heartbeat lapses (Flower 1.42: within 2 x 30 s).
-ROUND_LIMIT_S = 900.0
+ROUND_LIMIT_S = patience(900.0)
 
 
 def test_a_supernode_that_stops_mid_run_and_returns_takes_part_again(tmp_path, tiny_mnist_dir):
@@ -68,14 +69,15 @@ def test_a_supernode_that_stops_mid_run_and_returns_takes_part_again(tmp_path, t
     specs = nodes(tmp_path)
     with LocalDeployment(tmp_path / "federation", specs) as dep:
         result: dict = {}
-        runner = threading.Thread(target=lambda: result.update(status=dep.run(cfg)[1]))
+        runner = threading.Thread(target=lambda: result.update(
+            status=dep.run(cfg, timeout=patience(RUN_LIMIT_S))[1]))
         runner.start()
         wait_for_round(out, 2)
         stop_node(dep, "node-1")
         stopped_after = max(r["round"] for r in records(out))
         wait_for_round(out, stopped_after + 2)
         dep.start_node("node-1-back", specs[1])
-        runner.join(timeout=1200)
+        runner.join(timeout=patience(RUN_LIMIT_S) + 60)
     # the run completed without partition 1 for more rounds than max-missed-share allows
     assert result.get("status", "").startswith(
         "finished:completed but RUN DEGRADED: partition 1 missed ")
@@ -117,7 +119,7 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_result(tmp_path, tiny_mni
     with LocalDeployment(tmp_path / "federation", nodes(tmp_path)) as dep:
         killer = threading.Thread(target=kill_serverapp_after, args=(dep, out, 3))
         killer.start()
-        _, status = dep.run(job(tiny_mnist_dir, out), timeout=900)
+        _, status = dep.run(job(tiny_mnist_dir, out), timeout=patience(RUN_LIMIT_S))
         killer.join()
         assert status != "finished:completed"
         assert not (out / "summary.json").exists()

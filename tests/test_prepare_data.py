@@ -24,6 +24,7 @@ from common.methods import load_run_config
 from common.models import TaskShape
 from fedefc_cli.main import main
 from fedefc_client.private_data import load_private_data
+from tests.helpers import patience
 
 ROOT = Path(__file__).resolve().parents[1]
 BICUBIC = Image.Resampling.BICUBIC
@@ -356,7 +357,7 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
     done = subprocess.run([sys.executable, "-m", "fedefc_cli", "data", str(site),
                            str(tmp_path / "out"), "--size", "6"],
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=patience(1800))
     assert done.returncode == 2, done.stderr
     assert "fedefc: error: OUT=" in done.stderr and "already exists" in done.stderr
     assert (tmp_path / "out" / "data.npz").read_bytes() == b"earlier"

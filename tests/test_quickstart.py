@@ -36,6 +36,7 @@ from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
 from fedefc_server import checkpoint
 from fedefc_server.summary import RunFacts, build_summary, summary_lines
+from tests.helpers import RUN_LIMIT_S, patience
 
 DOC = APP_DIR / "docs" / "DEPLOYMENT.md"
 
@@ -89,10 +90,11 @@ def _kill(pids: list[int], sig: signal.Signals) -> None:
             pass
 
 
-def run_block(script: str, base: Path, timeout: float = 900.0) -> dict:
+def run_block(script: str, base: Path, timeout: float | None = None) -> dict:
     """Run a bash block of the doc in the checkout (as the doc says: the environment
-    active, from the checkout's root), with ``HOME`` in ``base``. Whatever it leaves
-    running is reported in ``left`` and then stopped, also on a failure or a timeout."""
+    active, from the checkout's root), with ``HOME`` in ``base``, for at most ``timeout``
+    seconds (default: ``patience(RUN_LIMIT_S)``). Whatever it leaves running is reported in
+    ``left`` and then stopped, also on a failure or a timeout."""
     home = base / "home"
     home.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
@@ -103,7 +105,7 @@ def run_block(script: str, base: Path, timeout: float = 900.0) -> dict:
         shell = subprocess.Popen(["bash", "-c", script], cwd=APP_DIR, env=env, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        code = shell.wait(timeout=timeout)
+        code = shell.wait(timeout=patience(RUN_LIMIT_S) if timeout is None else timeout)
     except subprocess.TimeoutExpired:
         code = None
     finally:
@@ -119,7 +121,7 @@ def run_block(script: str, base: Path, timeout: float = 900.0) -> dict:
     return {"code": code, "log": log.read_text(errors="replace"), "left": left, "home": home}
 
 
-def run_quick_start(base: Path, timeout: float = 900.0) -> dict:
+def run_quick_start(base: Path, timeout: float | None = None) -> dict:
     """The quick start's block, port 8000 and ``/tmp/fedefc`` replaced."""
     port = free_port()
     script = re.sub(r"\b8000\b", str(port), quick_start_script())
@@ -134,7 +136,7 @@ def tls_walkthrough_script() -> str:
     return blocks[0]
 
 
-def run_tls_walkthrough(base: Path, timeout: float = 1200.0) -> dict:
+def run_tls_walkthrough(base: Path, timeout: float | None = None) -> dict:
     """That block as written, port 8000 replaced."""
     port = free_port()
     script = re.sub(r"\b8000\b", str(port), tls_walkthrough_script())
