@@ -431,7 +431,11 @@ class PartitionRegistry:
                    if (cid := self._assumed.get(p)) is not None and cid in self._proxies
                    and cid not in self._pid_of_cid and self._may_ask(cid)]
             if ask:
-                self._ask(ask, self.timeout, server_round, frozenset(self._proxies))
+                # a node's first message starts its ClientApp cold (imports, data), which a
+                # busy machine makes slow: it has wait-for-nodes to answer, as the nodes of
+                # a deployment have before the first round, not the usual per-message limit
+                self._ask(ask, max(self.timeout or 0.0, self.wait_for_nodes), server_round,
+                          frozenset(self._proxies))
                 answered = [p.cid for p in ask if p.cid not in self._failed]
                 if len(answered) >= 2 and set(answered) <= self._misplaced:
                     raise RunFailed(
