@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from .errors import ConfigError as ConfigError  # its home; every importer finds it here
 from .faults import parse_faults, parse_server_faults
 from .models import MODELS
 from .named_datasets import DATASETS
@@ -67,10 +68,6 @@ def is_strict_majority(threshold: int, shares: int, clients: int) -> bool:
     one half of the holders for a client's mask seed and the other half for its key
     reconstruct both (docs/PRIVACY.md, "Who can rebuild a secret")."""
     return 2 * threshold > min(shares, clients)
-
-
-class ConfigError(ValueError):
-    """A run-config key has an invalid value; the message names key, value and fix."""
 
 
 def hyphenate(name: str) -> str:

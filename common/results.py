@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from .private_files import FILE_MODE, make_private_dir, open_private
 
@@ -186,8 +185,9 @@ class RunRecorder:
         atomic_write_json(self.out_dir / "summary.json", summary)
         return _clean(summary)
 
-    def write_model(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def write_model(self, state_dict: dict[str, Any]) -> None:
         """model.pt: the final global model's state dict (``torch.load`` reads it)."""
+        import torch  # lazy: torch, 1.9 s of CPU
         buf = io.BytesIO()
         torch.save(state_dict, buf)
         atomic_write_bytes(self.out_dir / "model.pt", buf.getvalue())

@@ -43,9 +43,6 @@ import yaml
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
-from flwr.cli.build import build_fab_from_disk
-from flwr.common.config import flatten_dict, fuse_dicts
-from flwr.common.serde import user_config_from_proto, user_config_to_proto
 
 SIGNATURE_FILE = "fedefc-signature.json"
 FORMAT = 1
@@ -128,12 +125,17 @@ def fused_run_config(fab_files: dict[str, bytes], overrides: dict[str, Any]) -> 
     """The run config a run of this app sees: its pyproject's defaults with the overrides,
     fused by Flower's own functions (what the SuperNode and the ServerApp process do)."""
     config = tomllib.loads(fab_files["pyproject.toml"].decode())
+    from flwr.common.config import flatten_dict, fuse_dicts  # lazy: flwr, 0.5 s of CPU
     defaults = flatten_dict(config["tool"]["flwr"]["app"].get("config", {}))
     return dict(fuse_dicts(defaults, dict(overrides)))
 
 
 def _as_transmitted(overrides: dict[str, Any]) -> dict[str, Any]:
     """The overrides as a SuperLink hands them on (through Flower's protobuf form)."""
+    from flwr.common.serde import (  # lazy: flwr, 0.4 s of CPU
+        user_config_from_proto,
+        user_config_to_proto,
+    )
     return dict(user_config_from_proto(user_config_to_proto(overrides)))
 
 
@@ -144,6 +146,7 @@ def stage_signed_app(app_dir: Path, overrides: dict[str, Any], key_path: str | P
     a run with ``overrides`` (as parsed from the ``--run-config`` file); ``flwr run dest``
     then submits exactly what was signed. Returns ``dest``."""
     key = load_signing_key(key_path)
+    from flwr.cli.build import build_fab_from_disk  # lazy: flwr's CLI, 0.8 s of CPU
     with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(Path(app_dir)))) as fab:
         files = {n: fab.read(n) for n in fab.namelist() if n != MANIFEST}
     pyproject = tomllib.loads(files["pyproject.toml"].decode())

@@ -46,15 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import torch
 
-from common.config import ConfigError
 from common.data_files import write_npz
-from common.data_plan import data_plan
-from common.methods import load_run_config, short_run_warning
+from common.errors import ConfigError
 from common.results import atomic_write_json
-from fedefc_server import checkpoint
-from fedefc_server.checkpoint import CheckpointError
 
 from .app_signing import SigningKeyError
 from .errors import EXIT_DEGRADED, LaunchError, UsageError
@@ -619,6 +614,9 @@ def resume_submission(folder: str, preset: str | None, overrides: list[str]
     (e.g. ``rounds``), as ``fedefc resume`` does; else the preset and overrides, which
     must repeat the run's config (the ServerApp refuses a checkpoint of another config,
     naming the keys). ConfigError naming the value and the fix otherwise."""
+    from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
+    from fedefc_server import checkpoint  # lazy: torch, 1.9 s of CPU
+    from fedefc_server.checkpoint import CheckpointError  # lazy: torch, 1.9 s of CPU
     path = Path(folder).expanduser()
     if not path.is_absolute():
         raise ConfigError(f"--resume {folder!r} is not absolute; give the run's out-dir as "
@@ -644,7 +642,14 @@ def resume_submission(folder: str, preset: str | None, overrides: list[str]
     return load_run_config(merged).to_flat()
 
 
+def progress(text: str) -> None:
+    """One step of ``submit``, on stderr as it starts (the run's log goes to stdout)."""
+    print(f"fedefc deploy: {text} ...", file=sys.stderr, flush=True)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
+    progress("checking the run config")
+    from common.methods import load_run_config, short_run_warning  # lazy: torch, 1.9 s of CPU
     if args.resume:
         merged = resume_submission(args.resume, args.preset, args.overrides)
         note = inexact_resume_note(merged)
@@ -664,9 +669,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         key = check_private(args.sign_key, "--sign-key")
         sign = (key, args.key_id or Path(key).name)
     env = flwr_env(default_flwr_home())
+    progress(f"asking the SuperLink of connection {args.connection!r} (flwr ls)")
     wait_for_superlink(args.connection, env, Path.cwd())
     refuse_a_busy_superlink(args.connection, env, Path.cwd())
-    outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign)
+    outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign,
+                         say=progress)
     if outcome.degraded:
         print(f"fedefc deploy: run {outcome.run_id} completed DEGRADED: {outcome.degradation}."
               f"\nIts model and summary are in {cfg.out_dir} on the SuperLink machine; the "
@@ -745,6 +752,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     (``OUT/node-K/<class index>/<n>.png``) and the federation's class map
     ``OUT/classes.json``, to try ``fedefc data`` as a site with real images would
     (docs/DEPLOYMENT.md, "Node data")."""
+    import torch  # lazy: torch, 1.9 s of CPU
+
+    from common.data_plan import data_plan  # lazy: torch, 1.9 s of CPU
+    from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
     cfg = load_run_config(merged_config(args.preset, args.overrides))
     out = Path(args.out_dir).expanduser().resolve()
     folders = [out / f"node-{pid}" for pid in range(cfg.num_clients)]

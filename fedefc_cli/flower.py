@@ -24,15 +24,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr.common.config import parse_config_args
-
 from common.private_files import open_private
 
-from .app_signing import stage_signed_app
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
 from .run_configs import APP_DIR, write_run_config
@@ -153,25 +151,40 @@ def failure_reason(lines: list[str], status: str) -> str | None:
     return errors[-1] if errors else None
 
 
+# a terminal's colour codes, which Flower's logger writes whatever its output is
+COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
+
+
+def copy_lines(stream, out, keep_colour: bool) -> list[str]:
+    """Copy a process's output ``stream`` line by line to ``out`` (a binary file), its
+    colour codes kept only when ``keep_colour`` (a terminal); the lines as text, without
+    colour codes."""
+    lines: list[str] = []
+    for raw in stream:
+        plain = COLOUR.sub(b"", raw)
+        out.write(raw if keep_colour else plain)
+        out.flush()
+        lines.append(plain.decode(errors="replace").rstrip("\n"))
+    return lines
+
+
+def to_terminal(out) -> bool:
+    """Whether output meant for ``out`` (None: this process's stdout) reaches a terminal."""
+    return out is None and sys.stdout.isatty()
+
+
 def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
                 timeout: float) -> list[str]:
     """``flwr log RUN_ID --stream`` until the run ends, copied to ``out`` (a binary file)
-    or stdout; returns its lines."""
+    or stdout (colour codes only on a terminal); returns its lines."""
     proc = subprocess.Popen([flower_bin("flwr"), "log", run_id, connection, "--stream"],
                             env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
-    lines: list[str] = []
     try:
-        for raw in proc.stdout:
-            if out is not None:
-                out.write(raw)
-                out.flush()
-            else:
-                sys.stdout.buffer.write(raw)
-                sys.stdout.flush()
-            lines.append(raw.decode(errors="replace").rstrip("\n"))
+        lines = copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
+                           to_terminal(out))
         proc.wait()
     finally:
         timer.cancel()
@@ -182,20 +195,28 @@ def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, ou
 
 def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str], cwd: Path,
                app_dir: Path = APP_DIR, log: Path | None = None, timeout: float = 3600.0,
-               sign_key: tuple[str, str] | None = None) -> RunOutcome:
+               sign_key: tuple[str, str] | None = None,
+               say: Callable[[str], None] | None = None) -> RunOutcome:
     """``flwr run`` the app (signed with ``sign_key`` = (private key file, key id) when
     given: :mod:`.app_signing`), follow its log until it ends (to ``log``, else stdout)
-    and return how it ended."""
+    and return how it ended; ``say`` is told each step as it starts."""
+    say = say or (lambda text: None)
     with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
         cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
         if sign_key:
+            say(f"signing the app and this run's config with key {sign_key[1]!r}")
+            from flwr.common.config import parse_config_args  # lazy: flwr, 0.5 s of CPU
+
+            from .app_signing import stage_signed_app  # lazy: flwr's CLI, 0.8 s of CPU
             app_dir = stage_signed_app(app_dir, parse_config_args([str(cfg_file)]),
                                        sign_key[0], sign_key[1], Path(tmp) / "app")
+        say(f"packing the app and sending it to the SuperLink of {connection!r} (flwr run)")
         res = flwr_json(["run", str(app_dir), connection, "--run-config", str(cfg_file)],
                         env, cwd)
     if not res.get("success") or not res.get("run-id"):
         raise LaunchError(f"flwr run was refused: {res}")
     run_id = str(res["run-id"])
+    say(f"run {run_id} submitted; its log follows (flwr log {run_id} {connection} --stream)")
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
         lines = _follow_log(connection, run_id, env, cwd, out, timeout)
     deadline = time.monotonic() + 60
@@ -247,8 +268,11 @@ class LocalSimulation(ProcessGroup):
         cmd = [flower_bin("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
                "--run-config", str(cfg_file), "--federation-config", fed]
         with open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out:
-            code = subprocess.call(cmd, env=self.env, cwd=self.work_dir, stdout=out,
-                                   stderr=subprocess.STDOUT if out else None)
+            proc = subprocess.Popen(cmd, env=self.env, cwd=self.work_dir,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
+                       to_terminal(out))
+            code = proc.wait()
         if code != 0:
             raise LaunchError(f"flwr run exited with code {code}")
         return self.latest_status()

@@ -22,16 +22,9 @@ import signal
 import sys
 from pathlib import Path
 
-import torch
-
-from common.methods import load_run_config, short_run_warning
-
 from . import deployment, prepare_data, services
-from .errors import EXIT_CODES, EXIT_DEGRADED
-from .grid import Grid, run_grid
-from .report import write_report
+from .errors import EXIT_DEGRADED, exit_code
 from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
-from .simulation import preflight_in_child, run_simulation_job
 
 
 def _unwind_on_signals() -> None:
@@ -46,6 +39,11 @@ def _exit_on_signal(signum, _frame) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedefc run`` and ``fedefc resume``: one job, its summary printed at the end."""
+    import torch  # lazy: torch, 1.9 s of CPU
+
+    from common.methods import load_run_config, short_run_warning  # lazy: torch, 1.9 s of CPU
+
+    from .simulation import preflight_in_child, run_simulation_job  # lazy: torch, 1.9 s of CPU
     _unwind_on_signals()
     if args.command == "resume":
         run_config = resume_config(args.folder, args.overrides)
@@ -79,6 +77,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_grid(args: argparse.Namespace) -> int:
     """``fedefc grid run|report|list``; run and report write the table and plots."""
+    from .grid import Grid, run_grid  # lazy: torch, 1.9 s of CPU
+    from .report import write_report  # lazy: torch, 1.9 s of CPU
     _unwind_on_signals()
     results_dir = Path(args.results_dir).expanduser().resolve()
     grid = Grid.load(args.grid)
@@ -287,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as err:
-        for kinds, code in EXIT_CODES:
-            if isinstance(err, kinds):
-                print(f"fedefc: error: {err}", file=sys.stderr)
-                return code
-        raise
+        code = exit_code(err)
+        if code is None:
+            raise
+        print(f"fedefc: error: {err}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -13,8 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError
-from common.methods import counts_pooling, load_run_config, resumes_exactly
+from common.errors import ConfigError
 from common.results import check_output_dir, run_folder
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -73,6 +72,7 @@ def resolve_run_config(preset: str | None, overrides: list[str],
                        out_dir: str | None) -> dict[str, Any]:
     """Defaults < preset < overrides, validated; ``out-dir`` made absolute and checked
     (default: :func:`common.results.run_folder`, the ServerApp's own rule)."""
+    from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
     merged = merged_config(preset, overrides)
     if out_dir:
         merged["out-dir"] = str(Path(out_dir).expanduser().resolve())
@@ -87,6 +87,7 @@ def resolve_run_config(preset: str | None, overrides: list[str],
 
 def resume_config(folder: str, overrides: list[str]) -> dict[str, Any]:
     """The config of the run in ``folder`` (its config.json), set to resume it there."""
+    from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
     path = Path(folder).expanduser().resolve()
     try:
         stored = json.loads((path / "config.json").read_text())
@@ -101,6 +102,11 @@ def resume_config(folder: str, overrides: list[str]) -> dict[str, Any]:
 def inexact_resume_note(run_config: dict[str, Any]) -> str | None:
     """What an operator resuming this run must know when it cannot end exactly as the
     uninterrupted run would (:func:`resumes_exactly`; docs/RELIABILITY.md), else None."""
+    from common.methods import (  # lazy: torch, 1.9 s of CPU
+        counts_pooling,
+        load_run_config,
+        resumes_exactly,
+    )
     cfg = load_run_config(run_config)
     if resumes_exactly(cfg):
         return None

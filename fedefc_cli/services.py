@@ -113,6 +113,31 @@ def write_units(pair: Pair, user: str, units_dir: Path, private_files: list[str]
     return written
 
 
+PRIVATE_TMP = ("/tmp", "/var/tmp")  # what PrivateTmp=yes replaces with an empty folder
+PATH_FLAGS = ("state_dir", "data_path", "cache_dir", "certs", "ca_cert", "auth_key",
+              "superexec_secret", "trusted_keys")
+
+
+def private_tmp_warnings(args: argparse.Namespace) -> list[str]:
+    """A warning for every path flag under /tmp or /var/tmp: the unit runs with
+    ``PrivateTmp=yes``, which gives it an empty /tmp of its own, so it would not find
+    them (a state folder there would vanish with the unit)."""
+    out = []
+    for flag in PATH_FLAGS:
+        value = getattr(args, flag, None)
+        if not value:
+            continue
+        path = Path(value).expanduser().resolve()
+        root = next((t for t in PRIVATE_TMP if path == Path(t) or Path(t) in path.parents),
+                    None)
+        if root:
+            out.append(f"--{flag.replace('_', '-')} {path} is under {root}: the unit runs "
+                       f"with PrivateTmp=yes, which gives it an empty {root} of its own, so "
+                       "it will not see this path; move it elsewhere (e.g. under "
+                       "/var/lib/fedefc or /srv) and write the units again")
+    return out
+
+
 def cmd_service(args: argparse.Namespace) -> int:
     """``fedefc deploy service superlink|supernode ...``: write the units."""
     if not args.state_dir:
@@ -131,6 +156,8 @@ def cmd_service(args: argparse.Namespace) -> int:
         private = [f for f in (args.auth_key, args.superexec_secret) if f]
     paths = write_units(pair, args.user, Path(args.units_dir).expanduser().resolve(),
                         [str(Path(f).expanduser().resolve()) for f in private])
+    for warning in private_tmp_warnings(args):
+        print(f"fedefc deploy: WARNING: {warning}", file=sys.stderr)
     names = " ".join(p.name for p in paths)
     print(f"wrote {', '.join(str(p) for p in paths)}\ninstall and start them:\n"
           f"  sudo install -d -o {args.user} -g {args.user} -m 700 {state}\n"

@@ -22,6 +22,7 @@ import pwd
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -325,6 +326,49 @@ def test_service_refuses_root_a_missing_user_and_files_it_cannot_read(
         assert f"sudo chown {service_user}: {secret} {certs / 'server.key'} (they stay mode " \
                "0600)" in capsys.readouterr().err
     assert not (tmp_path / "units").exists()
+
+
+def test_service_warns_of_paths_a_private_tmp_hides(tmp_path, service_user, capsys):
+    """The units run with PrivateTmp=yes: a node's data under /tmp and its cache under
+    /var/tmp would be invisible to them; the generator says so, naming each flag."""
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("pytest's temporary folder is not under /tmp here")
+    data = tmp_path / "node-0.npz"
+    data.write_bytes(b"")
+    assert main(["deploy", "service", "supernode", "--superlink", "link:8443",
+                 "--partition-id", "0", "--num-partitions", "3", "--data-path", str(data),
+                 "--cache-dir", "/var/tmp/fedefc-cache", "--runtime-port", "9094",
+                 "--state-dir", "/var/lib/fedefc/node-0", "--user", service_user,
+                 "--units-dir", str(tmp_path / "units")]) == 0
+    err = capsys.readouterr().err
+    assert (f"WARNING: --data-path {data} is under /tmp: the unit runs with PrivateTmp=yes, "
+            "which gives it an empty /tmp of its own") in err
+    assert "WARNING: --cache-dir /var/tmp/fedefc-cache is under /var/tmp" in err
+    assert "--state-dir" not in err and err.count("WARNING") == 2
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--help"], 0),
+    (["deploy", "service", "superlink"], 2),  # a flag missing: argparse refuses
+    (["deploy", "service", "superlink", "--host", "0.0.0.0", "--allow-insecure", "--user",
+      "root", "--state-dir", "/var/lib/fedefc/superlink", "--units-dir", "{tmp}/u"], 2),
+    (["deploy", "fetch", "/no/such/run", "{tmp}/new"], 2),
+    (["deploy", "connection", "c", "127.0.0.1:9", "--flwr-home", "{tmp}/home"], 0),
+], ids=["help", "argparse", "service-as-root", "fetch-missing", "connection"])
+def test_commands_that_parse_and_refuse_load_neither_torch_nor_flower(tmp_path, argv, code):
+    """What made every `fedefc` call take 25-56 s on a loaded machine (issue 30): torch and
+    Flower, imported by every command. A command that only parses, refuses or writes a
+    small file imports neither (measured: 0.2 s of CPU, was 3.0 s)."""
+    probe = ("import sys; from fedefc_cli.main import main\n"
+             "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    code = e.code\n"
+             "print('LOADED', sorted(m for m in ('torch', 'flwr', 'pydantic')"
+             " if m in sys.modules), code)")
+    out = subprocess.run([sys.executable, "-c", probe,
+                          *(a.format(tmp=tmp_path) for a in argv)],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    last = out.stdout.strip().splitlines()[-1]
+    assert last == f"LOADED [] {code}", out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_systemd_words_survive_quoting():

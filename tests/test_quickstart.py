@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import numpy as np
 import pytest
 
 from common.methods import load_run_config
-from fedefc_cli import deployment
+from fedefc_cli import deployment, flower
 from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
 from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
@@ -464,6 +465,50 @@ def test_submit_help_says_how_to_resume(capsys):
         main(["deploy", "submit", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--resume OUT_DIR" in text and "resume the run whose out-dir is OUT_DIR" in text
+
+
+def test_submit_says_each_step_before_the_log(monkeypatch, capsys, tmp_path):
+    """Nothing is silent for minutes: the config check, the SuperLink, the packing and the
+    run id are told on stderr as each starts, before the run's log."""
+    events: list[str] = []
+    monkeypatch.setattr(deployment, "wait_for_superlink",
+                        lambda *a, **k: events.append("superlink"))
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+
+    def flwr(args, env, cwd):
+        events.append(f"flwr {args[0]}")
+        return {"success": True, "run-id": 77}
+
+    monkeypatch.setattr(flower, "flwr_json", flwr)
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: events.append("log") or [])
+    monkeypatch.setattr(flower, "run_status", lambda *a: "finished:completed")
+    real_progress = deployment.progress
+    monkeypatch.setattr(deployment, "progress",
+                        lambda text: events.append(text) or real_progress(text))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 0
+    assert events[:2] == ["checking the run config",
+                          "asking the SuperLink of connection 'fedefc' (flwr ls)"]
+    assert events[2:] == ["superlink",
+                          "packing the app and sending it to the SuperLink of 'fedefc' "
+                          "(flwr run)", "flwr run",
+                          "run 77 submitted; its log follows (flwr log 77 fedefc --stream)",
+                          "log"]
+    err = capsys.readouterr().err
+    assert err.index("checking the run config ...") < err.index("run 77 submitted")
+
+
+def test_a_logs_colour_codes_reach_a_terminal_only():
+    """Flower's logger colours every line; a file or a pipe gets the text alone."""
+    raw = [b"\x1b[92mINFO \x1b[0m:      [round 1/2] 4 clients\n",
+           b"\x1b[91mERROR \x1b[0m:     RUN FAILED: no node trained\n"]
+    to_file, to_tty = io.BytesIO(), io.BytesIO()
+    lines = flower.copy_lines(iter(raw), to_file, keep_colour=False)
+    assert to_file.getvalue() == (b"INFO :      [round 1/2] 4 clients\n"
+                                  b"ERROR :     RUN FAILED: no node trained\n")
+    assert flower.copy_lines(iter(raw), to_tty, keep_colour=True) == lines
+    assert to_tty.getvalue() == b"".join(raw)
+    assert flower.failure_reason(lines, "finished:failed") == "no node trained"
+    assert not flower.to_terminal(io.BytesIO())
 
 
 def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,
