@@ -10,10 +10,12 @@ masks; it is then recorded as a rejection, not a failure (docs/PRIVACY.md).
 
 from __future__ import annotations
 
+from logging import WARNING
 from typing import Any
 
 from flwr.app import Error
 from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 
 REJECTED = 4601  # the error code of a reply refused before the secure sum
@@ -151,3 +153,12 @@ def describe_failure(failure) -> str:
         return f"{type(failure).__name__}: {failure}"
     proxy, res = failure
     return f"node {proxy.cid}: status {res.status.code.name} {res.status.message}"
+
+
+def describe_failures(server_round: int, what: str, failures: list) -> list[str]:
+    """Each failure described for the round record (:func:`describe_failure`), and
+    logged."""
+    failed = [describe_failure(f) for f in failures]
+    for reason in failed:
+        log(WARNING, "round %d: %s failed: %s", server_round, what, reason)
+    return failed

@@ -315,6 +315,11 @@ class PartitionRegistry:
         return (cid in self._pid_of_cid or cid in self._refused or cid in self._waiting
                 or self._failed.get(cid, ("", 0.0, False))[2])
 
+    def absences(self, served) -> list[dict[str, Any]]:
+        """The run's partitions not among ``served``, each with why no node serves it
+        (:meth:`absence`), in partition order."""
+        return [self.absence(pid) for pid in range(self.rule.num_clients) if pid not in served]
+
     def refused_for_good(self, cid: str) -> bool:
         """Whether node ``cid`` refused in a way that waiting does not change: this
         registry refused its declaration, or it answered with a lasting refusal

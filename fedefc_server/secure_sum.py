@@ -34,13 +34,18 @@ is what the masks hide), so the round is not retried with other clients.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
+from common.config import RunConfig
 from common.messages import FitReply
 from common.secure_means import SUMMED_KEYS, bad_means, decode_tail
-from common.update_bound import rounding_slack
+from common.update_bound import rounding_slack, secure_range
+
+from .plan import RoundPlan
 
 TARGET_RANGE = 2**22  # Flower's quantization range (the default SecureRound keeps)
 
@@ -149,3 +154,81 @@ def group_means(groups: list[tuple[dict[str, float], int]], aggregation: str,
             fields["A_groups"] = values
         fields["A_pull_bound"] = pull_bound(values, clients, aggregation)
     return means, fields
+
+
+# -- decoding a round's sums ----------------------------------------------------------------
+@dataclass(frozen=True)
+class SecureSum:
+    """What Flower's SecAgg+ workflow decoded (docs/PRIVACY.md): its weighted mean
+    ``parameters`` (the clients' updates, then the tail) and ``weight_total``, the sum's
+    weight factor slot Q (None if it was not read), over the clients of
+    ``partitions``."""
+
+    parameters: Parameters
+    weight_total: int | None
+    partitions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A secure round's sums decoded: the new parameters (None: refused), the means of the
+    summed metrics, why every sum was refused (or None), the record's fields about the
+    groups and A(t)'s pull bound, and the partitions whose sums were applied."""
+
+    parameters: Parameters | None
+    means: dict[str, float]
+    refused: str | None
+    fields: dict[str, Any]
+    partitions: frozenset[int]
+
+
+def decode_sum(summed: SecureSum, plan: RoundPlan, counts: list[int], cfg: RunConfig
+               ) -> tuple[list[np.ndarray] | None, dict[str, float], str | None]:
+    """(SecAgg+'s weighted mean of the clients' updates; the means of the summed metrics,
+    :mod:`common.secure_means`; None) for a sum of clients with clear sample ``counts``
+    that passes :func:`check_secure_sum` and, where the run bounds an update,
+    :func:`bad_mean_update`; else (None, {}, the reason)."""
+    arrays, c = parameters_to_ndarrays(summed.parameters), secure_range(cfg)
+    reason = check_secure_sum(arrays, summed.weight_total, counts,
+                              float(plan.weight_bound), c)
+    *update, tail = arrays
+    expected = plan.expected
+    if reason is None and expected.max_norm is not None:
+        reason = bad_mean_update(update, parameters_to_ndarrays(plan.sent),
+                                 expected.max_norm, expected.norm_key, len(counts),
+                                 summed.weight_total, c)
+    return (None, {}, reason) if reason else (update, decode_tail(tail), None)
+
+
+def decode_sums(sums: list[SecureSum], plan: RoundPlan, accepted: list[tuple[Any, FitRes]],
+                cfg: RunConfig, asks_accuracy: bool) -> Decoded:
+    """The round's new weights: the global model the round sent plus the mean update of
+    the groups whose sums pass their checks (:func:`decode_sum`), each weighted by its
+    weight total (so one group gives SecAgg+'s weighted mean, and several give the mean
+    over all their clients), in the global model's dtypes; A(t) and the other means from
+    the groups' (:func:`group_means`; ``asks_accuracy``: the round's replies carry A_k)."""
+    counts = {int(res.metrics[FitReply.PARTITION_ID]): int(res.num_examples)
+              for _, res in accepted}
+    kept, refused = [], []
+    for summed in sums:
+        update, means, reason = decode_sum(summed, plan,
+                                           [counts[p] for p in summed.partitions], cfg)
+        if reason:
+            refused.append({"partitions": list(summed.partitions), "reason": reason})
+        else:
+            kept.append((summed, update, means))
+    fields: dict[str, Any] = {"refused_groups": refused} if cfg.secure_groups > 1 else {}
+    if not kept:
+        return Decoded(None, {}, "; ".join(r["reason"] for r in refused), fields,
+                       frozenset())
+    total = sum(summed.weight_total for summed, _, _ in kept)
+    mean = [sum(summed.weight_total * update[i] for summed, update, _ in kept) / total
+            for i in range(len(kept[0][1]))]
+    weights = [np.rint(g + u).astype(dt) if dt.kind in "iu" else (g + u).astype(dt)
+               for g, u, dt in zip(parameters_to_ndarrays(plan.sent), mean,
+                                   plan.expected.dtypes)]
+    means, group_fields = group_means(
+        [(m, len(summed.partitions)) for summed, _, m in kept], cfg.accuracy_aggregation,
+        asks_accuracy)
+    return Decoded(ndarrays_to_parameters(weights), means, None, {**fields, **group_fields},
+                   frozenset(p for summed, _, _ in kept for p in summed.partitions))

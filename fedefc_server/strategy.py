@@ -35,15 +35,10 @@ from flwr.server.strategy import Strategy
 from common.messages import FitReply
 
 from .failures import Attributed, distinct_failures, is_rejection
-from .pipeline import (
-    Collected,
-    EvaluationPlan,
-    RoundOutcome,
-    RoundPipeline,
-    Screened,
-    SecureSum,
-)
+from .pipeline import Collected, RoundOutcome, RoundPipeline, Screened
 from .plan import RoundPlan
+from .round_evaluation import EvaluationPlan
+from .secure_sum import SecureSum
 
 
 class RoundStrategy(Strategy):
@@ -118,7 +113,7 @@ class RoundStrategy(Strategy):
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
         """The global model's (loss, {"accuracy"}) on the server's test set, if any."""
-        evaluated = self.pipeline.evaluate(parameters)
+        evaluated = self.pipeline.evaluation.central(parameters)
         return None if evaluated is None else (evaluated[0], {"accuracy": evaluated[1]})
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
@@ -126,15 +121,16 @@ class RoundStrategy(Strategy):
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Every node serving a partition evaluates the global model on its held-out
         data (none without federated evaluation)."""
-        self.evaluation = self.pipeline.plan_evaluation(server_round, parameters,
-                                                        client_manager)
+        self.evaluation = self.pipeline.evaluation.plan(server_round, parameters,
+                                                         client_manager)
         return [] if self.evaluation is None else self.attributed(self.evaluation.instructions)
 
     def aggregate_evaluate(self, server_round: int,
                            results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
                            ) -> tuple[float | None, dict[str, Scalar]]:
-        """The held-out loss and accuracies (:meth:`RoundPipeline.close_evaluation`)."""
-        self.federated, loss, metrics = self.pipeline.close_evaluation(
+        """The held-out loss and accuracies (:meth:`.round_evaluation.RoundEvaluation.
+        close`)."""
+        self.federated, loss, metrics = self.pipeline.evaluation.close(
             self.evaluation, results, failures)
         return loss, metrics

@@ -31,11 +31,14 @@ numbers in [0, 1].
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
+from flwr.common.logger import log
 
 from common.messages import EvaluateReply, FitReply, ReplyMetric
 from common.update_bound import float_norms, rounding_slack
@@ -176,3 +179,23 @@ def check_evaluate_reply(res: EvaluateRes, partitions: frozenset[int], seen: set
         if reason is None and (key == EvaluateReply.ACCURACY or key in res.metrics):
             reason = bad_number(f"held-out {key}", res.metrics.get(key), 0.0, 1.0)
     return reason
+
+
+def sort_replies(server_round: int, what: str, results: list[tuple[Any, Any]],
+                 partition_of: Callable[[str], int | None],
+                 check: Callable[[Any, int | None], str | None],
+                 ) -> tuple[list[tuple[Any, Any]], list[dict[str, Any]]]:
+    """(accepted replies, rejections {node, partition, reason}) of ``results`` (node proxy,
+    reply) pairs: ``check`` gives a reply's reason to reject it, given the partition its
+    node registered (``partition_of``); each rejection is logged."""
+    accepted, rejected = [], []
+    for proxy, res in results:
+        node_pid = partition_of(proxy.cid)
+        reason = check(res, node_pid)
+        if reason is None:
+            accepted.append((proxy, res))
+        else:
+            rejected.append({"node": proxy.cid, "partition": node_pid, "reason": reason})
+            log(WARNING, "round %d: rejected %s of node %s (partition %s): %s",
+                server_round, what, proxy.cid, node_pid, reason)
+    return accepted, rejected

@@ -513,9 +513,9 @@ def test_an_evaluation_reply_counts_exactly_its_declared_held_out_samples(micro_
                              plan_held_out=[held_out_count(cfg, n) for n in parts],
                              max_private=train)
     init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
-    plan = pipeline.plan_evaluation(0, ndarrays_to_parameters(init), grid.manager())
+    plan = pipeline.evaluation.plan(0, ndarrays_to_parameters(init), grid.manager())
     results = [(proxy, proxy.evaluate(ins, None, 0)) for proxy, ins in plan.instructions]
-    fields, _, metrics = pipeline.close_evaluation(plan, results, [])
+    fields, _, metrics = pipeline.evaluation.close(plan, results, [])
     held = held_out_count(cfg, parts[0])
     assert [r["reason"] for r in fields["federated_rejected_reasons"]] == [
         f"held-out sample count {train} differs from the {held} held-out samples its node "
