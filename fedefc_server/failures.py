@@ -10,6 +10,7 @@ masks; it is then recorded as a rejection, not a failure (docs/PRIVACY.md).
 
 from __future__ import annotations
 
+import re
 from logging import WARNING
 from typing import Any
 
@@ -20,6 +21,9 @@ from flwr.server.client_proxy import ClientProxy
 
 REJECTED = 4601  # the error code of a reply refused before the secure sum
 NO_REPLY = "Expected one Message but got: 0"  # Flower's proxy when no reply came in time
+# Flower's proxy for a node's error reply (Flower 1.42: compat/grid_client_proxy.py)
+ERROR_REPLY = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated during "
+                         r"client-side execution of a message\.", re.DOTALL)
 
 
 # A node's error reply that waiting does not change (docs/RELIABILITY.md, "A run that
@@ -149,6 +153,8 @@ def describe_failure(failure) -> str:
         return f"error {failure.args[0].code}: {failure.args[0].reason}"
     if isinstance(failure, ValueError) and str(failure) == NO_REPLY:
         return "no reply within client-timeout (Flower returned none)"
+    if isinstance(failure, ValueError) and (reply := ERROR_REPLY.fullmatch(str(failure))):
+        return f"error reply: {reply.group(1)}"
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
     proxy, res = failure

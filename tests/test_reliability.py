@@ -439,7 +439,7 @@ def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
     recs = {r["round"]: r for r in records(tmp_path / "run")}
     assert recs[1]["declared"] == {str(p): 150 for p in range(4)}
     assert recs[2]["failures"] == 1 and recs[2]["rejected"] == 2
-    assert {x["reason"].split(" ")[0] for x in recs[2]["rejected_reasons"]} == {"array", "phase-1"}
+    assert {x["reason"].split(" ")[0] for x in recs[2]["rejected_reasons"]} == {"array", "accuracy"}
     assert recs[3]["failures"] == 1 and "shape" in recs[3]["rejected_reasons"][0]["reason"]
     assert sorted(x["reason"] for x in recs[4]["rejected_reasons"]) == [
         "sample count 0 outside 1..150, the partition's declared size",
@@ -453,6 +453,16 @@ def test_failing_and_bad_clients_do_not_stop_the_run(tmp_path, tiny_mnist_dir):
     model = torch.load(tmp_path / "run" / "model.pt")
     assert all(torch.isfinite(v.float()).all() for v in model.values())
     assert summary["final_acc"] > 0.3
+    # every partition that missed a round is named, with its node and why (issue 30)
+    missed = {a["partition"]: a for a in recs[2]["missing"]}
+    nodes = {r["partition"]: r["node"] for r in recs[2]["rejected_reasons"]}
+    assert sorted(missed) == [0, 1, 3] and missed[1]["node"] == nodes[1]
+    assert missed[0]["node"].isdigit() and missed[0]["node"] not in nodes.values()
+    assert "InjectedFault: injected failure of client 0 in round 2" in missed[0]["reason"]
+    assert missed[1]["reason"].startswith("reply refused: array")
+    # the fault schedule above, partition by partition
+    assert summary["missed_rounds"] == {"0": [2, 3], "1": [2, 4], "2": [3, 5], "3": [2, 4]}
+    assert summary["status"] == "degraded"  # 2 of 6 rounds > floor(0.1 x 6) = 0
 
 
 def _kill_simulation_after(sim: LocalSimulation, out, rnd: int,
