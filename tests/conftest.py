@@ -1,7 +1,8 @@
-"""Shared fixtures: small real data written in torchvision's layouts (no network), and the
+"""Shared fixtures: small real data written in torchvision's layouts (no network), the
 guard that keeps the ``flower`` marker honest: a test without it that tries to start a
 Flower executable fails, naming the marker (the fast lane, ``-m "not flower"``, must
-never start one)."""
+never start one), and the suite's groups and order for pytest-xdist
+(:func:`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ from common.methods import load_run_config
 
 FLOWER_EXECUTABLES = {"flower-superlink", "flower-supernode", "flower-superexec", "flwr"}
 _flower_allowed = {"now": False}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The Flower tests of a module form one ``xdist_group``, so that under ``--dist
+    loadgroup`` (pyproject's addopts) one worker runs them and the Flower runs of their
+    module-scoped fixtures once, and they go first, so that the long groups start at once
+    and the short tests fill the other worker meanwhile (xdist hands out its largest
+    groups first). Without ``-n``, the order is all this changes; every test passes in
+    any order."""
+    for item in items:
+        if item.get_closest_marker("flower") is not None:
+            item.add_marker(pytest.mark.xdist_group(f"flower-{item.module.__name__}"))
+    items.sort(key=lambda item: item.get_closest_marker("flower") is None)  # stable
 
 
 @pytest.hookimpl(tryfirst=True)
