@@ -55,6 +55,7 @@ from .app_signing import SigningKeyError
 from .errors import EXIT_DEGRADED, LaunchError, UsageError
 from .flower import (
     RunOutcome,
+    SuperLinkGone,
     active_runs,
     flower_bin,
     flwr_env,
@@ -359,10 +360,71 @@ def supernode_exit_hint(log_text: str, auth_key: str | None, superlink: str) -> 
     return None
 
 
+class Supervisor:
+    """Keeps a machine's processes running (the SuperLink or a SuperNode, and its
+    SuperExec): one that exits after running at least ``settle_s`` is started again on
+    its own, the others left running (a SuperExec that fails on a busy SuperLink does not
+    take the SuperLink down), after a pause that doubles from ``pause_s`` with each
+    restart; one that exits sooner (it could not start: a flag, a port, a key), or more
+    than ``max_restarts`` times in ``window_s``, stops them all. Every exit is reported
+    with the end of its log and ``hint(name, log text)``, when that explains it."""
+
+    def __init__(self, procs: Processes, hint=None, settle_s: float = 30.0,
+                 pause_s: float = 2.0, max_restarts: int = 5, window_s: float = 600.0,
+                 clock=time.monotonic):
+        self.procs = procs
+        self.hint = hint
+        self.settle_s = settle_s
+        self.pause_s = pause_s
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.clock = clock
+        self.started = {name: clock() for name, _, _ in procs.running}
+        self.restarts: dict[str, list[float]] = {}
+
+    def report(self, name: str, code: int | None, log: Path | None) -> None:
+        text = log.read_text(errors="replace") if log and log.exists() else ""
+        tail = "\n".join(text.splitlines()[-15:])
+        print(f"fedefc deploy: {name} exited with code {code} at "
+              f"{time.strftime('%H:%M:%S')}; the end of its log {log}:\n{tail}",
+              file=sys.stderr, flush=True)
+        explained = self.hint(name, text) if self.hint else None
+        if explained:
+            print(f"fedefc deploy: {explained}", file=sys.stderr, flush=True)
+
+    def step(self) -> int | None:
+        """Look once: restart what exited and may be restarted; the exit code of the
+        whole when a process must not be (1), else None."""
+        for name, proc, log in list(self.procs.running):
+            if proc.poll() is None:
+                continue
+            self.report(name, proc.returncode, log)
+            now = self.clock()
+            recent = [t for t in self.restarts.get(name, []) if now - t < self.window_s]
+            if now - self.started[name] < self.settle_s:
+                print(f"fedefc deploy: {name} exited {now - self.started[name]:.0f} s after "
+                      "it started, so starting it again would fail again: stopping all",
+                      file=sys.stderr, flush=True)
+                return 1
+            if len(recent) >= self.max_restarts:
+                print(f"fedefc deploy: {name} exited {len(recent) + 1} times in "
+                      f"{self.window_s:.0f} s: stopping all", file=sys.stderr, flush=True)
+                return 1
+            pause = self.pause_s * 2 ** len(recent)
+            print(f"fedefc deploy: starting {name} again in {pause:.0f} s (restart "
+                  f"{len(recent) + 1} of at most {self.max_restarts} in "
+                  f"{self.window_s:.0f} s); the others keep running", file=sys.stderr,
+                  flush=True)
+            time.sleep(pause)
+            self.procs.restart(name)
+            self.started[name] = self.clock()
+            self.restarts[name] = [*recent, now]
+        return None
+
+
 def _foreground(procs: Processes, hint=None) -> int:
-    """Wait until a process exits or SIGINT/SIGTERM arrives; stop all; return the code.
-    A process that exits on its own is reported with its log's tail and ``hint(name,
-    log text)``, when that explains it."""
+    """Supervise the processes (:class:`Supervisor`) until SIGINT/SIGTERM arrives or one
+    must not be restarted; then stop all and return the exit code."""
     stop = {"signal": False}
 
     def handler(signum, frame):  # noqa: ARG001
@@ -370,21 +432,14 @@ def _foreground(procs: Processes, hint=None) -> int:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    supervisor = Supervisor(procs, hint)
     code = 0
     try:
         while not stop["signal"]:
-            for name, proc, log in procs.running:
-                if proc.poll() is not None:
-                    text = log.read_text(errors="replace") if log and log.exists() else ""
-                    tail = "\n".join(text.splitlines()[-15:])
-                    print(f"fedefc deploy: {name} exited with code {proc.returncode}; the end "
-                          f"of its log {log}:\n{tail}", file=sys.stderr)
-                    explained = hint(name, text) if hint else None
-                    if explained:
-                        print(f"fedefc deploy: {explained}", file=sys.stderr)
-                    code = 1
-                    stop["signal"] = True
-                    break
+            outcome = supervisor.step()
+            if outcome is not None:
+                code = outcome
+                break
             time.sleep(0.5)
     finally:
         procs.stop()
@@ -589,6 +644,17 @@ def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path) -> 
             f"or stop it (flwr stop {first} {connection}), then submit again")
 
 
+def superlink_lost_text(connection: str, when: str, out_dir: str) -> str:
+    """Where to look when the SuperLink stopped during a run, and how to go on."""
+    return (f"The SuperLink of connection {connection!r} stopped answering at {when}. Its "
+            "log is superlink.log in its state folder on the SuperLink machine (the "
+            "folder fedefc deploy superlink printed; ~/.fedefc/superlink/ by default), or "
+            "journalctl -u fedefc-superlink for the service; its SuperExec's is "
+            "superexec.log beside it. A SuperLink that restarts ends the run it was "
+            "running as failed; once it answers again, continue the run with: fedefc "
+            f"deploy submit {connection} --resume {out_dir}")
+
+
 def explain_failure(outcome: RunOutcome, out_dir: str, connection: str) -> str:
     """What the operator reads when a run did not complete: its status, the reason its
     log gives, and what is (and is not) in its out-dir."""
@@ -596,6 +662,8 @@ def explain_failure(outcome: RunOutcome, out_dir: str, connection: str) -> str:
     lines = [f"run {outcome.run_id} ended {outcome.status}: it did not complete. "
              f"Reason: {reason}",
              f"Its whole log: flwr log {outcome.run_id} {connection}"]
+    if outcome.superlink_lost:
+        lines.append(superlink_lost_text(connection, outcome.superlink_lost, out_dir))
     if "already holds results" in reason:
         lines.append(f"Its out-dir {out_dir} holds an earlier run's results, left untouched; "
                      "this run wrote nothing there. Submit again with a new out-dir.")
@@ -672,8 +740,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     progress(f"asking the SuperLink of connection {args.connection!r} (flwr ls)")
     wait_for_superlink(args.connection, env, Path.cwd())
     refuse_a_busy_superlink(args.connection, env, Path.cwd())
-    outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign,
-                         say=progress)
+    try:
+        outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign,
+                             say=progress)
+    except SuperLinkGone as gone:
+        print(f"fedefc deploy: the run did not end here: "
+              f"{superlink_lost_text(args.connection, gone.when, cfg.out_dir)}",
+              file=sys.stderr)
+        return 1
     if outcome.degraded:
         print(f"fedefc deploy: run {outcome.run_id} completed DEGRADED: {outcome.degradation}."
               f"\nIts model and summary are in {cfg.out_dir} on the SuperLink machine; the "

@@ -73,9 +73,27 @@ def flwr_json(args: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]
                           f"{out.stdout[-2000:]}{out.stderr[-2000:]}") from None
 
 
+class SuperLinkGone(LaunchError):
+    """The SuperLink of a connection stopped answering (``when``: the time it was seen)."""
+
+    def __init__(self, connection: str, when: str):
+        super().__init__(f"the SuperLink of connection {connection!r} stopped answering at "
+                         f"{when}")
+        self.connection = connection
+        self.when = when
+
+
+RECONNECT_S = 120.0  # how long submit waits for a SuperLink that stopped answering
+LOST_LINE = "SuperLink is unavailable"  # flwr's words when its connection is gone
+
+
 def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> str:
-    """The run's status as ``flwr ls`` reports it, e.g. ``finished:completed``."""
+    """The run's status as ``flwr ls`` reports it, e.g. ``finished:completed``;
+    :class:`SuperLinkGone` when the SuperLink does not answer."""
     res = flwr_json(["ls", connection, "--run-id", run_id], env, cwd)
+    if not res.get("success", True) and \
+            "unavailable" in str(res.get("error-message", "")).lower():
+        raise SuperLinkGone(connection, time.strftime("%H:%M:%S"))
     runs = res.get("runs") or []
     if not runs:
         raise LaunchError(f"flwr ls knows no run {run_id}: {res}")
@@ -106,6 +124,7 @@ class RunOutcome:
     status: str  # as ``flwr ls`` reports it
     failure: str | None  # the last ``RUN FAILED:`` line's reason, else the last error line
     degradation: str | None = None  # the ``RUN DEGRADED:`` line's reason
+    superlink_lost: str | None = None  # when the SuperLink was seen not answering, if it was
 
     @property
     def completed(self) -> bool:
@@ -219,12 +238,32 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
     say(f"run {run_id} submitted; its log follows (flwr log {run_id} {connection} --stream)")
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
         lines = _follow_log(connection, run_id, env, cwd, out, timeout)
-    deadline = time.monotonic() + 60
-    status = run_status(connection, run_id, env, cwd)
-    while not status.startswith("finished") and time.monotonic() < deadline:
+    status, lost = final_status(connection, run_id, env, cwd)
+    if lost is None and any(LOST_LINE in line for line in lines[-5:]):
+        lost = f"{time.strftime('%H:%M:%S')} or before (the log stream ended so)"
+    return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines),
+                      lost)
+
+
+def final_status(connection: str, run_id: str, env: dict[str, str], cwd: Path
+                 ) -> tuple[str, str | None]:
+    """(the run's status once it has finished, or after a minute; when the SuperLink was
+    seen not answering, if it was). A SuperLink that stopped answering (its log stream
+    ended with it) is waited for :data:`RECONNECT_S`; :class:`SuperLinkGone` if it does not
+    come back."""
+    deadline, lost, lost_at = time.monotonic() + 60, None, None
+    while True:
+        try:
+            status = run_status(connection, run_id, env, cwd)
+        except SuperLinkGone as gone:
+            lost, lost_at = lost or gone.when, lost_at or time.monotonic()
+            if time.monotonic() - lost_at > RECONNECT_S:
+                raise SuperLinkGone(connection, lost) from None
+            time.sleep(min(5.0, RECONNECT_S / 10))
+            continue
+        if status.startswith("finished") or time.monotonic() > deadline:
+            return status, lost
         time.sleep(1)
-        status = run_status(connection, run_id, env, cwd)
-    return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines))
 
 
 class LocalSimulation(ProcessGroup):

@@ -82,6 +82,8 @@ class Processes:
 
     def __init__(self) -> None:
         self.running: list[tuple[str, subprocess.Popen, Path | None]] = []
+        # name -> how it was started (argv, env, cwd, log), to start it again
+        self.specs: dict[str, tuple[list[str], dict[str, str], Path, Path | None]] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str], cwd: Path,
               log: Path | None = None) -> subprocess.Popen:
@@ -90,6 +92,22 @@ class Processes:
                                     stderr=subprocess.STDOUT if out else None,
                                     start_new_session=True)
         self.running.append((name, proc, log))
+        self.specs[name] = (argv, env, cwd, log)
+        return proc
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start process ``name`` again, as it was started, in its place (after stopping
+        whatever of its old tree is left: nothing, for a process that exited, whose
+        children live on under another parent)."""
+        index = next(i for i, (n, _, _) in enumerate(self.running) if n == name)
+        _, old, _ = self.running.pop(index)
+        stop_tree(old)
+        argv, env, cwd, log = self.specs[name]
+        with open_private(log, "ab") if log else contextlib.nullcontext() as out:
+            proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out,
+                                    stderr=subprocess.STDOUT if out else None,
+                                    start_new_session=True)
+        self.running.insert(index, (name, proc, log))
         return proc
 
     def check_alive(self) -> None:

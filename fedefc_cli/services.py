@@ -7,7 +7,9 @@ commands run (:class:`.deployment.Pair`): the SuperLink or SuperNode, and its Su
 
 - runs as the dedicated system user ``--user`` (which must exist and own every private
   file it reads), never as root; ``UMask=0077`` so that whatever it writes is its own;
-- restarts on failure (``Restart=on-failure``) and starts at boot once enabled;
+- restarts whenever it exits (``Restart=always``: a SuperExec that gave up on a busy
+  SuperLink may exit with code 0) and starts at boot once enabled; the SuperExec alone
+  when it exits, both when the SuperLink does (``PartOf=``);
 - logs to the systemd journal (stdout and stderr), where journald rotates them:
   ``journalctl -u UNIT``; sizes in ``/etc/systemd/journald.conf`` (``SystemMaxUse=``);
 - gets the environment the foreground commands give (``FLWR_HOME`` in the state folder,
@@ -83,7 +85,7 @@ def unit(description: str, argv: list[str], user: str, state: Path,
               f"WorkingDirectory={state}",
               *(f"Environment={systemd_word(f'{k}={v}')}" for k, v in sorted(env.items())),
               f"ExecStart={exec_line(argv)}",
-              "Restart=on-failure", "RestartSec=10s", "TimeoutStopSec=30s",
+              "Restart=always", "RestartSec=10s", "TimeoutStopSec=30s",
               "KillSignal=SIGTERM", "UMask=0077",
               "StandardOutput=journal", "StandardError=journal",
               "NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=full",

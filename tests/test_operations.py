@@ -23,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 import zipfile
 from pathlib import Path
@@ -47,6 +48,7 @@ from fedefc_cli.app_signing import (
 from fedefc_cli.deployment import DEPLOY_DIR
 from fedefc_cli.errors import LaunchError
 from fedefc_cli.main import build_parser, main
+from fedefc_cli.procs import Processes
 from fedefc_cli.run_configs import APP_DIR, write_run_config
 
 NOOP_APP = Path(__file__).parent / "flower_apps" / "noop"
@@ -295,7 +297,7 @@ def test_service_units_run_the_foreground_commands_as_a_dedicated_user(
         assert parse_exec_start(exec_unit) == pair.superexec
         for text in (main_unit, exec_unit):
             settings = unit_settings(text)
-            assert settings["User"] == [service_user] and settings["Restart"] == ["on-failure"]
+            assert settings["User"] == [service_user] and settings["Restart"] == ["always"]
             assert settings["UMask"] == ["0077"] and settings["StandardOutput"] == ["journal"]
             env = dict(e.split("=", 1) for e in settings["Environment"])
             assert env["FLWR_HOME"] == f"{pair.state}/flwr-home"
@@ -369,6 +371,66 @@ def test_commands_that_parse_and_refuse_load_neither_torch_nor_flower(tmp_path, 
                          capture_output=True, text=True, cwd=Path(__file__).parents[1])
     last = out.stdout.strip().splitlines()[-1]
     assert last == f"LOADED [] {code}", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def supervised(tmp_path: Path, flaky: str, **limits):
+    """A 'SuperLink' that runs until stopped and a 'SuperExec' running ``flaky`` (Python
+    source), under a :class:`deployment.Supervisor` with ``limits``."""
+    procs = Processes()
+    env = dict(os.environ)
+    procs.start("superlink", [sys.executable, "-c", "import time; time.sleep(120)"], env,
+                tmp_path, tmp_path / "superlink.log")
+    procs.start("superexec", [sys.executable, "-c", flaky], env, tmp_path,
+                tmp_path / "superexec.log")
+    return procs, deployment.Supervisor(procs, **{"pause_s": 0.01, **limits})
+
+
+def supervise_until(supervisor, done, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = supervisor.step()
+        if code is not None or done():
+            return code
+        time.sleep(0.05)
+    raise AssertionError("the supervisor never got there")
+
+
+def test_a_superexec_that_exits_is_started_again_and_the_superlink_kept(tmp_path, capsys):
+    """Issue 30's chain: the SuperExec exited on a busy SuperLink, and the script then
+    stopped the SuperLink too. Now the SuperExec alone is started again."""
+    marker = tmp_path / "crashed-once"
+    flaky = (f"import pathlib, sys, time\nm = pathlib.Path({str(marker)!r})\n"
+             "if not m.exists():\n    m.write_text('x'); print('HTTP 500: database is "
+             "locked'); sys.exit(1)\ntime.sleep(120)")
+    procs, supervisor = supervised(tmp_path, flaky, settle_s=0.0)
+    try:
+        link = procs.running[0][1]
+        first = procs.running[1][1]
+        assert supervise_until(supervisor, lambda: procs.running[1][1] is not first) is None
+        second = procs.running[1][1]
+        time.sleep(0.5)
+        assert supervisor.step() is None  # the new one runs
+        assert second.poll() is None and link.poll() is None
+        assert procs.running[0][1] is link  # the same SuperLink process, never stopped
+        err = capsys.readouterr().err
+        assert "superexec exited with code 1" in err and "database is locked" in err
+        assert "starting superexec again" in err and "the others keep running" in err
+    finally:
+        procs.stop()
+    assert link.poll() is not None and second.poll() is not None  # nothing left running
+
+
+@pytest.mark.parametrize("limits, message", [
+    ({"settle_s": 60.0}, "exited 0 s after it started, so starting it again would fail"),
+    ({"settle_s": 0.0, "max_restarts": 2}, "superexec exited 3 times in 600 s"),
+], ids=["exits-at-start", "crash-loop"])
+def test_a_process_that_cannot_run_stops_them_all(tmp_path, capsys, limits, message):
+    procs, supervisor = supervised(tmp_path, "import sys; sys.exit(3)", **limits)
+    try:
+        assert supervise_until(supervisor, lambda: False) == 1
+        assert message in capsys.readouterr().err
+    finally:
+        procs.stop()
 
 
 def test_systemd_words_survive_quoting():

@@ -497,6 +497,32 @@ def test_submit_says_each_step_before_the_log(monkeypatch, capsys, tmp_path):
     assert err.index("checking the run config ...") < err.index("run 77 submitted")
 
 
+@pytest.mark.parametrize("back", [False, True], ids=["gone", "restarted"])
+def test_submit_says_when_the_superlink_stopped_and_where_its_log_is(
+        monkeypatch, capsys, tmp_path, back):
+    """Issue 30: submit exited with "Connection to the SuperLink is unavailable", the
+    cause only in the SuperLink's log. Now it says when it stopped, where that log is and
+    how to go on, whether the SuperLink stays away or comes back (the run then failed)."""
+    answers = iter([{"success": False, "error-message": "Connection to the SuperLink is "
+                                                       "unavailable"}] * (2 if back else 99)
+                   + [{"success": True, "runs": [{"status": "finished:failed"}]}] * 9)
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(flower, "flwr_json", lambda args, env, cwd: (
+        {"success": True, "run-id": 12} if args[0] == "run" else next(answers)))
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: [
+        "INFO : [round 3/7] 3 clients", "Connection to the SuperLink is unavailable"])
+    monkeypatch.setattr(flower, "RECONNECT_S", 0.3)
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert re.search(r"The SuperLink of connection 'fedefc' stopped answering at "
+                     r"\d\d:\d\d:\d\d", err)
+    assert "superlink.log in its state folder on the SuperLink machine" in err
+    assert "journalctl -u fedefc-superlink" in err
+    assert f"fedefc deploy submit fedefc --resume {tmp_path}/r" in err
+    assert ("run 12 ended finished:failed" in err) == back
+
+
 def test_a_logs_colour_codes_reach_a_terminal_only():
     """Flower's logger colours every line; a file or a pipe gets the text alone."""
     raw = [b"\x1b[92mINFO \x1b[0m:      [round 1/2] 4 clients\n",
