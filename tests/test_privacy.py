@@ -216,7 +216,8 @@ def secure_round(flat: dict, grid: InProcessGrid, weights: list[np.ndarray] | No
     """Round 1 under secure aggregation, from the initial model or ``weights`` (in phase 2
     with ``t_e = 0``): (its record fields, the new parameters)."""
     cfg, pipeline, mgr, init = server(flat, grid)
-    pipeline.server.prestopper.t_e = t_e
+    if hasattr(pipeline.server, "prestopper"):  # FedEFC's family; FedDitto has none
+        pipeline.server.prestopper.t_e = t_e
     params = ndarrays_to_parameters(init if weights is None else weights)
     plan = pipeline.plan(1, params, mgr)
     outcome = SecureRound(grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
