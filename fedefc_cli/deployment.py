@@ -715,6 +715,30 @@ def progress(text: str) -> None:
     print(f"fedefc deploy: {text} ...", file=sys.stderr, flush=True)
 
 
+def submit_resuming(connection: str, run_config: dict[str, Any], env: dict[str, str],
+                    sign: tuple[str, str] | None, max_resumes: int) -> RunOutcome:
+    """Submit the run and follow it; while it is :attr:`.flower.RunOutcome.interrupted`
+    (its ServerApp stopped from outside: its SuperExec or the SuperLink exited, and the
+    supervisor of ``fedefc deploy superlink`` or systemd started it again) and got
+    further than the attempt before, submit it again resuming from its out-dir's
+    checkpoint (docs/DEPLOYMENT.md, "Resuming a run"), at most ``max_resumes`` times.
+    How the last attempt ended."""
+    out_dir = str(run_config["out-dir"])
+    outcome = submit_run(connection, run_config, env, Path.cwd(), sign_key=sign, say=progress)
+    reached, resumes = 0, 0
+    while outcome.interrupted and outcome.last_round > reached and resumes < max_resumes:
+        reached, resumes = outcome.last_round, resumes + 1
+        print(f"fedefc deploy: run {outcome.run_id} was stopped from outside after round "
+              f"{outcome.last_round} ({outcome.failure or 'its log names no reason'}); "
+              f"resuming it from its checkpoint in {out_dir} (resume {resumes} of at most "
+              f"{max_resumes}: --max-resumes)", file=sys.stderr, flush=True)
+        wait_for_superlink(connection, env, Path.cwd())
+        outcome = submit_run(connection, {**run_config, "resume-from": out_dir,
+                                          "out-dir": out_dir},
+                             env, Path.cwd(), sign_key=sign, say=progress)
+    return outcome
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     progress("checking the run config")
     from common.methods import load_run_config, short_run_warning  # lazy: torch, 1.9 s of CPU
@@ -741,8 +765,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     wait_for_superlink(args.connection, env, Path.cwd())
     refuse_a_busy_superlink(args.connection, env, Path.cwd())
     try:
-        outcome = submit_run(args.connection, cfg.to_flat(), env, Path.cwd(), sign_key=sign,
-                             say=progress)
+        outcome = submit_resuming(args.connection, cfg.to_flat(), env, sign,
+                                  args.max_resumes)
     except SuperLinkGone as gone:
         print(f"fedefc deploy: the run did not end here: "
               f"{superlink_lost_text(args.connection, gone.when, cfg.out_dir)}",

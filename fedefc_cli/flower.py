@@ -113,6 +113,7 @@ def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[s
 # ``RUN DEGRADED: <reason>`` (fedefc_server/summary.py).
 FAILED_LINE = re.compile(r"RUN FAILED: (.*)")
 DEGRADED_LINE = re.compile(r"RUN DEGRADED: (.*)")
+ROUND_LINE = re.compile(r"\[round (\d+)/\d+\]")  # a round recorded and checkpointed
 ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception)\b")
 
 
@@ -125,6 +126,8 @@ class RunOutcome:
     failure: str | None  # the last ``RUN FAILED:`` line's reason, else the last error line
     degradation: str | None = None  # the ``RUN DEGRADED:`` line's reason
     superlink_lost: str | None = None  # when the SuperLink was seen not answering, if it was
+    last_round: int = 0  # the last round its log reports recorded (0: none)
+    app_failed: bool = False  # its log has a ``RUN FAILED:`` line: the app itself gave up
 
     @property
     def completed(self) -> bool:
@@ -138,6 +141,14 @@ class RunOutcome:
         """Flower reports ``finished:completed``, the log no failure but ``RUN DEGRADED``."""
         return (self.status == "finished:completed" and self.failure is None
                 and self.degradation is not None)
+
+    @property
+    def interrupted(self) -> bool:
+        """Flower reports the run failed after it recorded a round, and the app did not
+        give up (no ``RUN FAILED:`` line): its ServerApp was stopped from outside (its
+        SuperExec or the SuperLink exited or restarted), so resuming it from its
+        checkpoint can complete it (docs/DEPLOYMENT.md, "Resuming a run")."""
+        return self.status == "finished:failed" and not self.app_failed and self.last_round > 0
 
     @property
     def verdict(self) -> str:
@@ -158,6 +169,12 @@ def degradation_reason(lines: list[str]) -> str | None:
     return None
 
 
+def last_round(lines: list[str]) -> int:
+    """The last round a run's log reports recorded (``[round t/T]``, t >= 1), else 0."""
+    rounds = [int(m.group(1)) for line in lines for m in [ROUND_LINE.search(line)] if m]
+    return max(rounds, default=0)
+
+
 def failure_reason(lines: list[str], status: str) -> str | None:
     """The last ``RUN FAILED:`` reason of a run's log; for a run Flower did not report
     completed, else the last line that names an error (or None)."""
@@ -174,16 +191,21 @@ def failure_reason(lines: list[str], status: str) -> str | None:
 COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
 
 
-def copy_lines(stream, out, keep_colour: bool) -> list[str]:
+def copy_lines(stream, out, keep_colour: bool, shown: list[str] | None = None) -> list[str]:
     """Copy a process's output ``stream`` line by line to ``out`` (a binary file), its
     colour codes kept only when ``keep_colour`` (a terminal); the lines as text, without
-    colour codes."""
+    colour codes. ``shown``: the lines of the same log copied before (a log followed
+    again from its start): a line equal to the one at its place there is not copied
+    again."""
     lines: list[str] = []
+    shown = shown or []
     for raw in stream:
         plain = COLOUR.sub(b"", raw)
-        out.write(raw if keep_colour else plain)
-        out.flush()
-        lines.append(plain.decode(errors="replace").rstrip("\n"))
+        text = plain.decode(errors="replace").rstrip("\n")
+        if len(lines) >= len(shown) or shown[len(lines)] != text:
+            out.write(raw if keep_colour else plain)
+            out.flush()
+        lines.append(text)
     return lines
 
 
@@ -193,9 +215,10 @@ def to_terminal(out) -> bool:
 
 
 def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
-                timeout: float) -> list[str]:
+                timeout: float, shown: list[str] | None = None) -> list[str]:
     """``flwr log RUN_ID --stream`` until the run ends, copied to ``out`` (a binary file)
-    or stdout (colour codes only on a terminal); returns its lines."""
+    or stdout (colour codes only on a terminal), but for the ``shown`` lines of an earlier
+    stream of it (:func:`copy_lines`); returns its lines."""
     proc = subprocess.Popen([flower_bin("flwr"), "log", run_id, connection, "--stream"],
                             env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -203,7 +226,7 @@ def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, ou
     timer.start()
     try:
         lines = copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
-                           to_terminal(out))
+                           to_terminal(out), shown)
         proc.wait()
     finally:
         timer.cancel()
@@ -236,13 +259,30 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
         raise LaunchError(f"flwr run was refused: {res}")
     run_id = str(res["run-id"])
     say(f"run {run_id} submitted; its log follows (flwr log {run_id} {connection} --stream)")
+    deadline = time.monotonic() + timeout
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
         lines = _follow_log(connection, run_id, env, cwd, out, timeout)
-    status, lost = final_status(connection, run_id, env, cwd)
-    if lost is None and any(LOST_LINE in line for line in lines[-5:]):
-        lost = f"{time.strftime('%H:%M:%S')} or before (the log stream ended so)"
+        status, lost = final_status(connection, run_id, env, cwd)
+        lost = lost or stream_lost(lines)
+        while lost and not status.startswith("finished"):
+            # The SuperLink answers again and the run goes on: its ServerApp outlived the
+            # restart (Flower's Runtime API calls retry). Follow it to its end.
+            say(f"the SuperLink answers again and run {run_id} is {status}: following its "
+                "log again")
+            lines = _follow_log(connection, run_id, env, cwd, out,
+                                max(1.0, deadline - time.monotonic()), lines)
+            status, again = final_status(connection, run_id, env, cwd)
+            if not (again or stream_lost(lines)):
+                break
     return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines),
-                      lost)
+                      lost, last_round(lines), any(FAILED_LINE.search(line) for line in lines))
+
+
+def stream_lost(lines: list[str]) -> str | None:
+    """When a run's log stream ended because the SuperLink stopped answering, if it did."""
+    if any(LOST_LINE in line for line in lines[-5:]):
+        return f"{time.strftime('%H:%M:%S')} or before (the log stream ended so)"
+    return None
 
 
 def final_status(connection: str, run_id: str, env: dict[str, str], cwd: Path

@@ -109,6 +109,18 @@ def _resources(parser: argparse.ArgumentParser, gpu_default: float | None) -> No
                             if gpu_default is None else ""))
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (argparse type), or an error naming the value and the fix."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0; e.g. 3, or "
+                                         "0 to turn it off")
+    return value
+
+
 def _preset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("preset", nargs="?", default=None,
                         help="configs/<preset>.toml name or a .toml path "
@@ -240,10 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
         "exit 1 unless it completed, 3 if it completed degraded",
         description="Run the app on a connection and follow its log; exit 0 once it "
         "completed, 1 if it failed, 3 if it completed degraded (a site missed more rounds "
-        "than max-missed-share allows). To resume a run that stopped (its ServerApp or "
-        "the SuperLink was stopped or restarted mid-run), submit it again with --resume "
-        "OUT_DIR: it continues after the last round its checkpoint holds "
-        "(docs/DEPLOYMENT.md, \"Resuming a run\").")
+        "than max-missed-share allows). A run whose ServerApp was stopped from outside "
+        "after a recorded round (its SuperExec or the SuperLink exited and was restarted "
+        "mid-run) is resumed on its own, up to --max-resumes times; to resume one that "
+        "stopped otherwise, submit it again with --resume OUT_DIR: it continues after the "
+        "last round its checkpoint holds (docs/DEPLOYMENT.md, \"Resuming a run\").")
     submit.add_argument("connection")
     _preset(submit)
     _overrides(submit, 'out-dir="/srv/fedefc/run1"')
@@ -253,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "config.json where OUT_DIR is on this machine (else the preset and "
                         "--set given, which must be the run's); --set may change rounds, "
                         "client-timeout, wait-for-nodes, max-missed-share")
+    submit.add_argument("--max-resumes", type=_count, default=3, metavar="N",
+                        help="resume a run whose ServerApp was stopped from outside (its "
+                        "SuperExec or the SuperLink exited and was restarted) after a "
+                        "recorded round on its own, at most N times (default 3; 0: never)")
     submit.add_argument("--sign-key", help="the coordinator's signing key "
                         "(deploy/gen-signing-key.sh; owner-only): sign the app and this run's "
                         "config for machines started with --trusted-keys")

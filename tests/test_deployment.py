@@ -445,6 +445,11 @@ def test_deployment_result_equals_simulation(runs):
 COMPOSE_NODE_CONFIG = {"data-path": "/node-data/data.npz", "cache-dir": "/cache"}
 
 
+def defaults(value: str) -> str:
+    """A compose value with every ``${VAR:-default}`` read as its default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
 def compose_services(tls: bool) -> dict[str, dict]:
     """deploy/compose.yml, with compose.tls.yml's commands and volumes merged in."""
     services = yaml.safe_load((DEPLOY_DIR / "compose.yml").read_text())["services"]
@@ -506,7 +511,7 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
         assert services[name]["command"] == cmd, name
         binary = ("flower-superlink" if name == "superlink" else "flower-supernode"
                   if name.startswith("supernode") else "flower-superexec")
-        image = services[name]["image"]
+        image = defaults(services[name]["image"])
         assert image.endswith(":1.42.0"), image
         if binary != "flower-superexec":
             assert image.startswith(f"flwr/{binary.removeprefix('flower-')}:")
@@ -515,23 +520,34 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
     networks = yaml.safe_load((DEPLOY_DIR / "compose.yml").read_text())["networks"]
     for k in range(NODES):  # own data, own cache, own network per node
         # the Runtime API binds the node's address on its own internal network only, so
-        # nothing on the shared network `link` (other nodes, the SuperLink) reaches it
+        # nothing on the shared network `fleet` (other nodes, the SuperLink) reaches it
         node_net = networks[f"node-{k}"]
         assert node_net["internal"] is True
         subnet = ipaddress.ip_network(node_net["ipam"]["config"][0]["subnet"])
         host = compose_runtime_host(k)
         assert services[f"supernode-{k}"]["networks"][f"node-{k}"] == {"ipv4_address": host}
         assert ipaddress.ip_address(host) in subnet
-        assert set(services[f"supernode-{k}"]["networks"]) == {"link", f"node-{k}"}
+        assert set(services[f"supernode-{k}"]["networks"]) == {"fleet", f"node-{k}"}
         volumes = services[f"superexec-clientapp-{k}"]["volumes"]
         assert any(v.endswith(f"/data/node-{k}:/node-data:ro") for v in volumes)
         assert f"node-{k}-cache:/cache" in volumes
         assert services[f"superexec-clientapp-{k}"]["networks"] == [f"node-{k}"]
+    # the SuperLink's SuperExec (and its ServerApps) share an internal network with the
+    # SuperLink alone: no SuperNode, no route out
+    assert services["superexec-serverapp"]["networks"] == ["runtime"]
+    assert networks["runtime"] == {"internal": True}
+    assert set(services["superlink"]["networks"]) == {"fleet", "runtime"}
     assert "results:/results" in services["superexec-serverapp"]["volumes"]
-    assert services["superlink"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert [defaults(p) for p in services["superlink"]["ports"]] == ["127.0.0.1:8000:8000"]
+    # the Flower images and the torch index are settings, so that Flower's images and
+    # stand-ins built without a registry both work (deploy/compose-demo.sh --base-image)
+    build = services["superexec-serverapp"]["build"]
+    assert defaults(build["args"]["SUPEREXEC_IMAGE"]) == "flwr/superexec:1.42.0"
+    assert services["superlink"]["image"].startswith("${FLWR_SUPERLINK_IMAGE:-")
     dockerfile = (DEPLOY_DIR / "Dockerfile").read_text()
-    assert re.search(r"^ARG FLWR_TAG=1\.42\.0$", dockerfile, re.M)
-    assert "FROM flwr/superexec:${FLWR_TAG}" in dockerfile
+    assert re.search(r"^ARG SUPEREXEC_IMAGE=flwr/superexec:1\.42\.0$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{SUPEREXEC_IMAGE\}$", dockerfile, re.M)
+    assert "--index-url \"${TORCH_INDEX_URL}\"" in dockerfile
 
 
 @pytest.mark.flower

@@ -1,7 +1,10 @@
-"""Reliability in deployment: a SuperNode that stops and comes back, and a killed ServerApp.
+"""Reliability in deployment: a SuperNode that stops and comes back, a killed ServerApp,
+and a SuperExec or SuperLink that crashes mid-run under the supervision of ``fedefc
+deploy superlink|supernode``.
 
 Real ``flower-superlink`` / ``flower-supernode`` / ``flower-superexec`` processes on
-127.0.0.1 (:class:`fedefc_cli.deployment.LocalDeployment`), every one stopped by PID.
+127.0.0.1 (:class:`fedefc_cli.deployment.LocalDeployment`, or the ``fedefc deploy``
+commands themselves), every one stopped by PID.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,12 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedefc_cli.deployment import LocalDeployment, NodeSpec
+from fedefc_cli.deployment import LocalDeployment, NodeSpec, write_connection
+from fedefc_cli.flower import flwr_env, flwr_json, free_port
 from fedefc_cli.main import main
 from fedefc_cli.procs import descendants, stop_tree
+from fedefc_cli.run_configs import APP_DIR, write_run_config
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
 from tests.helpers import RUN_LIMIT_S, patience, records, small_job
+from tests.test_quickstart import processes_with_home
 
 pytestmark = pytest.mark.flower  # every test here runs a deployment
 NODES = 3
@@ -131,3 +139,174 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_result(tmp_path, tiny_mni
     assert all(torch.equal(a[k], b[k]) for k in a)  # client-threads=1: bitwise equal
     assert json.loads((out / "summary.json").read_text())["final_acc"] == reference["final_acc"]
     assert [r["round"] for r in records(out)] == list(range(7))
+
+
+# -- a SuperExec or the SuperLink crashes mid-run: supervised, the run resumes itself -------
+SUPERVISED_NODES = 2
+
+
+def wait_until(done, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{what} within {timeout:.0f} s")
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def named(pids: list[int], program: str) -> list[int]:
+    """The processes among ``pids`` that run ``program`` (a Flower executable)."""
+    return [p for p in pids if any(Path(word).name == program for word in cmdline(p)[:2])]
+
+
+class Supervised:
+    """A federation as an operator starts it: ``fedefc deploy superlink`` and one ``fedefc
+    deploy supernode`` per node, each supervising its two processes in the foreground
+    (docs/DEPLOYMENT.md, "Quick start"), every process with ``HOME`` in ``base/home`` (so
+    whatever they leave behind is found); runs are submitted with ``fedefc deploy
+    submit``, as the doc does."""
+
+    CONNECTION = "fedefc"
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.home = base / "home"
+        self.home.mkdir(parents=True)
+        self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+        self.env = {**env, "HOME": str(self.home), "FLWR_HOME": str(base / "cli"),
+                    "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                             env.get("PATH", "")])}
+        self.foreground: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *args: str) -> None:
+        with open(self.base / f"{name}.out", "ab") as out:
+            self.foreground[name] = subprocess.Popen(
+                [sys.executable, "-m", "fedefc_cli", "deploy", *args], cwd=APP_DIR,
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def up(self) -> Supervised:
+        self.start("superlink", "superlink", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--state-dir", str(self.base / "link"))
+        for k in range(SUPERVISED_NODES):
+            self.start(f"node-{k}", "supernode", "--superlink", f"127.0.0.1:{self.port}",
+                       "--partition-id", str(k), "--num-partitions", str(SUPERVISED_NODES),
+                       "--cache-dir", str(self.base / f"cache-{k}"),
+                       "--state-dir", str(self.base / f"node-{k}"))
+        write_connection(self.base / "cli", self.CONNECTION, f"127.0.0.1:{self.port}")
+        wait_until(lambda: self.online() >= SUPERVISED_NODES, "the SuperNodes not online",
+                   patience(600))
+        return self
+
+    def online(self) -> int:
+        for name, proc in self.foreground.items():
+            assert proc.poll() is None, f"fedefc deploy {name} exited:\n{self.output(name)}"
+        res = flwr_json(["supernode", "ls", self.CONNECTION], flwr_env(self.base / "cli"),
+                        self.base)
+        return sum(1 for n in res.get("nodes", []) if n.get("status") == "online")
+
+    def output(self, name: str) -> str:
+        return (self.base / f"{name}.out").read_text(errors="replace")
+
+    def superlink_machine(self, program: str) -> int:
+        """The PID of ``program`` (flower-superlink or flower-superexec) that ``fedefc
+        deploy superlink`` runs now."""
+        found = named(descendants(self.foreground["superlink"].pid)[1:], program)
+        assert len(found) == 1, (program, found)
+        return found[0]
+
+    def apps(self) -> list[int]:
+        """Living ServerApp and ClientApp processes of this federation."""
+        pids = processes_with_home(self.home)
+        return named(pids, "flwr-serverapp") + named(pids, "flwr-clientapp")
+
+    def submit(self, name: str, run_config: dict) -> subprocess.Popen:
+        preset = write_run_config(self.base / f"{name}.toml", run_config)
+        with open(self.base / f"{name}.out", "wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "fedefc_cli", "deploy", "submit",
+                                     self.CONNECTION, str(preset)], cwd=APP_DIR, env=self.env,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def down(self) -> list[int]:
+        """Ctrl-C every foreground command (each stops what it started); what is left
+        after they exited (then stopped by PID)."""
+        for proc in self.foreground.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        for proc in self.foreground.values():
+            try:
+                proc.wait(timeout=patience(120))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        left = processes_with_home(self.home)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return left
+
+
+@pytest.fixture(scope="module")
+def supervised(tmp_path_factory):
+    """One supervised federation for the crash tests; after them, Ctrl-C stops it all and
+    nothing it started is left."""
+    federation = Supervised(tmp_path_factory.mktemp("supervised"))
+    try:
+        yield federation.up()
+    finally:
+        left = federation.down()
+    assert not left, f"left running after Ctrl-C: {[cmdline(p) for p in left]}"
+
+
+@pytest.mark.parametrize("crash", ["flower-superexec", "flower-superlink"],
+                         ids=["superexec", "superlink"])
+def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp_path,
+                                                                 tiny_mnist_dir, crash):
+    """Issue 30: a SuperExec that exited took the SuperLink down, and nothing restarted
+    it; submit gave up; a node's ClientApp hung for 34 minutes. Now the crashed process
+    (SIGKILL after round 1) is started again by ``fedefc deploy superlink``, the run
+    finishes or is resumed by ``fedefc deploy submit`` from its checkpoint, completing
+    every round with both nodes, and no ServerApp or ClientApp process is left once it
+    has ended."""
+    out = tmp_path / "out"
+    cfg = small_job(tiny_mnist_dir, out, **{"num-clients": SUPERVISED_NODES, "rounds": 3})
+    submit = supervised.submit(f"submit-{crash}", cfg)
+    try:
+        wait_for_round(out, 1)
+        victim = supervised.superlink_machine(crash)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: named(descendants(supervised.foreground["superlink"].pid)[1:],
+                                 crash) not in ([], [victim]),
+                   f"{crash} not started again", patience(600))
+        code = submit.wait(timeout=patience(RUN_LIMIT_S))
+    finally:
+        if submit.poll() is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+            submit.wait()
+    said = supervised.output(f"submit-{crash}")
+    assert code == 0, said[-4000:]
+    # A SuperExec takes its ServerApp with it (Flower's parent-process watch): the run
+    # fails, and submit resumes it. A ServerApp outlives a SuperLink that comes back in
+    # time (its Runtime API calls retry) and the run goes on: submit follows it again;
+    # had it given up, the run would have been resumed.
+    ways = ["resuming it from its checkpoint"] + (
+        ["following its log again"] if crash == "flower-superlink" else [])
+    assert any(way in said for way in ways), said[-4000:]
+    assert f"{crash} exited with code -9" in supervised.output("superlink")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    recs = records(out)
+    assert sorted({r["round"] for r in recs}) == [0, 1, 2, 3]
+    assert all(r["n_clients"] == SUPERVISED_NODES for r in recs if r["round"] > 0), recs
+    wait_until(lambda: not supervised.apps(), "ServerApp / ClientApp processes still "
+               "running after the run ended", patience(300))

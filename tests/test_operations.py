@@ -648,3 +648,19 @@ def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp
     monkeypatch.setattr(simulation, "LocalSimulation", Finished)
     with pytest.raises(LaunchError, match="run 9 FAILED: every round failed"):
         simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2}, checked=True)
+
+
+# -- the compose demo's script (it runs Docker, so only its refusals run here) ---------------
+@pytest.mark.parametrize("args, code, message", [
+    (["--rounds", "1"], 1, "--rounds '1' is not a whole number >= 2 (prestopping starts "
+                           "after round 1); e.g. --rounds 3"),
+    (["--frobnicate"], 2, "unknown argument '--frobnicate'"),
+], ids=["too-few-rounds", "unknown-flag"])
+def test_compose_demo_refuses_bad_arguments_before_touching_docker(args, code, message):
+    """deploy/compose-demo.sh (docs/DEPLOYMENT.md, "Docker Compose demo") names the bad
+    value and the fix before it looks for Docker, and prints its usage for a flag it does
+    not know."""
+    out = script("compose-demo.sh", *args)
+    assert out.returncode == code and message in out.stderr, out.stderr
+    if code == 2:
+        assert "usage: deploy/compose-demo.sh [--base-image IMAGE]" in out.stderr

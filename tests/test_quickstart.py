@@ -513,7 +513,8 @@ def test_submit_says_when_the_superlink_stopped_and_where_its_log_is(
     monkeypatch.setattr(flower, "_follow_log", lambda *a: [
         "INFO : [round 3/7] 3 clients", "Connection to the SuperLink is unavailable"])
     monkeypatch.setattr(flower, "RECONNECT_S", 0.3)
-    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 1
+    assert main(["deploy", "submit", "fedefc", "--max-resumes", "0",
+                 "--set", f"out-dir={tmp_path}/r"]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert re.search(r"The SuperLink of connection 'fedefc' stopped answering at "
                      r"\d\d:\d\d:\d\d", err)
@@ -521,6 +522,102 @@ def test_submit_says_when_the_superlink_stopped_and_where_its_log_is(
     assert "journalctl -u fedefc-superlink" in err
     assert f"fedefc deploy submit fedefc --resume {tmp_path}/r" in err
     assert ("run 12 ended finished:failed" in err) == back
+
+
+def attempts(monkeypatch, outcomes: list[RunOutcome]) -> list[dict]:
+    """``fedefc deploy submit`` against a SuperLink whose attempts end as ``outcomes``, in
+    turn; the run configs it submitted."""
+    sent: list[dict] = []
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    ends = iter(outcomes)
+
+    def submit(connection, run_config, *a, **k):
+        sent.append(dict(run_config))
+        return next(ends)
+
+    monkeypatch.setattr(deployment, "submit_run", submit)
+    return sent
+
+
+def stopped(run_id: str, rounds: int, **keys) -> RunOutcome:
+    """A run whose ServerApp was stopped from outside after ``rounds`` recorded rounds."""
+    return RunOutcome(run_id, "finished:failed", "ERROR : Task stopped by user.",
+                      last_round=rounds, **keys)
+
+
+def test_submit_resumes_a_run_stopped_from_outside_on_its_own(monkeypatch, capsys,
+                                                             tmp_path):
+    """Issue 30: a SuperExec or SuperLink that crashed (and was restarted by its
+    supervisor) ended the run as failed. submit now resumes it from its checkpoint, as
+    often as each attempt gets further, up to --max-resumes."""
+    out = f"{tmp_path}/r"
+    sent = attempts(monkeypatch, [stopped("7", 1), stopped("8", 2),
+                                  RunOutcome("9", "finished:completed", None)])
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={out}"]) == 0
+    assert [c.get("resume-from", "") for c in sent] == ["", out, out]
+    assert all(c["out-dir"] == out for c in sent)
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"run 7 was stopped from outside after round 1 (ERROR : Task stopped by user.); "
+            f"resuming it from its checkpoint in {out} (resume 1 of at most 3") in err
+    assert "run 8 was stopped from outside after round 2" in err
+
+
+@pytest.mark.parametrize("outcomes, args, tries", [
+    ([stopped("7", 2), stopped("8", 2)], [], 2),  # the resumed attempt got no further
+    ([stopped("7", 2)], ["--max-resumes", "0"], 1),
+    ([stopped("7", 0)], [], 1),  # no round recorded: no checkpoint to resume from
+    ([stopped("7", 2, app_failed=True)], [], 1),  # RUN FAILED: the app gave up itself
+    ([RunOutcome("7", "finished:stopped", None, last_round=2)], [], 1),  # flwr stop
+], ids=["no-progress", "turned-off", "no-round", "app-failed", "stopped-by-user"])
+def test_submit_does_not_resume_what_resuming_cannot_fix(monkeypatch, capsys, tmp_path,
+                                                         outcomes, args, tries):
+    sent = attempts(monkeypatch, outcomes)
+    assert main(["deploy", "submit", "fedefc", *args, "--set", f"out-dir={tmp_path}/r"]) == 1
+    assert len(sent) == tries
+    assert "did not complete" in capsys.readouterr().err
+
+
+def test_submit_refuses_a_negative_max_resumes(capsys):
+    with pytest.raises(SystemExit):
+        main(["deploy", "submit", "fedefc", "--max-resumes", "-1"])
+    assert "'-1' is not a whole number >= 0; e.g. 3, or 0 to turn it off" in \
+        capsys.readouterr().err
+
+
+def test_the_last_recorded_round_is_read_from_the_log():
+    lines = ["INFO : [round 0/3] acc 0.1", "INFO : [round 2/3] acc 0.5",
+             "WARNING : [round 2/3] missed by partition 1", "Task stopped by user."]
+    assert flower.last_round(lines) == 2 and flower.last_round(["[round 0/3] x"]) == 0
+
+
+def test_submit_follows_a_run_that_outlived_a_superlink_restart_to_its_end(monkeypatch,
+                                                                           capsys, tmp_path):
+    """A SuperLink killed and started again mid-run: its ServerApp retries and goes on, but
+    the log stream ended with the old SuperLink, and submit reported the run "ended
+    running". Now it follows the log again (without repeating what it showed) to the
+    run's end."""
+    first = ["INFO : [round 1/3] acc 0.3", "Connection to the SuperLink is unavailable"]
+    again = ["INFO : [round 1/3] acc 0.3", "INFO : [round 2/3] acc 0.5",
+             "INFO : [round 3/3] acc 0.6"]
+    streams, statuses = iter([first, again]), iter([("running", "02:24:31"),
+                                                   ("finished:completed", None)])
+    shown: list = []
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: shown.append(a[6:]) or next(streams))
+    monkeypatch.setattr(flower, "final_status", lambda *a: next(statuses))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 0
+    assert shown == [(), (first,)]  # the second stream skips what the first showed
+    assert "the SuperLink answers again and run 12 is running: following its log again" in \
+        capsys.readouterr().err
+
+
+def test_a_log_followed_again_shows_only_what_is_new():
+    out = io.BytesIO()
+    lines = flower.copy_lines(iter([b"a\n", b"b\n", b"c\n"]), out, False, ["a", "b"])
+    assert lines == ["a", "b", "c"] and out.getvalue() == b"c\n"
 
 
 def test_a_logs_colour_codes_reach_a_terminal_only():
