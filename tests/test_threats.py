@@ -77,6 +77,7 @@ from tests.helpers import (
     simulate,
 )
 from tests.test_privacy import CPU, micro_config, plain_round, secure_loop, secure_round
+from tests.test_privacy import server as fedefc_server_for
 
 SECURE = {"secure-aggregation": True}
 
@@ -832,16 +833,42 @@ def test_a_client_sets_its_sums_mean_accuracy_from_inside_its_mask(micro_mnist_d
     assert fields["A_pull_bound"] == 1.0
 
 
-def test_wrong_shares_stop_the_round_and_name_no_one(micro_mnist_dir, tmp_path):
-    """``bad-shares``: a node sends well-formed but wrong unmask shares (random bytes).
-    The sum cannot be unmasked (or unmasks to garbage the checks refuse): the round is
-    refused and keeps the global model, and the record names no culprit: issue 29's
-    finding 4, still open (docs/THREAT-MODEL.md)."""
-    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults="bad-shares@1@1")
-    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
-    assert params is None and fields["skipped"]
-    reason = fields.get("secure_refused") or fields.get("refused_sum")
-    assert reason and "1001" not in reason and not fields["rejected_reasons"]
+@pytest.mark.parametrize("nodes", [4, 5], ids=["no-redundancy", "one-spare-share"])
+def test_wrong_shares_name_their_holder_where_the_others_outvote_it(micro_mnist_dir,
+                                                                    tmp_path, nodes):
+    """``bad-shares``: node 1001 sends well-formed but wrong unmask shares (random bytes).
+    At 6a260ce the round was refused and the record named no one, so the node stopped
+    every round it took part in (issue 29, finding 4). With 5 nodes (5 shares, threshold
+    round(0.67 x 5) = 3) each secret has shares to spare: node 1001 is named for every
+    secret, the round refused before anything is unmasked (no second attempt), and the
+    node left out of the run. With 4 (threshold 3 of 4) one wrong share can be seen but
+    not placed: the round is refused naming no one."""
+    flat = micro_config(micro_mnist_dir, tmp_path, nodes, **SECURE,
+                        faults="bad-shares@1@1")
+    grid = InProcessGrid(client_app, flat, nodes)
+    cfg, pipeline, mgr, init = fedefc_server_for(flat, grid)
+    params = ndarrays_to_parameters(init)
+    plan = pipeline.plan(1, params, mgr)
+    outcome = fedefc_server.secure_round.SecureRound(
+        grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
+        fedefc_server.strategy.RoundStrategy(pipeline, plan), params)
+    fields = outcome.record
+    assert outcome.parameters is None and fields["skipped"] and fields["secure_attempts"] == 1
+    if nodes == 4:
+        assert "cannot be told apart" in fields["secure_refused"]
+        assert not fields["rejected_reasons"]
+        assert pipeline.registry.partition_of("1001") == 1
+        return
+    owners = [1000 + k for k in range(nodes)]
+    assert fields["rejected_reasons"] == [{
+        "node": "1001", "partition": 1, "reason": f"its unmask shares of the secrets of "
+        f"node(s) {owners} disagree with the other holders' (off the polynomial they "
+        "agree on)"}]
+    assert "node(s) [1001] returned unmask shares" in fields["secure_refused"]
+    assert pipeline.registry.partition_of("1001") is None  # left out of the run
+    assert sorted(pipeline.registry.serving(mgr, 2)) == [0, 2, 3, 4]
+    [refused] = pipeline.registry.take_news()["refused_nodes"]
+    assert refused["node"] == "1001" and refused["reason"].startswith("left out of the run")
 
 
 def imported_modules(module) -> set[str]:
