@@ -16,7 +16,8 @@ The shares are Flower's: 4 bytes of index (little-endian), then 16 bytes per chu
 the padded secret, each a value of PyCryptodome's ``Shamir`` (``ssss=False``) in
 GF(2^128) with the modulus x^128 + x^7 + x^2 + x + 1, the index as the point. A share
 is wrong if any of its chunks is. :func:`gf_mul` is that field's product, as
-``Crypto.Protocol.SecretSharing._Element`` computes it but about 50 times faster.
+``Crypto.Protocol.SecretSharing._Element`` computes it, about 14 times faster
+(48 µs against 675 µs a product, measured on the busy 2-core development machine).
 
 What this cannot tell: whether a wrong share was returned wrong by its holder or dealt
 wrong by the secret's owner (SecAgg+ shares are not verifiable); the caller names the
