@@ -211,6 +211,8 @@ class RunConfig(BaseModel):
     audit: bool = False
     # identity (docs/THREAT-MODEL.md, "Identity and partitions")
     allowlist: str = ""
+    # a deployment without an allowlist: refused unless the coordinator opts out here
+    open_deployment: bool = False
 
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
@@ -396,6 +398,11 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"allowlist={self.allowlist!r} is not absolute; give the absolute path of the "
                 "operator's allowlist file on the machine that runs the ServerApp "
+                "(docs/THREAT-MODEL.md, \"Identity and partitions\")")
+        if self.allowlist and self.open_deployment:
+            raise ValueError(
+                f"open-deployment=true and allowlist={self.allowlist!r} contradict: "
+                "open-deployment runs a deployment without an allowlist; set one of them "
                 "(docs/THREAT-MODEL.md, \"Identity and partitions\")")
         if self.audit and not (self.out_dir or self.resume_from):
             raise ValueError(

@@ -57,7 +57,7 @@ from common.update_bound import float_norms, norm_bound, rounding_slack, secure_
 
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
-from .scrub import private_strings, scrub
+from .scrub import exception_text, private_strings, scrub
 from .server_checks import bad_clipping_norm, bad_secagg_request
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
@@ -89,12 +89,13 @@ def error_reply_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
             "its paths)", msg.metadata.message_type, exc_info=err)
         ctxt.state.clear()
         ctxt.state.update(saved)
-        code, reason = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"
-    else:
-        if not out.has_error():
-            return out
-        code, reason = out.error.code, out.error.reason or ""
-    return Message(Error(code, scrub(reason, private_strings(ctxt.node_config))),
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                             exception_text(err, private_strings(ctxt.node_config))),
+                       reply_to=msg)
+    if not out.has_error():
+        return out
+    return Message(Error(out.error.code, scrub(out.error.reason or "",
+                                               private_strings(ctxt.node_config))),
                    reply_to=msg)
 
 

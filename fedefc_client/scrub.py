@@ -4,10 +4,15 @@ the clear").
 Flower sends the text of a ClientApp's exception to the server (``<class ...>:<'...'>``),
 and exception texts name files: the node's ``data-path``, its cache, a label file
 that failed to decode, the user's home. :func:`scrub` replaces every string value of
-the node config (the operator's private settings) by ``<node-config:KEY>``, every
-absolute, home-relative or Windows path and ``file:`` URL by ``<path>``, and cuts the
-text at :data:`MAX_CHARS` (an exception's text can quote data). The full exception
-stays in the node's own log.
+the node config (the operator's private settings) by ``<node-config:KEY>``, every quoted
+text holding a path separator (a file name with spaces in it, whole) and every absolute,
+home-relative, relative (``site-a/img 017.png`` up to its extension, or two folders
+deep) or Windows path and ``file:`` URL by ``<path>``, and cuts the text at
+:data:`MAX_CHARS`. An exception of another package than the project's (``KeyError``,
+``OSError``, an image decoder's) may quote the data itself, a label or a sample id:
+:func:`exception_text` replaces each of its quoted texts by ``'<text>'``; the project's
+own errors quote only what the project wrote. The full exception stays in the node's
+own log (docs/PRIVACY.md, "Data at rest and in the clear").
 """
 
 from __future__ import annotations
@@ -18,13 +23,24 @@ from collections.abc import Mapping
 
 MAX_CHARS = 500
 PATH = "<path>"
+TEXT = "'<text>'"
+OWN_PACKAGES = frozenset({"common", "fedefc_client", "fedefc_server", "fedefc_cli"})
+
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+_QUOTED_PATH = re.compile(r"(['\"])[^'\"\n]*[/\\][^'\"\n]*\1")
+# a relative path: folders then a file name with an extension (spaces allowed inside it),
+# or at least two folders deep; "and/or", "1/2" and URLs are left alone
+_RELATIVE = re.compile(r"(?<![\w/.~:-])(?:[\w.-]+/)+(?:[\w .-]*[\w-]\.[A-Za-z0-9]{1,5}\b"
+                       r"|(?<=/)[\w.-]+(?=/)[\w./-]*)")
 
 _PATTERNS = (
+    _QUOTED_PATH,
     re.compile(r"file:/{0,3}[^\s'\"<>]+"),
     re.compile(r"(?<![\w/.~-])~[\w.-]*(?:/[^\s'\"<>|,;:()\[\]{}]*)+"),
     re.compile(r"(?<![\w/.-])/[^\s/'\"<>|,;:()\[\]{}=]+(?:/[^\s/'\"<>|,;:()\[\]{}=]*)*"),
     re.compile(r"(?<![\w])[A-Za-z]:\\[^\s'\"<>|]*"),
     re.compile(r"\\\\[^\s'\"<>|]+"),
+    _RELATIVE,
 )
 
 
@@ -49,5 +65,17 @@ def scrub(text: str, private: Mapping[str, str]) -> str:
     for value, label in private.items():
         text = text.replace(value, label)
     for pattern in _PATTERNS:
-        text = pattern.sub(PATH, text)
+        text = pattern.sub(lambda m: f"{m.group(1)}{PATH}{m.group(1)}"
+                           if m.re is _QUOTED_PATH else PATH, text)
     return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3] + "..."
+
+
+def exception_text(err: BaseException, private: Mapping[str, str]) -> str:
+    """``<class name>: <text>`` of ``err`` as it may leave the node: :func:`scrub`bed,
+    and, unless the project raised it, every quoted text replaced by ``'<text>'`` (a
+    quoted path by ``'<path>'``)."""
+    text = str(err)
+    if type(err).__module__.split(".")[0] not in OWN_PACKAGES:
+        text = _QUOTED.sub(lambda m: m.group(0) if _QUOTED_PATH.fullmatch(m.group(0))
+                           else TEXT, text)
+    return scrub(f"{type(err).__name__}: {text}", private)

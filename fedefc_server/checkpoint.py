@@ -31,11 +31,12 @@ FILE = "checkpoint.pt"
 FORMAT = 2
 # Keys that may differ between the interrupted run and its resumption: where results
 # go, how long to run, how (not what) to compute, whether clients audit their replies,
-# where the operator keeps the allowlist (the operator may hand a partition over), and
+# where the operator keeps the allowlist (the operator may hand a partition over, or
+# resume a run started before a deployment needed an allowlist or open-deployment), and
 # how many missed rounds the operator tolerates.
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
                         "eval-batch-size", "client-timeout", "wait-for-nodes", "audit",
-                        "allowlist", "max-missed-share"})
+                        "allowlist", "open-deployment", "max-missed-share"})
 
 
 class CheckpointError(ValueError):

@@ -9,11 +9,14 @@ FedAvg weighs a reply by its sample count, so a count is a claim the server must
 2. A partition of the run's dataset must declare its sizes in the run's data plan: its
    samples minus the ones it holds out for federated evaluation
    (:func:`common.data_plan.training_size`, which the client's own split follows), and
-   the held-out ones (:func:`common.data_plan.held_out_count`). Private data may
-   declare at most ``max-client-samples`` of each; when that is 0, at most the training
-   set's size if the server holds the dataset, else 10^8. With the operator's allowlist
-   (:mod:`.allowlist`) a node must also declare the partition and data kind of its
-   entry and at most its entry's sizes.
+   the held-out ones (:func:`common.data_plan.held_out_count`). Any other declaration
+   (private data; any data where the server knows no plan) may declare at most the
+   run's bound (:meth:`SizeRule.for_run`): ``max-client-samples`` of each; when that is
+   0, the largest training and held-out sizes of a partition in the data plan. With the
+   operator's allowlist (:mod:`.allowlist`) a node must also declare the partition and
+   data kind of its entry and at most its entry's sizes. Which nodes may declare at all
+   is the run's admission mode (:func:`admission`; docs/THREAT-MODEL.md, "Identity and
+   partitions").
 3. The first accepted declaration of a partition fixes its sizes for the run (and is
    kept in every checkpoint).
 4. Every training reply of the partition counts exactly that size; a method that
@@ -27,13 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import RunConfig
+from common.config import ConfigError, RunConfig
 from common.data_plan import DataPlan, held_out_count, training_size
 from common.messages import Declaration as Keys
 
 from .allowlist import AllowedNode
 
-UNBOUNDED_PRIVATE = 10**8  # the bound of private data when nothing else bounds it
+ADMISSION_MODES = ("allowlist", "simulation", "open-deployment")
 
 
 @dataclass(frozen=True)
@@ -63,22 +66,45 @@ def read_declaration(props: dict[str, Any]) -> Declaration | str:
 class SizeRule:
     """Rule 2 for one run: ``plan_sizes`` and ``plan_held_out`` hold each partition's
     training and held-out sizes in the data plan (None: the server holds no data, so it
-    knows no plan); ``max_private`` bounds private data."""
+    knows no plan); ``max_private`` and ``max_held_out`` bound every other declaration's
+    training and held-out counts (None: nothing bounds them, which only an allowlist's
+    entries may make up for: :func:`admission`; ``max_held_out`` None with a
+    ``max_private``: the same bound); ``derived``: the bounds come from the plan, not
+    from ``max-client-samples``, and yield to a node's allowlist entry."""
 
     num_clients: int
     plan_sizes: list[int] | None
-    max_private: int
+    max_private: int | None
     plan_held_out: list[int] | None = None
+    max_held_out: int | None = None
+    derived: bool = False
 
     @classmethod
     def for_run(cls, cfg: RunConfig, plan: DataPlan | None) -> SizeRule:
-        """The rule of ``cfg``, with the data plan when the server holds the dataset."""
+        """The rule of ``cfg``, with the data plan when the server holds the dataset.
+        The bound is ``max-client-samples`` when set; else, with a plan, the largest
+        training size and the largest held-out size of a partition in it: a node with
+        data of its own weighs at most what the largest partition of the run would
+        (docs/PRIVACY.md, "Weights bound to facts"); else none."""
         if plan is None:
-            return cls(cfg.num_clients, None, cfg.max_client_samples or UNBOUNDED_PRIVATE)
-        return cls(cfg.num_clients,
-                   [training_size(cfg, len(ix)) for ix in plan.client_indices],
-                   cfg.max_client_samples or len(plan.true_labels),
-                   [held_out_count(cfg, len(ix)) for ix in plan.client_indices])
+            return cls(cfg.num_clients, None, cfg.max_client_samples or None)
+        sizes = [training_size(cfg, len(ix)) for ix in plan.client_indices]
+        held = [held_out_count(cfg, len(ix)) for ix in plan.client_indices]
+        if cfg.max_client_samples:
+            return cls(cfg.num_clients, sizes, cfg.max_client_samples, held)
+        return cls(cfg.num_clients, sizes, max(sizes), held, max(held), derived=True)
+
+    @property
+    def held_out_bound(self) -> int | None:
+        return self.max_private if self.max_held_out is None else self.max_held_out
+
+    @property
+    def source(self) -> str:
+        """Where the bound on a declaration comes from, as a reader would look it up."""
+        if self.max_private is None:
+            return "none: no data plan and max-client-samples = 0"
+        return ("the data plan's largest partition, as max-client-samples = 0" if self.derived
+                else "max-client-samples")
 
     def vet(self, decl: Declaration, allowed: AllowedNode | None = None) -> str | None:
         """Why a declaration is refused (rule 2; ``allowed``: the node's allowlist
@@ -87,8 +113,8 @@ class SizeRule:
             return f"partition id {decl.partition} outside 0..{self.num_clients - 1}"
         if allowed is not None:
             reason = allowed.vet(decl.partition, decl.data, decl.num_examples, decl.held_out)
-            if reason:
-                return reason
+            if reason or (self.derived and decl.data != Keys.PARTITION):
+                return reason  # the operator's entry bounds its private data
         if decl.data == Keys.PARTITION and self.plan_sizes is not None:
             size = self.plan_sizes[decl.partition]
             held = self.plan_held_out[decl.partition] if self.plan_held_out else 0
@@ -99,11 +125,47 @@ class SizeRule:
                 return (f"declares {decl.held_out} held-out samples for partition "
                         f"{decl.partition}, whose held-out part in the run's data plan is {held}")
             return None
-        for what, n in (("samples", decl.num_examples), ("held-out samples", decl.held_out)):
-            if n > self.max_private:
-                return (f"declares {n} {what}, above the bound {self.max_private}; raise "
-                        "max-client-samples if nodes hold more")
+        for what, n, bound in (("samples", decl.num_examples, self.max_private),
+                               ("held-out samples", decl.held_out, self.held_out_bound)):
+            if bound is not None and n > bound:
+                return (f"declares {n} {what}, above the bound {bound} ({self.source}); "
+                        "raise max-client-samples if nodes hold more")
         return None
+
+
+def admission(cfg: RunConfig, simulation: bool, rule: SizeRule) -> dict[str, Any]:
+    """Who may declare, and up to what, for the run of ``cfg`` (docs/THREAT-MODEL.md,
+    "Identity and partitions"): ``allowlist`` (the operator's entries), ``simulation``
+    (Flower's simulation engine gives node i partition i) or ``open-deployment`` (a
+    deployment without an allowlist: any node that connects, which the coordinator must
+    ask for with ``open-deployment = true``). Outside an allowlist every declaration
+    the data plan does not fix must be bounded by ``rule``. Returns what the run's
+    summary says of it; :class:`ConfigError` naming the key to set otherwise."""
+    if cfg.allowlist:
+        mode = "allowlist"
+    elif simulation:
+        mode = "simulation"
+    elif cfg.open_deployment:
+        mode = "open-deployment"
+    else:
+        raise ConfigError(
+            "a deployment without an allowlist admits any node that connects, with any "
+            "partition and any data it declares; set allowlist to the absolute path of the "
+            "operator's allowlist (docs/THREAT-MODEL.md, \"Identity and partitions\"), or "
+            "open-deployment = true to run without one (declared sizes then bounded by "
+            "max-client-samples)")
+    if mode != "allowlist" and rule.max_private is None:
+        raise ConfigError(
+            f"{mode}: the server holds no data plan, so no bound on what one node declares "
+            "can be derived from the run, and max-client-samples is 0; set "
+            "max-client-samples to the most training (and held-out) samples one node may "
+            "declare, or give the server the dataset (docs/PRIVACY.md, \"Weights bound to "
+            "facts\")")
+    if mode == "allowlist" and (rule.derived or rule.max_private is None):
+        return {"mode": mode, "max_declared_samples": None, "max_declared_held_out": None,
+                "bound": "each node's allowlist entry"}
+    return {"mode": mode, "max_declared_samples": rule.max_private,
+            "max_declared_held_out": rule.held_out_bound, "bound": rule.source}
 
 
 def bad_count(n: Any, size: int, subset: bool) -> str | None:

@@ -236,6 +236,20 @@ class PartitionRegistry:
         self._hold(cid, decl.partition)
         return None
 
+    def exclude(self, cid: str, reason: str) -> None:
+        """Leave node ``cid`` out of the run's later rounds (a node that broke the secure
+        protocol: :mod:`.secure_round`): it is refused with ``reason``, its partition
+        no longer served by it (``refused_nodes`` in the next round's record; its
+        partition's absence says why)."""
+        pid = self._pid_of_cid.pop(cid, None)
+        if pid is not None and self._holder.get(pid) == cid:
+            del self._holder[pid]
+            self._claims[pid] = (cid, reason)
+        self._refused[cid] = reason
+        self._news.setdefault("refused_nodes", []).append(
+            {"node": cid, "partition": pid, "reason": reason})
+        log(WARNING, "node %s refused: %s", cid, reason)
+
     def _hold(self, cid: str, pid: int) -> None:
         """Make node ``cid`` the one holder of partition ``pid``."""
         previous = self._holder.get(pid)

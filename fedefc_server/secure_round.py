@@ -28,6 +28,18 @@ What the project adds to Flower's workflow, in the grid the workflow talks to
   rejection: before the collect stage its sender drops out having sent no vector; in
   the unmask stage its shares are not used. An exception Flower raises while it
   unmasks (shares that do not combine) refuses the round.
+- **Wrong shares are traced to their holder.** Before Flower combines the unmask
+  stage's shares, the shares of each secret are decoded with the redundancy of the
+  holders beyond the threshold (:func:`.share_check.bad_holders`): a holder whose
+  well-formed shares lie off the polynomial the others agree on is named in the round's
+  record (``rejected_reasons``), the round is refused before anything is unmasked, and
+  the node is left out of the run's later rounds (its partition then missing, with the
+  reason). A holder wrong for one other node's secret only may have been dealt a wrong
+  share by that node (SecAgg+ shares are not verifiable): both are left out. The round
+  does not start again: the shares just received already give a curious server this
+  attempt's sum, and a second sum of the same updates without the named node would give
+  it that node's update, or an honest holder's when an owner dealt it a wrong share
+  (docs/THREAT-MODEL.md, "Malformed secure replies").
 - **The sum is checked** (:mod:`.secure_sum`): :class:`CheckedSecAggPlus` reads the
   sum's weight total, which Flower's workflow divides by but does not pass on.
 
@@ -70,6 +82,7 @@ from common.update_bound import secure_range
 from .failures import rejection
 from .pipeline import Collected, RoundOutcome, Screened
 from .plan import RoundPlan
+from .share_check import UndecidableShares, bad_holders
 from .strategy import RoundStrategy
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
@@ -84,14 +97,18 @@ class Sender:
 
 
 class RoundRefused(Exception):
-    """A secure round stopped before its unmask stage: ``refused`` lists the replies
-    refused after their masked vector arrived ({node, partition, reason}; the round may
-    start again without their nodes), ``reason`` says why."""
+    """A secure round stopped before anything was unmasked: ``refused`` lists the
+    replies refused after their masked vector arrived ({node, partition, reason}; the
+    round may start again without their nodes), ``excluded`` the nodes to leave out of
+    the run's later rounds ({node id: why}; the round does not start again), ``reason``
+    says why."""
 
-    def __init__(self, reason: str, refused: list[dict[str, Any]] | None = None):
+    def __init__(self, reason: str, refused: list[dict[str, Any]] | None = None,
+                 excluded: dict[str, str] | None = None):
         super().__init__(reason)
         self.reason = reason
         self.refused = refused or []
+        self.excluded = excluded or {}
 
 
 def masked_reply(msg: Message) -> FitRes:
@@ -159,6 +176,7 @@ class ScreeningGrid:
         self.received: set[int] = set()
         self.rejected: list[dict[str, Any]] = []
         self.unmasking = False  # the unmask stage's replies were handed to Flower
+        self.threshold = 0  # the setup's reconstruction threshold, as Flower rounded it
 
     def __getattr__(self, name: str):
         return getattr(self.grid, name)
@@ -180,6 +198,8 @@ class ScreeningGrid:
         asked = {m.metadata.dst_node_id: m for m in messages}
         screened = [self.screen_protocol(stage, r, asked.get(r.metadata.src_node_id))
                     for r in replies]
+        if stage == Stage.UNMASK:
+            self.check_shares(screened)
         self.unmasking = stage == Stage.UNMASK
         return screened
 
@@ -191,7 +211,7 @@ class ScreeningGrid:
     def check_setup(self, config: ConfigRecord) -> None:
         """The round's clients, shares and threshold as Flower rounded them."""
         clients, shares = int(config[Key.SAMPLE_NUMBER]), int(config[Key.SHARE_NUMBER])
-        threshold = int(config[Key.THRESHOLD])
+        threshold = self.threshold = int(config[Key.THRESHOLD])
         if clients < self.min_clients:
             raise RoundRefused(f"{clients} clients in the round, below min-secure-clients="
                                f"{self.min_clients}")
@@ -209,6 +229,45 @@ class ScreeningGrid:
             if dead & self.received:
                 raise RoundRefused(f"the unmask stage would rebuild the masks of node(s) "
                                    f"{sorted(dead & self.received)}, whose vectors arrived")
+
+    def check_shares(self, replies: list[Message]) -> None:
+        """Before Flower combines them: the holders whose shares of a secret disagree
+        with the other holders' (:func:`.share_check.bad_holders`) are rejected by name
+        and the round refused; shares too far gone to tell who refuse it unnamed."""
+        by_owner: dict[int, dict[int, bytes]] = {}
+        for reply in replies:
+            if reply.has_error():
+                continue
+            content = reply.content.config_records[RECORD_KEY_CONFIGS]
+            for owner, share in zip(content[Key.NODE_ID_LIST], content[Key.SHARE_LIST],
+                                    strict=True):
+                by_owner.setdefault(int(owner), {})[reply.metadata.src_node_id] = share
+        culprits: dict[int, list[int]] = {}
+        for owner, shares in sorted(by_owner.items()):
+            try:
+                wrong = bad_holders(shares, self.threshold)
+            except UndecidableShares as err:
+                raise RoundRefused(f"the unmask shares of node {owner}'s secret disagree "
+                                   f"and {err}; nothing was unmasked") from None
+            for holder in wrong:
+                culprits.setdefault(holder, []).append(owner)
+        excluded: dict[str, str] = {}
+        for holder, owners in sorted(culprits.items()):
+            reason = (f"its unmask shares of the secrets of node(s) {owners} disagree with "
+                      "the other holders' (off the polynomial they agree on)")
+            self.rejected.append({**self.node(holder), "reason": reason})
+            log(WARNING, "secure round: node %s %s", holder, reason)
+            excluded[str(holder)] = f"left out of the run: {reason}"
+            if len(owners) == 1 and owners[0] != holder:  # a wrong share dealt, or returned
+                excluded.setdefault(str(owners[0]), (
+                    f"left out of the run: node {holder}'s share of its secret disagrees with "
+                    "the other holders' (dealt wrong by it, or returned wrong by node "
+                    f"{holder}: SecAgg+ cannot tell)"))
+        if culprits:
+            raise RoundRefused(f"node(s) {sorted(culprits)} returned unmask shares that "
+                               "disagree with the other holders'; nothing was unmasked, "
+                               f"node(s) {sorted(excluded, key=int)} left out of the run",
+                               excluded=excluded)
 
     def screen_protocol(self, stage: str, reply: Message, request: Message | None) -> Message:
         """``reply``, or an error reply in its place when it is malformed."""
@@ -373,6 +432,8 @@ class SecureRound:
             if refusal is None:
                 break
             attempts.rejected += refusal.refused
+            for cid, why in refusal.excluded.items():
+                strategy.pipeline.registry.exclude(cid, why)
             nodes = {r["node"] for r in refusal.refused}
             if not nodes:
                 return refusal.reason

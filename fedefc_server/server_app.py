@@ -9,13 +9,19 @@ With a server test set (``evaluation = server | both``) the server loads the run
 dataset: the test set, and the training data for its facts (realized noise rate,
 client sizes, the sizes its nodes must declare); with own data and no ``data-path``
 (the nodes hold the training data) only the coordinator's test set (``test-path``), a
-node's declared size then bounded by ``max-client-samples`` only. With ``evaluation = federated`` it
-loads no data at all: the round-0 model is built from the input shape and K of
-:func:`common.datasets.task_shape` (``input-shape`` and ``num-classes``, or the header
-of ``data-path`` when this machine has that file; docs/OWN-DATA.md, "The server holds
-no data"), and a node's declared size is bounded by ``max-client-samples`` only.
+node's declared size then bounded by ``max-client-samples`` only. With ``evaluation =
+federated`` it loads no data at all: the round-0 model is built from the input shape
+and K of :func:`common.datasets.task_shape` (``input-shape`` and ``num-classes``, or
+the header of ``data-path`` when this machine has that file; docs/OWN-DATA.md, "The
+server holds no data"), and a node's declared size is bounded by
+``max-client-samples`` only (in a simulation, by the data plan, which the server then
+builds).
 With ``allowlist`` the operator's file (:mod:`.allowlist`) decides which node may serve
-which partition; it is read and checked before round 1.
+which partition; it is read and checked before round 1. A deployment without one is
+refused unless ``open-deployment = true``; in a simulation the server builds the data plan
+even when it evaluates nothing itself, so that every simulated node's declaration is
+checked against it (:func:`.declarations.admission`; docs/THREAT-MODEL.md, "Identity and
+partitions").
 
 The app is Flower's workflow style (``@app.main()``), since secure aggregation needs
 the grid: :func:`main` builds the round loop and runs it with Flower's ``start_grid``
@@ -35,6 +41,7 @@ from flwr.server import ServerApp, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp.grid import Grid
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
@@ -49,14 +56,15 @@ from common.training import configure_threads
 
 from . import checkpoint
 from .allowlist import Allowlist
-from .declarations import SizeRule
-from .dishonest import with_server_faults
+from .declarations import SizeRule, admission
+from .dishonest import DishonestGrid, with_server_faults
 from .evaluation import TestSetEvaluator
 from .method_server import MethodServer
 from .pipeline import RoundPipeline
 from .registry import PartitionRegistry
 from .round_loop import RoundLoop
 from .secure_round import SecureRound
+from .summary import admission_text
 
 
 def data_summary(cfg: RunConfig) -> dict[str, Any]:
@@ -72,6 +80,13 @@ def coordinator_test_set_only(cfg: RunConfig) -> bool:
     """Whether the server holds only a test set: own data, a ``test-path`` and no
     ``data-path`` (the nodes bring theirs; docs/OWN-DATA.md)."""
     return cfg.dataset in OWN_DATASETS and bool(cfg.test_path) and not cfg.data_path
+
+
+def is_simulation(grid: Grid | None) -> bool:
+    """Whether ``grid`` (under a dishonest server's, :mod:`.dishonest`) is the grid of
+    Flower's simulation engine, whose nodes serve the run's own partitions."""
+    inner = grid.grid if isinstance(grid, DishonestGrid) else grid
+    return isinstance(inner, InMemoryGrid)
 
 
 def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
@@ -106,6 +121,11 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
                   f"inputs, K={task.num_classes})")
     info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
                 num_classes=task.num_classes)
+    simulation = is_simulation(grid)
+    if (simulation and rule.max_private is None and not coordinator_test_set_only(cfg)):
+        # Flower's simulated nodes serve partitions of the run's data: the plan bounds them
+        rule = SizeRule.for_run(cfg, data_plan(cfg))
+    admitted = admission(cfg, simulation, rule)
     model = initial_model(cfg, task)
     init = get_weights(model)
     ckpt = None
@@ -124,6 +144,7 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     log(INFO, "FedEFC run | method %s | %s | %d clients, %d per round | %d rounds | "
         "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
+    log(INFO, "%s", admission_text(admitted))
     short = short_run_warning(cfg)
     if short:
         log(WARNING, "%s", short)
@@ -141,7 +162,8 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,
                      parameters=ndarrays_to_parameters(ckpt.weights if ckpt else init),
                      cfg=cfg, recorder=recorder, model=model,
-                     run_info={k: v for k, v in info.items() if k != "noise_matrices"},
+                     run_info={**{k: v for k, v in info.items() if k != "noise_matrices"},
+                               "admission": admitted},
                      first_round=ckpt.round + 1 if ckpt else 1,
                      elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
                      secure_round=(SecureRound(grid, context, manager, cfg)

@@ -10,10 +10,11 @@ The status is one of three (docs/RELIABILITY.md):
   and the last log line is ``RUN DEGRADED: <reason>``;
 - ``completed``.
 
-The summary also counts what went wrong on the way: client failures and refused
-replies, failed and refused federated evaluations, and per partition the rounds it
-missed (``missed_rounds``) and the federated evaluations it missed
-(``missed_evaluations``).
+The summary says which nodes the run admitted and how their declared sizes were
+bounded (``admission``: :func:`.declarations.admission`). It also counts what went wrong
+on the way: client failures and refused replies, failed and refused federated
+evaluations, and per partition the rounds it missed (``missed_rounds``) and the
+federated evaluations it missed (``missed_evaluations``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,19 @@ def _trouble_text(summary: dict[str, Any]) -> str:
     return text
 
 
+def admission_text(admitted: dict[str, Any]) -> str:
+    """Which nodes the run admitted, and up to what declared sizes
+    (:func:`.declarations.admission`)."""
+    who = {"allowlist": "the nodes on the allowlist",
+           "simulation": "Flower's simulated nodes, node i for partition i",
+           "open-deployment": "any node that connected (open-deployment, no allowlist)"}
+    bound = admitted["bound"]
+    if admitted["max_declared_samples"] is not None:
+        bound = (f"at most {admitted['max_declared_samples']} training and "
+                 f"{admitted['max_declared_held_out']} held-out samples ({bound})")
+    return f"nodes admitted: {who[admitted['mode']]}; declared sizes: {bound}"
+
+
 def summary_lines(summary: dict[str, Any], dp_text: str | None = None
                   ) -> list[tuple[int, str]]:
     """The log lines that tell the summary, as (level, text), in order: the DP
@@ -130,6 +144,8 @@ def summary_lines(summary: dict[str, Any], dp_text: str | None = None
         f"{summary.get('mean_last10_acc', float('nan')):.4f}{t_e} | {_trouble_text(summary)} "
         f"| wall time {summary['wall_time_s']:.1f} s")))
     lines.append((INFO, f"results: {summary['out_dir']}"))
+    if "admission" in summary:
+        lines.append((INFO, admission_text(summary["admission"])))
     lines += [(WARNING, f"NOTE: {note}") for note in summary["notes"]]
     if summary["status"] == "failed":
         lines.append((ERROR, FAILED_PREFIX + summary["failure"]))

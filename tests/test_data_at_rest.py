@@ -20,6 +20,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from common.disk_cache import DataCache
+from common.errors import ConfigError
 from common.methods import load_run_config
 from common.params import get_weights
 from common.private_files import make_private_dir, open_private
@@ -31,7 +32,7 @@ from fedefc_client.client import MethodClient
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_client.mods import error_reply_mod, secure_tail_mod
-from fedefc_client.scrub import PATH, private_strings, scrub
+from fedefc_client.scrub import PATH, exception_text, private_strings, scrub
 from fedefc_server import checkpoint
 from tests.helpers import OK, InProcessGrid
 from tests.test_privacy import micro_config, secure_round
@@ -105,9 +106,33 @@ def test_an_existing_file_is_made_owner_only_and_an_existing_folder_left_alone(t
     ("see file:///srv/x.npz", f"see {PATH}"),
     ("accuracy 1/2 and/or the loss; https://flower.ai/docs",
      "accuracy 1/2 and/or the loss; https://flower.ai/docs"),
-], ids=["posix", "home", "tilde", "tilde-user", "windows", "url", "not-a-path"])
+    # issue 29 (5): at 6a260ce these went through whole or in part
+    ("cannot open site-a/img-017.png now", f"cannot open {PATH} now"),
+    ("cannot open site-a/my scan 017.png, sorry", f"cannot open {PATH}, sorry"),
+    ("folder images/train/cats missing", f"folder {PATH} missing"),
+    ("[Errno 2] No such file or directory: '/srv/site a/my scan.png'",
+     f"[Errno 2] No such file or directory: '{PATH}'"),
+    ('cannot identify image file "scans/ward 3/x.png"', f'cannot identify image file "{PATH}"'),
+], ids=["posix", "home", "tilde", "tilde-user", "windows", "url", "not-a-path", "relative",
+        "relative-with-spaces", "relative-folders", "quoted-with-spaces", "double-quoted"])
 def test_scrub_removes_paths_and_keeps_other_text(text, want):
     assert scrub(text, {}) == want
+
+
+@pytest.mark.parametrize("err, want", [
+    (KeyError("patient-0042"), "KeyError: '<text>'"),
+    (ValueError("invalid literal for int() with base 10: 'malignant'"),
+     "ValueError: invalid literal for int() with base 10: '<text>'"),
+    (FileNotFoundError(2, "No such file or directory", "/srv/site a/x y.png"),
+     f"FileNotFoundError: [Errno 2] No such file or directory: '{PATH}'"),
+    (ConfigError("method 'fedavg' is not one of 'a', 'b'"),
+     "ConfigError: method 'fedavg' is not one of 'a', 'b'"),
+], ids=["sample-id", "label", "path-with-spaces", "the-projects-own"])
+def test_a_foreign_exception_quotes_no_data_and_the_projects_own_keep_their_text(err, want):
+    """Issue 29 (5): a label or sample id quoted by another package's exception reached
+    the server at 6a260ce; the project's own errors quote only what the project wrote
+    (their values are the run's, which the server sent)."""
+    assert exception_text(err, {}) == want
 
 
 def test_scrub_names_node_config_values_and_cuts_long_text(tmp_path):
@@ -152,6 +177,8 @@ def test_a_failed_message_changes_nothing_on_the_node_and_an_error_reply_is_scru
     out = error_reply_mod(msg, ctxt, fails)
     assert out.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
     assert out.error.reason == f"OSError: cannot open <node-config:data-path>{PATH}"
+    label = error_reply_mod(msg, ctxt, lambda m, c: {"benign": 0}["patient-0042 malignant"])
+    assert label.error.reason == "KeyError: '<text>'"
     assert dict(ctxt.state.items()) == before
     inner = error_reply_mod(msg, ctxt, lambda m, c: Message(
         Error(ErrorCode.MOD_FAILED_PRECONDITION, "see /etc/site.toml"), reply_to=m))

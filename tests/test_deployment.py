@@ -100,7 +100,8 @@ def job(data: Path, out_dir: Path, **extra) -> dict:
         "model": '"tests.own_models:tiny_cnn"', "evaluation": '"both"',
         "num-clients": NODES, "fraction": 1.0, "rounds": 3, "local-epochs": 2,
         "batch-size": 8, "lr": 1e-7, "start-round": 0, "gamma-thr": 1, "rho": 0.4,
-        "zeta": 0.4, "iid": "true", "accuracy-signal": '"global"', **extra,
+        "zeta": 0.4, "iid": "true", "accuracy-signal": '"global"',
+        "open-deployment": "true", **extra,  # no allowlist (a simulation ignores the key)
     }.items()]
     return resolve_run_config(None, overrides, str(out_dir))
 
@@ -203,8 +204,11 @@ def tls_job(data_dir: Path, base: Path) -> DeployedRun:
     exported = job(data_dir, base / "out")
     sets = [f"--set={k}={toml_value(v)}" for k, v in exported.items() if k != "out-dir"]
     assert main(["deploy", "export", str(base / "data"), *sets]) == 0
+    # the server holds no data: the bound on a node's declaration is the coordinator's
+    largest = max(len(ix) for ix in data_plan(load_run_config(exported)).client_indices)
     run_config = load_run_config({**exported, "data-path": "", "test-path": "",
-                                  "evaluation": "federated"}).to_flat()
+                                  "evaluation": "federated",
+                                  "max-client-samples": largest}).to_flat()
     nodes = [NodeSpec({"partition-id": k, "num-partitions": NODES,
                        "data-path": str(base / "data" / f"node-{k}" / "data.npz"),
                        "cache-dir": str(base / f"cache-{k}")},
@@ -348,6 +352,8 @@ def test_tls_authenticated_deployment_with_private_data_refuses_unregistered_nod
         "evaluation": "federated", "input_shape": list(TASK.input_shape),
         "num_classes": TASK.num_classes}
     summary = json.loads((tls_run.out / "summary.json").read_text())
+    assert summary["admission"]["mode"] == "open-deployment"  # no allowlist, opened
+    assert summary["admission"]["bound"] == "max-client-samples"
     assert summary["accuracy_source"] == "federated held-out data"
     assert summary["final_acc"] == records(tls_run.out)[-1]["federated_acc"]
     assert "test_acc" not in records(tls_run.out)[-1]

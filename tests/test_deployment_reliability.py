@@ -36,7 +36,9 @@ NODES = 3
 
 
 def job(data_dir: Path, out: Path, **extra) -> dict:
-    return small_job(data_dir, out, **{"num-clients": NODES, **extra})
+    """No allowlist: open-deployment (ignored by the reference simulation)."""
+    return small_job(data_dir, out, **{"num-clients": NODES, "open-deployment": "true",
+                                       **extra})
 
 
 def wait_for_round(out: Path, rnd: int, timeout: float | None = None) -> None:

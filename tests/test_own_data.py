@@ -458,8 +458,10 @@ def test_the_summary_uses_the_federated_evaluation_when_there_is_no_test_set(tmp
 
 # -- the server holds no data ----------------------------------------------------------------
 def server_context(tmp_path: Path, **keys) -> Context:
+    """A deployment's ServerApp (no grid: not a simulation) without an allowlist."""
     flat = {"dataset": "npz", "evaluation": "federated", "num-clients": 3,
-            "out-dir": str(tmp_path / "out"), **keys}
+            "out-dir": str(tmp_path / "out"), "open-deployment": True,
+            "max-client-samples": 1000, **keys}
     return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
 
 
@@ -516,7 +518,8 @@ def test_the_server_evaluates_on_the_coordinators_test_set_while_the_sites_hold_
             "normalization": "0.5;0.25", "model": "tests.own_models:tiny_cnn",
             "method": "fedavg", "prestopping": False, "num-clients": 3, "fraction": 1.0,
             "rounds": 2, "local-epochs": 1, "batch-size": 16, "client-threads": 1,
-            "out-dir": str(tmp_path / "out")}
+            "out-dir": str(tmp_path / "out"), "open-deployment": True,
+            "max-client-samples": 40}
     loop, _ = server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
     grid = InProcessGrid(client_app, flat, 3, {k: {"data-path": sites[k]} for k in range(3)})
     for proxy in grid.manager().all().values():

@@ -89,7 +89,8 @@ def test_a_run_without_test_set_reports_the_federated_accuracy(runs):
     assert summary["accuracy_source"] == "federated held-out data"
     assert summary["final_acc"] == summary["federated_final_acc"] == recs[-1]["federated_acc"]
     assert summary["federated_true_final_acc"] == recs[-1]["federated_true_acc"]
-    # the server read no data: its facts are the shape and K only
+    # its facts are the shape and K only (in a simulation the server reads the data plan
+    # only to check the nodes' declarations: docs/THREAT-MODEL.md)
     assert json.loads((out / "data.json").read_text()) == {
         "evaluation": "federated", "input_shape": [4], "num_classes": 2}
     assert torch.load(out / "model.pt")["classifier.weight"].shape == (2, 64)

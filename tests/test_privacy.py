@@ -104,7 +104,8 @@ def test_a_declaration_is_fixed_for_the_run_and_a_changed_one_is_refused():
     ({"partition-id": 1, "num-examples": 11, "data": "partition"},
      "declares 11 samples for partition 1, whose size in the run's data plan is 10"),
     ({"partition-id": 1, "num-examples": 4001, "data": "private"},
-     "declares 4001 samples, above the bound 4000; raise max-client-samples"),
+     "declares 4001 samples, above the bound 4000 (max-client-samples); raise "
+     "max-client-samples if nodes hold more"),
     ({"partition-id": 7, "num-examples": 5, "data": "private"}, "partition id 7 outside 0..3"),
 ], ids=["no-size", "pid-text", "size-bool", "data-kind", "not-the-plan", "private-too-big",
         "pid-range"])
@@ -632,7 +633,7 @@ def test_a_partition_declares_what_it_trains_on_after_holding_out_its_test_part(
     """With federated evaluation a client trains on its partition less the held-out part:
     the server's expected declaration is that size, the one the client reports."""
     flat = micro_config(micro_mnist_dir, tmp_path, evaluation="both",
-                        **{"local-test-fraction": 0.25})
+                        **{"local-test-fraction": 0.25, "open-deployment": True})
     loop, _ = server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
     cfg = load_run_config(flat)
     sizes = loop.pipeline.registry.rule.plan_sizes

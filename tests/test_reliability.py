@@ -346,6 +346,10 @@ def test_checkpoint_roundtrip_and_refusals(tmp_path):
     np.testing.assert_array_equal(got.weights[0], np.arange(6).reshape(2, 3))
     checkpoint.check_compatible(got, {**cfg.to_flat(), "rounds": 20, "out-dir": "/x"}, tmp_path,
                                 [(2, 3)])
+    # a deployment checkpointed before it needed an allowlist or open-deployment resumes
+    old = {k: v for k, v in cfg.to_flat().items() if k != "open-deployment"}
+    checkpoint.check_compatible(checkpoint.Checkpoint(3, got.weights, got.strategy, old),
+                                {**cfg.to_flat(), "open-deployment": True}, tmp_path, [(2, 3)])
     with pytest.raises(checkpoint.CheckpointError, match="rho: 0.2 -> 0.4"):
         checkpoint.check_compatible(got, {**cfg.to_flat(), "rho": 0.4}, tmp_path, [(2, 3)])
     with pytest.raises(checkpoint.CheckpointError, match="another model"):

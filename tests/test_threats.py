@@ -14,17 +14,19 @@ import ast
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 import fedefc_client.client
 import fedefc_client.client_app
@@ -49,7 +51,9 @@ from common.secure_means import encode_tail, tail_scale
 from common.update_bound import quantizer_range
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
-from fedefc_server.allowlist import Allowlist, AllowlistError, fingerprint
+from fedefc_server.allowlist import AllowedNode, Allowlist, AllowlistError, fingerprint
+from fedefc_server.declarations import Declaration, SizeRule, admission
+from fedefc_server.dishonest import DishonestGrid
 from fedefc_server.failures import NodeFailed
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
 from fedefc_server.secure_sum import (
@@ -58,6 +62,7 @@ from fedefc_server.secure_sum import (
     group_accuracy,
     pull_bound,
 )
+from fedefc_server.summary import RunFacts, build_summary, summary_lines
 from tests.helpers import (
     GLOBAL,
     OK,
@@ -72,6 +77,7 @@ from tests.helpers import (
     simulate,
 )
 from tests.test_privacy import CPU, micro_config, plain_round, secure_loop, secure_round
+from tests.test_privacy import server as fedefc_server_for
 
 SECURE = {"secure-aggregation": True}
 
@@ -527,6 +533,124 @@ def test_an_evaluation_reply_counts_exactly_its_declared_held_out_samples(micro_
     assert fields["federated_samples"] == sum(r.num_examples for r in others)
 
 
+# -- declarations bounded in every mode (issue 29, finding 3) -------------------------------
+def test_without_an_allowlist_a_nodes_declaration_is_bounded_by_the_largest_partition(
+        micro_mnist_dir, tmp_path):
+    """At 6a260ce a private declaration was bounded by the whole training set (a node
+    declaring 60,000 of MNIST's samples, plan 3,000, took 51 % of FedAvg's weight among
+    20). With max-client-samples = 0 the run's bound is now the data plan's largest
+    training and held-out sizes: node 1001 declares exactly them (accepted), node 1002
+    the whole training set, node 1003 one held-out sample more; each refused node is
+    named with its reason in the round's record."""
+    flat = micro_config(micro_mnist_dir, tmp_path, evaluation="both",
+                        **{"local-test-fraction": 0.25})
+    cfg = load_run_config(flat)
+    parts = [len(ix) for ix in data_plan(cfg).client_indices]
+    most = max(n - held_out_count(cfg, n) for n in parts)
+    most_held = max(held_out_count(cfg, n) for n in parts)
+    train = len(data_plan(cfg).true_labels)
+    assert train > most > 0 and most_held > 0
+    flat["faults"] = (f"private={most}@1;held-out={most_held}@1;private={train}@2;"
+                      f"private={most}@3;held-out={most_held + 1}@3")
+    grid = InProcessGrid(client_app, flat, 4)
+    pipeline = make_pipeline(cfg)
+    pipeline.registry.rule = SizeRule.for_run(cfg, data_plan(cfg))
+    serving = pipeline.registry.serving(grid.manager(), 1)
+    assert {pid: p.cid for pid, p in serving.items()} == {0: "1000", 1: "1001"}
+    news = pipeline.registry.take_news()
+    assert news["declared"] == {0: parts[0] - held_out_count(cfg, parts[0]), 1: most}
+    source = "the data plan's largest partition, as max-client-samples = 0"
+    assert news["refused_nodes"] == [
+        {"node": "1002", "partition": 2, "reason": f"declares {train} samples, above the "
+         f"bound {most} ({source}); raise max-client-samples if nodes hold more"},
+        {"node": "1003", "partition": 3, "reason": f"declares {most_held + 1} held-out "
+         f"samples, above the bound {most_held} ({source}); raise max-client-samples if "
+         "nodes hold more"}]
+
+
+def test_the_bound_on_declarations_is_the_coordinators_key_or_the_plans_largest_partition():
+    """Hand-computed: partitions of 30, 50 and 20 samples, a quarter held out (Python's
+    round: 7.5 -> 8, 12.5 -> 12, 5): trained on 22, 38, 15. The default bounds a
+    declaration by 38 and 12; max-client-samples = 100 bounds both counts by 100; with an
+    allowlist the derived bound yields to the node's entry, the key does not."""
+    cfg = load_run_config({"num-clients": 3, "evaluation": "both", "local-test-fraction": 0.25})
+    plan = SimpleNamespace(client_indices=[np.arange(30), np.arange(50), np.arange(20)])
+    rule = SizeRule.for_run(cfg, plan)
+    assert (rule.plan_sizes, rule.plan_held_out) == ([22, 38, 15], [8, 12, 5])
+    assert (rule.max_private, rule.held_out_bound) == (38, 12)
+    private = lambda n, held: Declaration(1, n, "private", held)  # noqa: E731
+    assert rule.vet(private(38, 12)) is None
+    assert "declares 39 samples, above the bound 38" in rule.vet(private(39, 12))
+    assert "declares 13 held-out samples, above the bound 12" in rule.vet(private(38, 13))
+    assert rule.vet(Declaration(1, 38, "partition", 12)) is None  # the plan's, exactly
+    keyed = SizeRule.for_run(load_run_config({**cfg.to_flat(), "max-client-samples": 100}),
+                             plan)
+    assert (keyed.max_private, keyed.held_out_bound) == (100, 100)
+    assert keyed.vet(private(100, 100)) is None
+    assert "above the bound 100 (max-client-samples)" in keyed.vet(private(101, 0))
+    entry = AllowedNode.model_validate({"public-key": "SHA256:a", "partition-id": 1,
+                                        "data": "private", "max-samples": 500,
+                                        "held-out-samples": 50})
+    assert rule.vet(private(400, 40), entry) is None
+    assert "above the bound 100" in keyed.vet(private(400, 40), entry)
+    assert "max-samples 500" in rule.vet(private(501, 40), entry)
+    assert SizeRule.for_run(cfg, None).max_private is None  # no plan, no key: no bound
+
+
+def test_a_deployment_without_an_allowlist_runs_only_when_the_coordinator_opens_it():
+    """The admission mode (docs/THREAT-MODEL.md, "Identity and partitions"): at 6a260ce a
+    deployment without an allowlist admitted any node, its private declarations bounded
+    by 10^8 when the server held no data. Now it is refused unless open-deployment =
+    true, and every mode but the allowlist needs a bound on what a node declares."""
+    cfg = load_run_config({"num-clients": 3})
+    bounded = SizeRule(3, None, 700)
+    with pytest.raises(ConfigError) as err:
+        admission(cfg, False, bounded)
+    assert "set allowlist" in str(err.value) and "open-deployment = true" in str(err.value)
+    opened = load_run_config({"num-clients": 3, "open-deployment": True})
+    assert admission(opened, False, bounded) == {
+        "mode": "open-deployment", "max_declared_samples": 700, "max_declared_held_out": 700,
+        "bound": "max-client-samples"}
+    assert admission(cfg, True, SizeRule(3, [5, 9, 7], 9, [1, 2, 1], 2, derived=True)) == {
+        "mode": "simulation", "max_declared_samples": 9, "max_declared_held_out": 2,
+        "bound": "the data plan's largest partition, as max-client-samples = 0"}
+    for config, simulation in ((opened, False), (cfg, True)):
+        with pytest.raises(ConfigError, match="no bound on what one node declares can be "
+                                              "derived from the run.*set max-client-samples"):
+            admission(config, simulation, SizeRule(3, None, None))
+    listed = load_run_config({"num-clients": 3, "allowlist": "/etc/fedefc/allowlist.toml"})
+    assert admission(listed, False, SizeRule(3, None, None))["bound"] == \
+        "each node's allowlist entry"
+    with pytest.raises(ConfigError, match="open-deployment=true and allowlist="):
+        load_run_config({"allowlist": "/etc/a.toml", "open-deployment": True})
+
+
+def test_the_server_app_refuses_an_unopened_deployment_and_tells_its_mode(tmp_path):
+    """build() before round 1: without a simulation's grid and without an allowlist the
+    run fails naming the keys; opened, the summary and its log line say which mode ran.
+    Flower's simulation grid (also under a dishonest server's) is told apart."""
+    flat = {"dataset": "npz", "evaluation": "federated", "num-classes": 3,
+            "input-shape": "1x4x4", "model": "tests.own_models:tiny_cnn", "num-clients": 3,
+            "out-dir": str(tmp_path / "out")}
+    with pytest.raises(ConfigError, match="a deployment without an allowlist"):
+        fedefc_server.server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
+    assert not (tmp_path / "out").exists()
+    opened = {**flat, "open-deployment": True, "max-client-samples": 250}
+    loop, _ = fedefc_server.server_app.build(Context(1, 0, {}, RecordDict(), opened), None)
+    admitted = loop.run_info["admission"]
+    assert admitted["mode"] == "open-deployment" and admitted["max_declared_samples"] == 250
+    summary = {**build_summary(load_run_config(opened), [], RunFacts(loop.run_info, {})),
+               "out_dir": "/r"}
+    assert summary["admission"] == admitted
+    assert ("nodes admitted: any node that connected (open-deployment, no allowlist); "
+            "declared sizes: at most 250 training and 250 held-out samples "
+            "(max-client-samples)") in [text for _, text in summary_lines(summary)]
+    simulated = object.__new__(InMemoryGrid)
+    assert fedefc_server.server_app.is_simulation(simulated)
+    assert fedefc_server.server_app.is_simulation(DishonestGrid(simulated, []))
+    assert not fedefc_server.server_app.is_simulation(None)
+
+
 # -- plain updates bounded by norm ----------------------------------------------------------
 def norm_driver(**keys):
     driver = make_driver(**{"method": "fedavg", "num-clients": 3, "fraction": 1.0, **keys})
@@ -709,16 +833,42 @@ def test_a_client_sets_its_sums_mean_accuracy_from_inside_its_mask(micro_mnist_d
     assert fields["A_pull_bound"] == 1.0
 
 
-def test_wrong_shares_stop_the_round_and_name_no_one(micro_mnist_dir, tmp_path):
-    """``bad-shares``: a node sends well-formed but wrong unmask shares (random bytes).
-    The sum cannot be unmasked (or unmasks to garbage the checks refuse): the round is
-    refused and keeps the global model, and the record names no culprit: issue 29's
-    finding 4, still open (docs/THREAT-MODEL.md)."""
-    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults="bad-shares@1@1")
-    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
-    assert params is None and fields["skipped"]
-    reason = fields.get("secure_refused") or fields.get("refused_sum")
-    assert reason and "1001" not in reason and not fields["rejected_reasons"]
+@pytest.mark.parametrize("nodes", [4, 5], ids=["no-redundancy", "one-spare-share"])
+def test_wrong_shares_name_their_holder_where_the_others_outvote_it(micro_mnist_dir,
+                                                                    tmp_path, nodes):
+    """``bad-shares``: node 1001 sends well-formed but wrong unmask shares (random bytes).
+    At 6a260ce the round was refused and the record named no one, so the node stopped
+    every round it took part in (issue 29, finding 4). With 5 nodes (5 shares, threshold
+    round(0.67 x 5) = 3) each secret has shares to spare: node 1001 is named for every
+    secret, the round refused before anything is unmasked (no second attempt), and the
+    node left out of the run. With 4 (threshold 3 of 4) one wrong share can be seen but
+    not placed: the round is refused naming no one."""
+    flat = micro_config(micro_mnist_dir, tmp_path, nodes, **SECURE,
+                        faults="bad-shares@1@1")
+    grid = InProcessGrid(client_app, flat, nodes)
+    cfg, pipeline, mgr, init = fedefc_server_for(flat, grid)
+    params = ndarrays_to_parameters(init)
+    plan = pipeline.plan(1, params, mgr)
+    outcome = fedefc_server.secure_round.SecureRound(
+        grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
+        fedefc_server.strategy.RoundStrategy(pipeline, plan), params)
+    fields = outcome.record
+    assert outcome.parameters is None and fields["skipped"] and fields["secure_attempts"] == 1
+    if nodes == 4:
+        assert "cannot be told apart" in fields["secure_refused"]
+        assert not fields["rejected_reasons"]
+        assert pipeline.registry.partition_of("1001") == 1
+        return
+    owners = [1000 + k for k in range(nodes)]
+    assert fields["rejected_reasons"] == [{
+        "node": "1001", "partition": 1, "reason": f"its unmask shares of the secrets of "
+        f"node(s) {owners} disagree with the other holders' (off the polynomial they "
+        "agree on)"}]
+    assert "node(s) [1001] returned unmask shares" in fields["secure_refused"]
+    assert pipeline.registry.partition_of("1001") is None  # left out of the run
+    assert sorted(pipeline.registry.serving(mgr, 2)) == [0, 2, 3, 4]
+    [refused] = pipeline.registry.take_news()["refused_nodes"]
+    assert refused["node"] == "1001" and refused["reason"].startswith("left out of the run")
 
 
 def imported_modules(module) -> set[str]:
@@ -789,3 +939,11 @@ def test_the_identity_and_norm_attacks_replay_in_a_simulation(micro_mnist_dir, t
         assert evaluation["partition"] == 2 and evaluation["reason"].startswith(
             "held-out sample count 100000 differs from the")
     assert summary["rejected_replies"] == 1
+    # the summary says which mode ran and the bound of a declaration the plan did not fix
+    cfg = load_run_config(json.loads((tmp_path / "run" / "config.json").read_text()))
+    parts = [len(ix) for ix in data_plan(cfg).client_indices]
+    assert summary["admission"] == {
+        "mode": "simulation",
+        "max_declared_samples": max(n - held_out_count(cfg, n) for n in parts),
+        "max_declared_held_out": max(held_out_count(cfg, n) for n in parts),
+        "bound": "the data plan's largest partition, as max-client-samples = 0"}
