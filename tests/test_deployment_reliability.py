@@ -281,7 +281,8 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
     every round with both nodes, and no ServerApp or ClientApp process is left once it
     has ended."""
     out = tmp_path / "out"
-    cfg = small_job(tiny_mnist_dir, out, **{"num-clients": SUPERVISED_NODES, "rounds": 3})
+    cfg = small_job(tiny_mnist_dir, out, **{"num-clients": SUPERVISED_NODES, "rounds": 3,
+                                             "open-deployment": "true"})  # no allowlist
     submit = supervised.submit(f"submit-{crash}", cfg)
     try:
         wait_for_round(out, 1)
