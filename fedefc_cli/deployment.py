@@ -365,8 +365,10 @@ class Supervisor:
     SuperExec): one that exits after running at least ``settle_s`` is started again on
     its own, the others left running (a SuperExec that fails on a busy SuperLink does not
     take the SuperLink down), after a pause that doubles from ``pause_s`` with each
-    restart; one that exits sooner (it could not start: a flag, a port, a key), or more
-    than ``max_restarts`` times in ``window_s``, stops them all. Every exit is reported
+    restart, and so is one killed by a signal however soon (it had started: the OOM
+    killer, an operator's kill); one that exits by itself sooner (it could not start: a
+    flag, a port, a key), or more than ``max_restarts`` times in ``window_s``, stops them
+    all. Every exit is reported
     with the end of its log and ``hint(name, log text)``, when that explains it."""
 
     def __init__(self, procs: Processes, hint=None, settle_s: float = 30.0,
@@ -401,7 +403,7 @@ class Supervisor:
             self.report(name, proc.returncode, log)
             now = self.clock()
             recent = [t for t in self.restarts.get(name, []) if now - t < self.window_s]
-            if now - self.started[name] < self.settle_s:
+            if now - self.started[name] < self.settle_s and proc.returncode >= 0:
                 print(f"fedefc deploy: {name} exited {now - self.started[name]:.0f} s after "
                       "it started, so starting it again would fail again: stopping all",
                       file=sys.stderr, flush=True)

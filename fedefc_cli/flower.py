@@ -263,17 +263,23 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
         lines = _follow_log(connection, run_id, env, cwd, out, timeout)
         status, lost = final_status(connection, run_id, env, cwd)
+        # cut: the stream ended with the SuperLink (before the run's last lines), or the
+        # run has not finished; a stream that ran to a finished run's end is complete
+        cut = bool(stream_lost(lines) or (lost and not status.startswith("finished")))
         lost = lost or stream_lost(lines)
-        while lost and not status.startswith("finished"):
-            # The SuperLink answers again and the run goes on: its ServerApp outlived the
-            # restart (Flower's Runtime API calls retry). Follow it to its end.
+        while cut:
+            # The SuperLink answers again: the ServerApp outlived the restart (Flower's
+            # Runtime API calls retry) and the run went on, maybe to its end while the
+            # stream was gone. Follow the log again to the run's end, so that its last
+            # lines (RUN DEGRADED, RUN FAILED, the summary) are read, not lost with it.
             say(f"the SuperLink answers again and run {run_id} is {status}: following its "
                 "log again")
+            finished = status.startswith("finished")  # its whole log: one stream more
             lines = _follow_log(connection, run_id, env, cwd, out,
-                                max(1.0, deadline - time.monotonic()), lines)
+                                max(1.0, deadline - time.monotonic()), lines) or lines
             status, again = final_status(connection, run_id, env, cwd)
-            if not (again or stream_lost(lines)):
-                break
+            cut = (bool(again or stream_lost(lines)) and not finished
+                   and time.monotonic() < deadline)
     return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines),
                       lost, last_round(lines), any(FAILED_LINE.search(line) for line in lines))
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from fedefc_cli.deployment import LocalDeployment, NodeSpec, write_connection
+from fedefc_cli.errors import EXIT_DEGRADED
 from fedefc_cli.flower import flwr_env, flwr_json, free_port
 from fedefc_cli.main import main
 from fedefc_cli.procs import descendants, stop_tree
@@ -297,19 +298,31 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
             os.killpg(submit.pid, signal.SIGKILL)
             submit.wait()
     said = supervised.output(f"submit-{crash}")
-    assert code == 0, said[-4000:]
-    # A SuperExec takes its ServerApp with it (Flower's parent-process watch): the run
-    # fails, and submit resumes it. A ServerApp outlives a SuperLink that comes back in
-    # time (its Runtime API calls retry) and the run goes on: submit follows it again;
-    # had it given up, the run would have been resumed.
-    ways = ["resuming it from its checkpoint"] + (
-        ["following its log again"] if crash == "flower-superlink" else [])
-    assert any(way in said for way in ways), said[-4000:]
-    assert f"{crash} exited with code -9" in supervised.output("superlink")
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed"
     recs = records(out)
     assert sorted({r["round"] for r in recs}) == [0, 1, 2, 3]
-    assert all(r["n_clients"] == SUPERVISED_NODES for r in recs if r["round"] > 0), recs
+    assert f"{crash} exited with code -9" in supervised.output("superlink")
+    if crash == "flower-superexec":
+        # A SuperExec takes its ServerApp with it (Flower's parent-process watch): the
+        # run fails, and submit resumes it from its checkpoint.
+        assert code == 0 and "resuming it from its checkpoint" in said, said[-4000:]
+    else:
+        # A ServerApp outlives a SuperLink that comes back in time (its Runtime API calls
+        # retry) and the run goes on; submit's log stream ended with the SuperLink, so it
+        # follows the log again to the run's end (or, had the ServerApp given up, resumes
+        # the run from its checkpoint).
+        assert any(way in said for way in ("following its log again",
+                                           "resuming it from its checkpoint")), said[-4000:]
+    if summary["status"] == "degraded":
+        # Whether a node's reply was in flight when the SuperLink died is a matter of
+        # timing: one that was is lost with it, its site misses that round, and the run
+        # says so (issue 30, item 3) instead of reporting a complete federation.
+        assert crash == "flower-superlink" and code == EXIT_DEGRADED, said[-4000:]
+        assert "completed DEGRADED" in said, said[-4000:]
+        missed = {r for rounds in summary["missed_rounds"].values() for r in rounds}
+        assert missed and missed <= {2, 3}, summary["missed_rounds"]  # from the kill on
+    else:
+        assert code == 0 and summary["status"] == "completed", said[-4000:]
+        assert all(r["n_clients"] == SUPERVISED_NODES for r in recs if r["round"] > 0), recs
     wait_until(lambda: not supervised.apps(), "ServerApp / ClientApp processes still "
                "running after the run ended", patience(300))

@@ -420,6 +420,22 @@ def test_a_superexec_that_exits_is_started_again_and_the_superlink_kept(tmp_path
     assert link.poll() is not None and second.poll() is not None  # nothing left running
 
 
+def test_a_process_killed_soon_after_it_started_is_started_again(tmp_path, capsys):
+    """A SuperExec SIGKILLed 28 s after it started (the crash test on an idle machine) was
+    taken for one that could not start, and the supervisor stopped the whole SuperLink.
+    A process killed by a signal had started; it is started again however soon."""
+    procs, supervisor = supervised(tmp_path, "import time; time.sleep(120)", settle_s=60.0)
+    try:
+        first = procs.running[1][1]
+        first.kill()
+        assert supervise_until(supervisor, lambda: procs.running[1][1] is not first) is None
+        err = capsys.readouterr().err
+        assert "superexec exited with code -9" in err and "starting superexec again" in err
+        assert procs.running[0][1].poll() is None  # the SuperLink kept running
+    finally:
+        procs.stop()
+
+
 @pytest.mark.parametrize("limits, message", [
     ({"settle_s": 60.0}, "exited 0 s after it started, so starting it again would fail"),
     ({"settle_s": 0.0, "max_restarts": 2}, "superexec exited 3 times in 600 s"),

@@ -614,6 +614,29 @@ def test_submit_follows_a_run_that_outlived_a_superlink_restart_to_its_end(monke
         capsys.readouterr().err
 
 
+def test_submit_reads_the_end_of_a_run_that_finished_while_its_log_stream_was_gone(
+        monkeypatch, capsys, tmp_path):
+    """The SuperLink restarted mid-run and the run finished, degraded (a node's reply was
+    lost with the old SuperLink), before submit asked for its status: submit said
+    "completed" and exited 0, because the RUN DEGRADED line came after the stream ended.
+    Now it follows the log again whenever the stream was cut, finished or not, and reads
+    the run's end."""
+    first = ["INFO : [round 1/3] acc 0.3", "Connection to the SuperLink is unavailable"]
+    again = ["INFO : [round 1/3] acc 0.3", "INFO : [round 3/3] acc 0.6",
+             "WARNING :   RUN DEGRADED: partition 0 missed 1 of 3 rounds"]
+    streams = iter([first, again])
+    statuses = iter([("finished:completed", "02:24:31"), ("finished:completed", None)])
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: next(streams))
+    monkeypatch.setattr(flower, "final_status", lambda *a: next(statuses))
+    code = main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"])
+    err = capsys.readouterr().err
+    assert code == deployment.EXIT_DEGRADED, err
+    assert "completed DEGRADED: partition 0 missed 1 of 3 rounds" in err
+
+
 def test_a_log_followed_again_shows_only_what_is_new():
     out = io.BytesIO()
     lines = flower.copy_lines(iter([b"a\n", b"b\n", b"c\n"]), out, False, ["a", "b"])
