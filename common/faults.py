@@ -35,6 +35,8 @@ Empty (the default) injects nothing. The kinds that lie at registration (``claim
 | ``secure-acc-set=A`` | adds inside its mask what sets its sum's mean accuracy to A, |
 |  | taking the others' for its own (K A - (K - 1) a_k in its slot, K the sum's clients) |
 | ``bad-shares`` | sends well-formed but wrong shares (random bytes) in the unmask stage |
+| ``bad-key`` | sends random bytes as its two public keys in the setup stage |
+| ``self-share`` | addresses its first encrypted share to itself in the share-keys stage |
 
 The attacker lives beside the honest client, in ``fedefc_client/attacker.py``: a
 wrapping client for the kinds that act on a reply's content or a registration, and two
@@ -71,7 +73,7 @@ from .secure_means import SLOTS
 KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "samples", "acc",
          "no-acc", "pid", "scale", "claim", "private", "held-out", "eval-samples",
          "secure-acc", "weight", "garbage", "garbage-bytes", "unmask-nid", "secure-scale",
-         "secure-acc-set", "bad-shares")
+         "secure-acc-set", "bad-shares", "bad-key", "self-share")
 FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set")
 INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
 SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "unmask-both")
@@ -286,14 +288,16 @@ def add_accuracy(tail: np.ndarray, excess: float) -> np.ndarray:
 
 
 def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
-                         stage: dict) -> dict:
+                         stage: dict, nid: int) -> dict:
     """After Flower's SecAgg+ client: its reply record (``secaggplus_configs``) as the
     faults alter it. ``secure-acc=A`` adds A x 2^20 to the accuracy slot of the masked
     tail: masks cancel in the sum, so the sum's slot grows by A x c/2 (a quantization
     step is 2c / 2^22), as if the client's accuracy were A more, past the quantizer's
     clipping (:func:`add_accuracy`). ``garbage`` and ``garbage-bytes`` replace the masked
     vector, ``unmask-nid=N`` adds node N to the unmask-stage shares, ``bad-shares``
-    replaces every share by random bytes of its length."""
+    replaces every share by random bytes of its length, ``bad-key`` the setup stage's
+    public keys, and ``self-share`` makes the first share-keys destination the client's
+    own node id ``nid``."""
     out = dict(stage)
     for f in faults:
         if not f.applies(pid, server_round):
@@ -315,4 +319,9 @@ def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
             out[Key.SHARE_LIST] = [*out[Key.SHARE_LIST], out[Key.SHARE_LIST][0]]
         elif f.kind == "bad-shares" and Key.SHARE_LIST in out:
             out[Key.SHARE_LIST] = [os.urandom(len(b)) for b in out[Key.SHARE_LIST]]
+        elif f.kind == "bad-key" and Key.PUBLIC_KEY_1 in out:
+            for key in (Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2):
+                out[key] = os.urandom(len(out[key]))
+        elif f.kind == "self-share" and out.get(Key.DESTINATION_LIST):
+            out[Key.DESTINATION_LIST] = [nid, *out[Key.DESTINATION_LIST][1:]]
     return out

@@ -718,15 +718,18 @@ def progress(text: str) -> None:
 
 
 def submit_resuming(connection: str, run_config: dict[str, Any], env: dict[str, str],
-                    sign: tuple[str, str] | None, max_resumes: int) -> RunOutcome:
+                    sign: tuple[str, str] | None, max_resumes: int,
+                    reconnect_s: float) -> RunOutcome:
     """Submit the run and follow it; while it is :attr:`.flower.RunOutcome.interrupted`
     (its ServerApp stopped from outside: its SuperExec or the SuperLink exited, and the
     supervisor of ``fedefc deploy superlink`` or systemd started it again) and got
     further than the attempt before, submit it again resuming from its out-dir's
-    checkpoint (docs/DEPLOYMENT.md, "Resuming a run"), at most ``max_resumes`` times.
-    How the last attempt ended."""
+    checkpoint (docs/DEPLOYMENT.md, "Resuming a run"), at most ``max_resumes`` times. A
+    SuperLink that stops answering is waited for ``reconnect_s`` each time. How the last
+    attempt ended."""
     out_dir = str(run_config["out-dir"])
-    outcome = submit_run(connection, run_config, env, Path.cwd(), sign_key=sign, say=progress)
+    outcome = submit_run(connection, run_config, env, Path.cwd(), sign_key=sign, say=progress,
+                         reconnect_s=reconnect_s)
     reached, resumes = 0, 0
     while outcome.interrupted and outcome.last_round > reached and resumes < max_resumes:
         reached, resumes = outcome.last_round, resumes + 1
@@ -734,10 +737,11 @@ def submit_resuming(connection: str, run_config: dict[str, Any], env: dict[str, 
               f"{outcome.last_round} ({outcome.failure or 'its log names no reason'}); "
               f"resuming it from its checkpoint in {out_dir} (resume {resumes} of at most "
               f"{max_resumes}: --max-resumes)", file=sys.stderr, flush=True)
-        wait_for_superlink(connection, env, Path.cwd())
+        wait_for_superlink(connection, env, Path.cwd(), reconnect_s)
         outcome = submit_run(connection, {**run_config, "resume-from": out_dir,
                                           "out-dir": out_dir},
-                             env, Path.cwd(), sign_key=sign, say=progress)
+                             env, Path.cwd(), sign_key=sign, say=progress,
+                             reconnect_s=reconnect_s)
     return outcome
 
 
@@ -768,7 +772,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     refuse_a_busy_superlink(args.connection, env, Path.cwd())
     try:
         outcome = submit_resuming(args.connection, cfg.to_flat(), env, sign,
-                                  args.max_resumes)
+                                  args.max_resumes, args.reconnect_wait)
     except SuperLinkGone as gone:
         print(f"fedefc deploy: the run did not end here: "
               f"{superlink_lost_text(args.connection, gone.when, cfg.out_dir)}",

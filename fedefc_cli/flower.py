@@ -83,7 +83,10 @@ class SuperLinkGone(LaunchError):
         self.when = when
 
 
-RECONNECT_S = 120.0  # how long submit waits for a SuperLink that stopped answering
+# How long submit waits, by default, for a SuperLink that stopped answering mid-run to
+# answer again: a supervisor or systemd restarts it within seconds, but a busy machine
+# can take minutes to start it and its SuperExec (fedefc deploy submit --reconnect-wait).
+RECONNECT_S = 600.0
 LOST_LINE = "SuperLink is unavailable"  # flwr's words when its connection is gone
 
 
@@ -238,10 +241,13 @@ def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, ou
 def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str], cwd: Path,
                app_dir: Path = APP_DIR, log: Path | None = None, timeout: float = 3600.0,
                sign_key: tuple[str, str] | None = None,
-               say: Callable[[str], None] | None = None) -> RunOutcome:
+               say: Callable[[str], None] | None = None,
+               reconnect_s: float | None = None) -> RunOutcome:
     """``flwr run`` the app (signed with ``sign_key`` = (private key file, key id) when
     given: :mod:`.app_signing`), follow its log until it ends (to ``log``, else stdout)
-    and return how it ended; ``say`` is told each step as it starts."""
+    and return how it ended; ``say`` is told each step as it starts. A SuperLink that
+    stops answering meanwhile is waited for ``reconnect_s`` (default
+    :data:`RECONNECT_S`)."""
     say = say or (lambda text: None)
     with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
         cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
@@ -262,7 +268,7 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
     deadline = time.monotonic() + timeout
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
         lines = _follow_log(connection, run_id, env, cwd, out, timeout)
-        status, lost = final_status(connection, run_id, env, cwd)
+        status, lost = final_status(connection, run_id, env, cwd, reconnect_s)
         # cut: the stream ended with the SuperLink (before the run's last lines), or the
         # run has not finished; a stream that ran to a finished run's end is complete
         cut = bool(stream_lost(lines) or (lost and not status.startswith("finished")))
@@ -277,7 +283,7 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
             finished = status.startswith("finished")  # its whole log: one stream more
             lines = _follow_log(connection, run_id, env, cwd, out,
                                 max(1.0, deadline - time.monotonic()), lines) or lines
-            status, again = final_status(connection, run_id, env, cwd)
+            status, again = final_status(connection, run_id, env, cwd, reconnect_s)
             cut = (bool(again or stream_lost(lines)) and not finished
                    and time.monotonic() < deadline)
     return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines),
@@ -291,21 +297,22 @@ def stream_lost(lines: list[str]) -> str | None:
     return None
 
 
-def final_status(connection: str, run_id: str, env: dict[str, str], cwd: Path
-                 ) -> tuple[str, str | None]:
+def final_status(connection: str, run_id: str, env: dict[str, str], cwd: Path,
+                 reconnect_s: float | None = None) -> tuple[str, str | None]:
     """(the run's status once it has finished, or after a minute; when the SuperLink was
     seen not answering, if it was). A SuperLink that stopped answering (its log stream
-    ended with it) is waited for :data:`RECONNECT_S`; :class:`SuperLinkGone` if it does not
-    come back."""
+    ended with it) is waited for ``reconnect_s`` (default :data:`RECONNECT_S`);
+    :class:`SuperLinkGone` if it does not come back."""
+    reconnect_s = RECONNECT_S if reconnect_s is None else reconnect_s
     deadline, lost, lost_at = time.monotonic() + 60, None, None
     while True:
         try:
             status = run_status(connection, run_id, env, cwd)
         except SuperLinkGone as gone:
             lost, lost_at = lost or gone.when, lost_at or time.monotonic()
-            if time.monotonic() - lost_at > RECONNECT_S:
+            if time.monotonic() - lost_at > reconnect_s:
                 raise SuperLinkGone(connection, lost) from None
-            time.sleep(min(5.0, RECONNECT_S / 10))
+            time.sleep(min(5.0, reconnect_s / 10))
             continue
         if status.startswith("finished") or time.monotonic() > deadline:
             return status, lost

@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import deployment, prepare_data, services
+from . import deployment, flower, prepare_data, services
 from .errors import EXIT_DEGRADED, exit_code
 from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
 
@@ -118,6 +118,18 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0; e.g. 3, or "
                                          "0 to turn it off")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds > 0 (argparse type), or an error naming the value and the fix."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0; e.g. "
+                                         "600")
     return value
 
 
@@ -270,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="resume a run whose ServerApp was stopped from outside (its "
                         "SuperExec or the SuperLink exited and was restarted) after a "
                         "recorded round on its own, at most N times (default 3; 0: never)")
+    submit.add_argument("--reconnect-wait", type=_seconds, default=flower.RECONNECT_S,
+                        metavar="SECONDS", help="how long to wait for a SuperLink that "
+                        "stopped answering mid-run (it crashed and its supervisor or "
+                        "systemd starts it again) before giving up with how to resume the "
+                        f"run (default {flower.RECONNECT_S:.0f})")
     submit.add_argument("--sign-key", help="the coordinator's signing key "
                         "(deploy/gen-signing-key.sh; owner-only): sign the app and this run's "
                         "config for machines started with --trusted-keys")

@@ -14,7 +14,8 @@ without ``faults`` every part here steps aside:
   ``secure-scale``: its update; it also notes its accuracy for ``secure-acc-set``);
 - :func:`after_mask_mod`, around Flower's SecAgg+ client: what it changes in what it
   sends (``secure-acc``, ``secure-acc-set``: its masked accuracy slot; ``garbage``,
-  ``garbage-bytes``: its masked vector; ``unmask-nid``, ``bad-shares``: its shares),
+  ``garbage-bytes``: its masked vector; ``unmask-nid``, ``bad-shares``: its shares;
+  ``bad-key``: its public keys; ``self-share``: where it sends a share),
   restoring the clear count of a ``weight`` fault.
 """
 
@@ -158,7 +159,7 @@ def after_mask_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) ->
             or RECORD_KEY_CONFIGS not in out.content.config_records):
         return out
     stage = dict(out.content.config_records[RECORD_KEY_CONFIGS])
-    stage = corrupt_secure_reply(faults, pid, rnd, stage)
+    stage = corrupt_secure_reply(faults, pid, rnd, stage, msg.metadata.dst_node_id)
     notes = ctxt.state.config_records.get(NOTES)
     if notes is not None and Key.MASKED_PARAMETERS in stage and notes["excess"]:
         *arrays, tail = [bytes_to_ndarray(b) for b in stage[Key.MASKED_PARAMETERS]]

@@ -188,6 +188,9 @@ class PartitionRegistry:
         self._proxies: dict[str, ClientProxy] = {}  # the connected nodes, last seen
         self._misplaced: set[str] = set()  # simulated nodes that declared another partition
         self._claims: dict[int, tuple[str, str]] = {}  # partition -> a refused claimant, why
+        # nodes left out for breaking the secure protocol: kept by checkpoints, so that a
+        # resumed run does not take them back (node -> (the partition it held, why))
+        self._excluded: dict[str, tuple[int | None, str]] = {}
 
     def partition_of(self, cid: str) -> int | None:
         """The partition id node ``cid`` holds, if it does."""
@@ -246,6 +249,7 @@ class PartitionRegistry:
             del self._holder[pid]
             self._claims[pid] = (cid, reason)
         self._refused[cid] = reason
+        self._excluded[cid] = (pid, reason)
         self._news.setdefault("refused_nodes", []).append(
             {"node": cid, "partition": pid, "reason": reason})
         log(WARNING, "node %s refused: %s", cid, reason)
@@ -473,10 +477,19 @@ class PartitionRegistry:
         return news
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the partitions' declared sizes, fixed for the run."""
+        """What a checkpoint keeps: the partitions' declared sizes, fixed for the run, and
+        the nodes :meth:`exclude` left out, which stay out of a resumed run (Flower keeps
+        a node's id while it stays connected to its SuperLink)."""
         return {"declared_sizes": {str(p): n for p, n in self.declared.items()},
-                "declared_held_out": {str(p): n for p, n in self.held_out.items()}}
+                "declared_held_out": {str(p): n for p, n in self.held_out.items()},
+                "excluded_nodes": {c: list(held) for c, held in self._excluded.items()}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.declared = {int(p): int(n) for p, n in state.get("declared_sizes", {}).items()}
         self.held_out = {int(p): int(n) for p, n in state.get("declared_held_out", {}).items()}
+        for cid, (pid, why) in state.get("excluded_nodes", {}).items():
+            self._excluded[cid] = (pid, why)
+            self._refused[cid] = why
+            if pid is not None:
+                self._claims[int(pid)] = (cid, why)
+            log(WARNING, "node %s stays refused in this resumed run: %s", cid, why)

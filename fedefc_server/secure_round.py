@@ -25,8 +25,13 @@ What the project adds to Flower's workflow, in the grid the workflow talks to
 - **Malformed protocol replies are refused, never a crash.** A setup, share-keys or
   unmask reply that is not what its stage asked for (a key missing, a node id it was
   not asked about, lists of different lengths) becomes an error reply, recorded as a
-  rejection: before the collect stage its sender drops out having sent no vector; in
-  the unmask stage its shares are not used. An exception Flower raises while it
+  rejection: in the setup and share-keys stages the round then starts again, with new
+  keys, without its sender (nothing was masked yet; Flower's workflow cannot unmask
+  without a node whose keys went out but whose shares did not); in the unmask stage
+  its shares are not used. A setup reply must carry two public keys that the other
+  clients can use (EC keys on Flower's curve: one that cannot be read made every other
+  client fail the next stage), and a share-keys reply one encrypted share for every
+  other node of the round and none for itself. An exception Flower raises while it
   unmasks (shares that do not combine) refuses the round.
 - **Wrong shares are traced to their holder.** Before Flower combines the unmask
   stage's shares, the shares of each secret are decoded with the redundancy of the
@@ -72,6 +77,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation import secaggplus_workflow as flower_secaggplus
 from flwr.serverapp.grid import Grid
+from flwr.supercore.primitives.asymmetric import bytes_to_public_key, generate_key_pairs
 
 from common import secure_prf
 from common.config import RunConfig, is_strict_majority
@@ -145,7 +151,10 @@ def bad_protocol_reply(stage: str, reply: Message, request: Message | None) -> s
     if stage == Stage.SETUP:
         if not all(isinstance(got.get(k), bytes) for k in (Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2)):
             return "setup reply without its two public keys"
-        return None
+        return next((f"setup reply whose {which} is {problem}" for which in
+                     (Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2)
+                     if (problem := unusable_key(got[which])) is not None), None)
+    own = reply.metadata.src_node_id
     if stage == Stage.SHARE_KEYS:
         ids, items = got.get(Key.DESTINATION_LIST), got.get(Key.CIPHERTEXT_LIST)
         known = {int(k) for k in asked if k != Key.STAGE}
@@ -159,7 +168,30 @@ def bad_protocol_reply(stage: str, reply: Message, request: Message | None) -> s
         return f"{stage} reply naming node ids it was not asked about ({strangers[:3]})"
     if len(set(ids)) != len(ids):
         return f"{stage} reply naming a node id twice"
+    if stage == Stage.SHARE_KEYS:
+        if own in ids:
+            return "share-keys reply addressing a share to its own node"
+        withheld = sorted(known - set(ids) - {own})
+        if withheld:
+            return f"share-keys reply withholding its shares from node(s) {withheld[:3]}"
     return None
+
+
+def unusable_key(pem: bytes) -> str | None:
+    """Why a setup stage's public key cannot serve the other clients (each derives a
+    shared key from it: Flower's ``bytes_to_public_key``, then ECDH on its curve), or
+    None."""
+    try:
+        key = bytes_to_public_key(pem)
+    except Exception:  # a client's bytes: any failure to read them
+        return "no PEM public key"
+    curve = getattr(key, "curve", None)
+    if curve is None or curve.name != FLOWER_CURVE:
+        return f"a key on {getattr(curve, 'name', type(key).__name__)}, not {FLOWER_CURVE}"
+    return None
+
+
+FLOWER_CURVE = generate_key_pairs()[1].curve.name  # the curve Flower's clients use
 
 
 class ScreeningGrid:
@@ -196,8 +228,16 @@ class ScreeningGrid:
         if stage not in (Stage.SETUP, Stage.SHARE_KEYS, Stage.UNMASK):
             return replies
         asked = {m.metadata.dst_node_id: m for m in messages}
+        before = len(self.rejected)
         screened = [self.screen_protocol(stage, r, asked.get(r.metadata.src_node_id))
                     for r in replies]
+        if stage != Stage.UNMASK and len(self.rejected) > before:
+            # Flower's workflow cannot go on without a node that sent its keys but whose
+            # shares it did not forward (every other client would need them to unmask):
+            # the round starts again, with new keys, without the refused nodes
+            refused, self.rejected = self.rejected[before:], self.rejected[:before]
+            raise RoundRefused(f"{stage} replies refused before any vector was sent",
+                               refused)
         if stage == Stage.UNMASK:
             self.check_shares(screened)
         self.unmasking = stage == Stage.UNMASK

@@ -231,10 +231,13 @@ class Supervised:
         return named(pids, "flwr-serverapp") + named(pids, "flwr-clientapp")
 
     def submit(self, name: str, run_config: dict) -> subprocess.Popen:
+        """``fedefc deploy submit``, waiting for a SuperLink that stopped answering as
+        long as a slow machine may take to start it again."""
         preset = write_run_config(self.base / f"{name}.toml", run_config)
         with open(self.base / f"{name}.out", "wb") as out:
             return subprocess.Popen([sys.executable, "-m", "fedefc_cli", "deploy", "submit",
-                                     self.CONNECTION, str(preset)], cwd=APP_DIR, env=self.env,
+                                     self.CONNECTION, str(preset), "--reconnect-wait",
+                                     str(patience(600))], cwd=APP_DIR, env=self.env,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
@@ -298,6 +301,9 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
             os.killpg(submit.pid, signal.SIGKILL)
             submit.wait()
     said = supervised.output(f"submit-{crash}")
+    assert (out / "summary.json").is_file(), (
+        f"submit exited {code} with no summary.json.\nsubmit said:\n{said[-6000:]}\n"
+        f"fedefc deploy superlink said:\n{supervised.output('superlink')[-4000:]}")
     summary = json.loads((out / "summary.json").read_text())
     recs = records(out)
     assert sorted({r["round"] for r in recs}) == [0, 1, 2, 3]

@@ -512,9 +512,9 @@ def test_submit_says_when_the_superlink_stopped_and_where_its_log_is(
         {"success": True, "run-id": 12} if args[0] == "run" else next(answers)))
     monkeypatch.setattr(flower, "_follow_log", lambda *a: [
         "INFO : [round 3/7] 3 clients", "Connection to the SuperLink is unavailable"])
-    monkeypatch.setattr(flower, "RECONNECT_S", 0.3)
-    assert main(["deploy", "submit", "fedefc", "--max-resumes", "0",
-                 "--set", f"out-dir={tmp_path}/r"]) == 1
+    monkeypatch.setattr(flower, "RECONNECT_S", 1e9)  # only --reconnect-wait ends the wait
+    assert main(["deploy", "submit", "fedefc", "--max-resumes", "0", "--reconnect-wait",
+                 "0.3", "--set", f"out-dir={tmp_path}/r"]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert re.search(r"The SuperLink of connection 'fedefc' stopped answering at "
                      r"\d\d:\d\d:\d\d", err)

@@ -401,12 +401,18 @@ def test_a_secure_run_with_one_adversarial_client_completes_with_the_honest_resu
     ("garbage-bytes@0@1", [1, 2, 3], "unreadable masked vector (ValueError)"),
     ("unmask-nid=999@1@1", [0, 1, 2, 3], "unmask reply naming node ids it was not asked "
                                           "about ([999])"),
-], ids=["unreadable-vector", "bogus-unmask-node"])
+    ("bad-key@2@1", [0, 1, 3], "setup reply whose pk1 is no PEM public key"),
+    ("self-share@2@1", [0, 1, 3], "share-keys reply addressing a share to its own node"),
+], ids=["unreadable-vector", "bogus-unmask-node", "garbage-setup-key", "share-to-itself"])
 def test_a_malformed_secure_reply_is_refused_not_a_crash(micro_mnist_dir, tmp_path, fault,
                                                           partitions, reason):
     """An unreadable masked vector: refused, the round starts again without its node.
     An unmask reply naming a node id it was not asked about (a KeyError inside
-    Flower's workflow at 28de8bc): refused, its shares unused; the others' suffice."""
+    Flower's workflow at 28de8bc): refused, its shares unused; the others' suffice. A
+    garbage setup key, or a share addressed to its own node: at cae5715 each made the
+    whole round fail naming no one (issue 29, finding 4: every other client failed on
+    the key; the share went missing); now the node is named and drops out before it
+    sends a vector, and the round sums the others."""
     flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults=fault)
     fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
     assert params is not None and fields["partition_ids"] == partitions
@@ -869,6 +875,12 @@ def test_wrong_shares_name_their_holder_where_the_others_outvote_it(micro_mnist_
     assert sorted(pipeline.registry.serving(mgr, 2)) == [0, 2, 3, 4]
     [refused] = pipeline.registry.take_news()["refused_nodes"]
     assert refused["node"] == "1001" and refused["reason"].startswith("left out of the run")
+    # a resumed run (its checkpoint's state, as JSON) does not take the node back
+    _, resumed, mgr, _ = fedefc_server_for(flat, grid)
+    resumed.load_state(json.loads(json.dumps(pipeline.state())))
+    assert sorted(resumed.registry.serving(mgr, 2)) == [0, 2, 3, 4]
+    assert resumed.registry.absence(1)["reason"] == (
+        f"its node was refused: {refused['reason']}")
 
 
 def imported_modules(module) -> set[str]:
