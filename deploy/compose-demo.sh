@@ -2,8 +2,10 @@
 # The Docker Compose demo end to end (docs/DEPLOYMENT.md, "Docker Compose demo"): build the
 # images, bring up the TLS federation of deploy/compose.yml + compose.tls.yml (a SuperLink
 # with its SuperExec, three SuperNodes with their own data, node authentication,
-# SuperExec secrets), submit a short FedEFC run, check that it completed with every
-# node's results, print the figures (build, bring-up and run times, image sizes) and tear
+# SuperExec secrets, a Fleet-only front between the SuperNodes and the SuperLink), submit
+# a short FedEFC run, check that it completed with every node's results and that a
+# SuperNode reaches the Fleet API only (no route to the SuperLink; the Control API
+# through the front answered 403), print the figures (build, bring-up and run times, image sizes) and tear
 # everything down (containers, networks, volumes, the demo's files), whatever happens.
 # Needs a Docker daemon and the Compose CLI (`docker compose`, or `docker-compose` v1),
 # openssl, and this project installed on the host (the fedefc and flwr CLIs: Install).
@@ -14,8 +16,10 @@
 #   --base-image IMAGE  build stand-ins of Flower's images (local/flwr-superlink:1.42.0,
 #                       ...-supernode, ...-superexec; deploy/flwr-standins.Dockerfile) on
 #                       IMAGE, a Python >= 3.11 image (deploy/make-base-image.sh builds one
-#                       from Debian's mirror), and use them: for a host that reaches no
-#                       container registry. Default: Flower's own images (pulled).
+#                       from Debian's mirror), and use them, and build the Fleet-only
+#                       front (nginx) on IMAGE too, which must then be Debian bookworm:
+#                       for a host that reaches no container registry. Default: Flower's
+#                       own images and debian:bookworm-slim (pulled).
 #   --torch-index URL   where the SuperExec image takes torch (default: PyTorch's CPU
 #                       index; https://pypi.org/simple where that is unreachable)
 #   --port PORT         the host port (127.0.0.1) of the SuperLink (default: a free one)
@@ -34,7 +38,7 @@ bindir="$(dirname "$py")"
 
 say() { printf '[compose-demo %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { say "FAILED: $*" >&2; exit 1; }
-usage() { sed -n '12,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '14,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 base_image="" torch_index="" port="" rounds=3 project=fedefc-demo keep=0
 while [ "$#" -gt 0 ]; do
@@ -108,12 +112,13 @@ if [ -n "$base_image" ]; then
     export FLWR_SUPERLINK_IMAGE=local/flwr-superlink:1.42.0
     export FLWR_SUPERNODE_IMAGE=local/flwr-supernode:1.42.0
     export FLWR_SUPEREXEC_IMAGE=local/flwr-superexec:1.42.0
+    export FLEET_FRONT_BASE_IMAGE="$base_image"
 fi
 standins_s=$(elapsed "$t0")
 [ -n "$torch_index" ] && export TORCH_INDEX_URL="$torch_index"
-say "building the SuperExec image fedefc-superexec:1.42.0 (on ${FLWR_SUPEREXEC_IMAGE:-flwr/superexec:1.42.0})"
+say "building the SuperExec image fedefc-superexec:1.42.0 (on ${FLWR_SUPEREXEC_IMAGE:-flwr/superexec:1.42.0}) and the Fleet-only front"
 t1=$(date +%s)
-DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 "${compose[@]}" build superexec-serverapp \
+DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 "${compose[@]}" build superexec-serverapp fleet-front \
     >"$demo/build.log" 2>&1 || { tail -30 "$demo/build.log" >&2; die "building the images (log above)"; }
 build_s=$(elapsed "$t1")
 say "images built: stand-ins ${standins_s} s, SuperExec image ${build_s} s"
@@ -122,7 +127,7 @@ say "images built: stand-ins ${standins_s} s, SuperExec image ${build_s} s"
 say "writing the nodes' data, certificates, node keys and SuperExec secrets under $demo"
 fedefc deploy export "$demo/data" "$deploy_dir/demo-run-config.toml" >"$demo/export.log" 2>&1 \
     || { cat "$demo/export.log" >&2; die "fedefc deploy export"; }
-"$deploy_dir/gen-certs.sh" "$demo/certs" superlink >/dev/null
+"$deploy_dir/gen-certs.sh" "$demo/certs" superlink fleet-front >/dev/null
 "$deploy_dir/gen-node-keys.sh" "$demo/keys" node-0 node-1 node-2 >/dev/null
 "$deploy_dir/gen-secret.sh" "$demo/secrets/superexec-link" \
     "$demo"/secrets/superexec-node-{0,1,2} >/dev/null
@@ -184,6 +189,26 @@ assert not short, f"rounds without all three nodes' results: {short}"
 print(f"every round 1..{rounds} aggregated the results of nodes 0, 1, 2; "
       f"final accuracy {summary['final_acc']:.4f}, client failures "
       f"{summary.get('client_failures')}")
+PY
+
+# -- the SuperNodes reach the Fleet API only ----------------------------------------------
+node="$("${compose[@]}" ps -q supernode-0)"
+docker exec -i "$node" python - <<'PY' || die "a SuperNode reaches more than the Fleet API"
+import socket, ssl, urllib.error, urllib.request
+try:
+    socket.getaddrinfo("superlink", 8000)
+    raise SystemExit("supernode-0 resolves the SuperLink's name: it shares a network with it")
+except socket.gaierror:
+    pass
+call = urllib.request.Request("https://fleet-front:8443/v1/control/list-runs", data=b"",
+                              method="POST")
+try:
+    urllib.request.urlopen(call, context=ssl.create_default_context(cafile="/certs/ca.crt"),
+                           timeout=60)
+    raise SystemExit("the Control API answered supernode-0 through the front")
+except urllib.error.HTTPError as err:
+    assert err.code == 403, f"the front answered /v1/control/list-runs with {err.code}"
+print("supernode-0: no route to the SuperLink; the Control API through the front: 403")
 PY
 
 say "figures: stand-in images built in ${standins_s} s, SuperExec image in ${build_s} s;" \

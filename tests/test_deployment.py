@@ -473,6 +473,9 @@ def compose_runtime_host(k: int) -> str:
     return f"10.250.{k}.2"
 
 
+FRONT = {False: "fleet-front:8000", True: "fleet-front:8443"}  # where SuperNodes dial
+
+
 def expected_commands(tls: bool) -> dict[str, list[str]]:
     """What fedefc_cli.deployment (the native runs) gives for the compose services."""
     ca = "/certs/ca.crt" if tls else None
@@ -482,7 +485,7 @@ def expected_commands(tls: bool) -> dict[str, list[str]]:
             "superexec-serverapp": superexec_flags("superlink:8000", ca, secret)}
     for k in range(NODES):
         node_config = {"partition-id": k, "num-partitions": NODES, **COMPOSE_NODE_CONFIG}
-        cmds[f"supernode-{k}"] = supernode_flags("superlink:8000", node_config,
+        cmds[f"supernode-{k}"] = supernode_flags(FRONT[tls], node_config,
                                                  compose_runtime_host(k), 9094, ca,
                                                  "/keys/node" if tls else None, secret)
         cmds[f"superexec-clientapp-{k}"] = superexec_flags(f"supernode-{k}:9094", None, secret)
@@ -512,7 +515,7 @@ def help_flags() -> dict[str, set[str]]:
 @pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls"])
 def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
     services = compose_services(tls)
-    assert services.keys() == expected_commands(tls).keys()
+    assert services.keys() == {*expected_commands(tls), "fleet-front"}
     for name, cmd in expected_commands(tls).items():
         assert services[name]["command"] == cmd, name
         binary = ("flower-superlink" if name == "superlink" else "flower-supernode"
@@ -542,7 +545,18 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
     # SuperLink alone: no SuperNode, no route out
     assert services["superexec-serverapp"]["networks"] == ["runtime"]
     assert networks["runtime"] == {"internal": True}
-    assert set(services["superlink"]["networks"]) == {"fleet", "runtime"}
+    # the SuperNodes reach the SuperLink through the Fleet-only front alone: the
+    # SuperLink is not on their network `fleet` (its port serves the Control API too)
+    assert set(services["superlink"]["networks"]) == {"control", "runtime"}
+    assert set(services["fleet-front"]["networks"]) == {"fleet", "control"}
+    front = services["fleet-front"]
+    conf = "tls.conf" if tls else "insecure.conf"
+    assert front.get("command", ["/etc/fedefc/insecure.conf"]) == [f"/etc/fedefc/{conf}"]
+    assert "./fleet-front:/etc/fedefc:ro" in front["volumes"]
+    text = (DEPLOY_DIR / "fleet-front" / conf).read_text()
+    assert re.findall(r"^\s*listen (\d+)", text, re.M) == [FRONT[tls].split(":")[1]]
+    assert fleet_only_rule(text) == {"/v1/fleet/": f"proxy_pass http{'s' * tls}://superlink:8000",
+                                     "/": "return 403"}
     assert "results:/results" in services["superexec-serverapp"]["volumes"]
     assert [defaults(p) for p in services["superlink"]["ports"]] == ["127.0.0.1:8000:8000"]
     # the Flower images and the torch index are settings, so that Flower's images and
@@ -554,6 +568,23 @@ def test_compose_matches_native_topology_and_1_42_flags(tls, help_flags):
     assert re.search(r"^ARG SUPEREXEC_IMAGE=flwr/superexec:1\.42\.0$", dockerfile, re.M)
     assert re.search(r"^FROM \$\{SUPEREXEC_IMAGE\}$", dockerfile, re.M)
     assert "--index-url \"${TORCH_INDEX_URL}\"" in dockerfile
+
+
+def fleet_only_rule(conf: str) -> dict[str, str]:
+    """{location: its first directive} of an nginx configuration's server block."""
+    plain = re.sub(r"#[^\n]*", "", conf)
+    return {m.group(1): m.group(2).strip() for m in
+            re.finditer(r"location (\S+) \{\s*([^;]*);", plain)}
+
+
+def test_the_fleet_only_fronts_pass_the_same_locations_as_the_tested_one():
+    """The compose demo's fronts and deploy/nginx-fleet-only.conf (which
+    tests/test_deployment_ops.py runs with real nginx) pass /v1/fleet/ alone."""
+    tested = fleet_only_rule((DEPLOY_DIR / "nginx-fleet-only.conf").read_text())
+    for conf in ("insecure.conf", "tls.conf"):
+        rule = fleet_only_rule((DEPLOY_DIR / "fleet-front" / conf).read_text())
+        assert rule.keys() == tested.keys() == {"/v1/fleet/", "/"}
+        assert rule["/"] == tested["/"] == "return 403"
 
 
 @pytest.mark.flower
