@@ -19,8 +19,10 @@ import io
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +52,7 @@ from fedefc_cli.errors import LaunchError
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.procs import Processes
 from fedefc_cli.run_configs import APP_DIR, write_run_config
+from tests.helpers import patience
 
 NOOP_APP = Path(__file__).parent / "flower_apps" / "noop"
 
@@ -680,3 +683,45 @@ def test_compose_demo_refuses_bad_arguments_before_touching_docker(args, code, m
     assert out.returncode == code and message in out.stderr, out.stderr
     if code == 2:
         assert "usage: deploy/compose-demo.sh [--base-image IMAGE]" in out.stderr
+
+
+# -- local accounts on the SuperLink machine: the documented nftables rule -------------------
+def documented_block(doc: Path, starts: str) -> str:
+    """The fenced block of ``doc`` whose first line starts with ``starts``."""
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", doc.read_text(), re.S | re.M)
+    return next(b for b in blocks if b.startswith(starts))
+
+
+def connects(port: int, user: str) -> bool:
+    """Whether a process running as ``user`` can open a TCP connection to 127.0.0.1:port
+    (bash's /dev/tcp: the account may not read this checkout's interpreter)."""
+    return subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], user=user,
+                          cwd="/", capture_output=True,
+                          timeout=patience(120)).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None,
+                    reason="needs root and nftables")
+def test_the_documented_loopback_rule_keeps_other_accounts_off_the_port():
+    """docs/DEPLOYMENT.md, "Local users": the nftables block, applied as written (its own
+    table name and port; root standing in for the SuperLink's account ``fedefc``), lets
+    the SuperLink's and nginx's accounts reach the port on the loopback and refuses any
+    other account. The block as first written there was a syntax error to nft."""
+    rule = documented_block(Path(DEPLOY_DIR).parent / "docs" / "DEPLOYMENT.md",
+                            "table inet superlink")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        table = f"fedefc_test_{os.getpid()}"
+        rule = (rule.replace("table inet superlink", f"table inet {table}")
+                .replace("dport 8000", f"dport {port}").replace('"fedefc"', '"root"'))
+        assert connects(port, "nobody")  # open before the rule
+        applied = subprocess.run(["nft", "-f", "-"], input=rule, text=True,
+                                 capture_output=True)
+        assert applied.returncode == 0, applied.stderr
+        try:
+            allowed = {user: connects(port, user) for user in ("root", "www-data", "nobody")}
+        finally:
+            subprocess.run(["nft", "delete", "table", "inet", table], check=True)
+    assert allowed == {"root": True, "www-data": True, "nobody": False}
