@@ -5,8 +5,9 @@
 # SuperExec secrets, a Fleet-only front between the SuperNodes and the SuperLink), submit
 # a short FedEFC run, check that it completed with every node's results and that a
 # SuperNode reaches the Fleet API only (no route to the SuperLink; the Control API
-# through the front answered 403), print the figures (build, bring-up and run times, image sizes) and tear
-# everything down (containers, networks, volumes, the demo's files), whatever happens.
+# through the front answered 403), print the figures (build, bring-up and run times,
+# image sizes) and tear everything down (containers, networks, volumes, the demo's
+# files), whatever happens.
 # Needs a Docker daemon and the Compose CLI (`docker compose`, or `docker-compose` v1),
 # openssl, and this project installed on the host (the fedefc and flwr CLIs: Install).
 # Not part of the test suite (it needs Docker); run it by hand.
@@ -38,7 +39,7 @@ bindir="$(dirname "$py")"
 
 say() { printf '[compose-demo %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { say "FAILED: $*" >&2; exit 1; }
-usage() { sed -n '14,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '15,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 base_image="" torch_index="" port="" rounds=3 project=fedefc-demo keep=0
 while [ "$#" -gt 0 ]; do

@@ -707,8 +707,7 @@ def test_the_documented_loopback_rule_keeps_other_accounts_off_the_port():
     table name and port; root standing in for the SuperLink's account ``fedefc``), lets
     the SuperLink's and nginx's accounts reach the port on the loopback and refuses any
     other account. The block as first written there was a syntax error to nft."""
-    rule = documented_block(Path(DEPLOY_DIR).parent / "docs" / "DEPLOYMENT.md",
-                            "table inet superlink")
+    rule = documented_block(APP_DIR / "docs" / "DEPLOYMENT.md", "table inet superlink")
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(8)
