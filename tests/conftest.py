@@ -39,7 +39,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    _flower_allowed["now"] = item.get_closest_marker("flower") is not None
+    """Under ``--dist loadgroup`` xdist names each grouped test ``ID@GROUP`` and sends a
+    group to one worker. pytest 9.2 ignores the name xdist sets (pyproject pins pytest
+    below it): every group was then split, and each shared Flower run ran once on each
+    worker, doubling the suite's time. A Flower test fails at once, before its fixtures
+    run, if that happens again."""
+    flower = item.get_closest_marker("flower") is not None
+    if flower and getattr(item.config.option, "loadgroup", False) \
+            and "@flower-" not in item.nodeid:
+        pytest.fail(f"pytest {pytest.__version__} with pytest-xdist did not group this "
+                    "Flower test with its module's: its shared Flower runs would run on "
+                    "every worker. Install the versions pyproject.toml allows "
+                    "(pip install -e '.[dev]'), or run without -n.", pytrace=False)
+    _flower_allowed["now"] = flower
 
 
 @pytest.fixture(scope="session", autouse=True)

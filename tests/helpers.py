@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,12 @@ OK = Status(code=Code.OK, message="")
 GLOBAL = [np.zeros((3, 4), np.float32), np.zeros(5, np.float32)]  # a "model": K=3, D=4
 PARAMS = ndarrays_to_parameters(GLOBAL)
 
+
+# Nodes that run the project's client code inside the test process take this lock for
+# each message: a real node is a process of its own, while these share one process and
+# torch's global state (its thread pool, its RNG). A CI worker crashed (a fatal signal)
+# while Flower's fit_clients had three such nodes training in its threads at once.
+IN_PROCESS_NODES = threading.Lock()
 
 SIZE = 10  # the sample count a stand-in node declares unless told otherwise
 
@@ -154,7 +161,10 @@ class InProcessGrid:
     config ``run_config`` (and the node config ``node_configs[k]``, if given); each
     message is copied, as the wire would. ``sent`` and ``received`` hold every message
     the server sent and every reply it got, in order; ``public_keys`` (node id -> PEM
-    bytes) are what ``get_nodes`` reports, as a SuperLink with node authentication does."""
+    bytes) are what ``get_nodes`` reports, as a SuperLink with node authentication does.
+
+    Messages are handled one at a time (:data:`IN_PROCESS_NODES`), also when the server
+    sends from several threads, as Flower's ``fit_clients`` does."""
 
     def __init__(self, app, run_config: dict[str, Any], n_nodes: int,
                  node_configs: dict[int, dict[str, Any]] | None = None, *,
@@ -183,6 +193,10 @@ class InProcessGrid:
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> list[Message]:
+        with IN_PROCESS_NODES:
+            return self._handle(list(messages))
+
+    def _handle(self, messages: list[Message]) -> list[Message]:
         replies = []
         for msg in messages:
             self.sent.append(copy.deepcopy(msg))

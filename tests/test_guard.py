@@ -29,7 +29,7 @@ from fedefc_server import checkpoint, evaluation
 from fedefc_server.checkpoint import CheckpointError
 from fedefc_server.guard import Phase2Guard
 from fedefc_server.round_loop import RoundLoop
-from tests.helpers import OK, FakeProxy, make_pipeline, records
+from tests.helpers import IN_PROCESS_NODES, OK, FakeProxy, make_pipeline, records
 
 CPU = torch.device("cpu")
 
@@ -225,7 +225,9 @@ class ClientNode(FakeProxy):
         client = MethodClient(self.cfg, self.partition_id,
                               lambda: partition_data(self.cfg, self.partition_id, CPU),
                               self.state)
-        weights, n, metrics = client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        with IN_PROCESS_NODES:
+            weights, n, metrics = client.fit(parameters_to_ndarrays(ins.parameters),
+                                             ins.config)
         return FitRes(OK, ndarrays_to_parameters(weights), n, metrics)
 
 
