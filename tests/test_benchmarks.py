@@ -2,6 +2,7 @@
 what a GPU box needs to know: throughput, round times, start-up, projected full-run time
 and the memory of every process of the run."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -26,3 +27,18 @@ def test_bench_gpu_tiny_run_measures_a_run_with_phase_2(tmp_path):
     assert "flower-superlink" in names and "ClientAppActor" in names
     assert row["peak_sum_mb"] >= max(row["peak_pss_mb"].values())
     assert "x today" in out.stdout and "peak sum over the run's processes" in out.stdout
+
+
+def test_the_memory_sampler_names_each_process_by_what_it_became():
+    """A SuperLink sampled between its fork and its exec has no name, or its parent's name
+    and pages: its row must still say flower-superlink, with its own peak."""
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    peaks: dict[int, tuple[str, float]] = {}
+    samples = [("python -m fedefc_cli", 400.0), ("", 350.0), ("python3 flower-superlink", 90.0),
+               ("python3 flower-superlink", 120.0), ("python3 flower-superlink", 100.0), None]
+    seen = [bench.record_sample(peaks, 7, s) for s in samples]
+    assert seen == [400.0, 0.0, 90.0, 120.0, 100.0, 0.0]
+    assert peaks == {7: ("python3 flower-superlink", 120.0)}

@@ -106,6 +106,20 @@ def pss_mb(pid: int) -> tuple[str, float] | None:
     return name[:60], pss
 
 
+def record_sample(peaks: dict[int, tuple[str, float]], pid: int,
+                  sample: tuple[str, float] | None) -> float:
+    """Keep in ``peaks`` each process's last name and its peak PSS under that name; return
+    the sample's PSS (0 for none). A sample without a name (a process between fork and
+    exec, or exiting) is skipped, and a new name (an exec, a Ray worker renaming itself)
+    starts a new peak: a child sampled before its exec still shares its parent's pages."""
+    if not sample or not sample[0]:
+        return 0.0
+    name, pss = sample
+    before, peak = peaks.get(pid, ("", 0.0))
+    peaks[pid] = (name, max(pss, peak) if name == before else pss)
+    return pss
+
+
 @dataclass
 class Measured:
     wall_s: float = 0.0
@@ -122,12 +136,7 @@ def run_and_sample(cmd: list[str], log: Path) -> Measured:
         while proc.poll() is None:
             total = 0.0
             for pid in tree(proc.pid):
-                got = pss_mb(pid)
-                if got:  # a Ray worker renames itself: keep the name of its peak
-                    name, pss = got
-                    if pss >= m.peak_pss.get(pid, ("", 0.0))[1]:
-                        m.peak_pss[pid] = (name, pss)
-                    total += pss
+                total += record_sample(m.peak_pss, pid, pss_mb(pid))
             m.peak_sum = max(m.peak_sum, total)
             time.sleep(0.5)
     m.wall_s = time.monotonic() - start
