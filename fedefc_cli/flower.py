@@ -33,6 +33,7 @@ from common.private_files import open_private
 
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
+from .ray_cluster import ray_env
 from .run_configs import APP_DIR, write_run_config
 
 
@@ -321,18 +322,19 @@ def final_status(connection: str, run_id: str, env: dict[str, str], cwd: Path,
 
 class LocalSimulation(ProcessGroup):
     """A private simulation SuperLink on loopback ports and its FLWR_HOME; stopped, with
-    everything it started, on exit."""
+    everything it started, on exit. Its clients run on a private Ray, or on the nodes of
+    the Ray cluster at ``ray_address`` (:mod:`.ray_cluster`)."""
 
     CONNECTION = "fedefc-sim"
 
-    def __init__(self, work_dir: Path):
+    def __init__(self, work_dir: Path, ray_address: str | None = None):
         super().__init__()
         self.work_dir = work_dir
         self.flwr_home = work_dir / "flwr-home"
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.control_port = free_port()
-        self.env = flwr_env(self.flwr_home)
+        self.env = {**flwr_env(self.flwr_home), **ray_env(ray_address)}
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')

@@ -172,8 +172,9 @@ def resumable(cell: Cell) -> bool:
 
 def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int | None = None,
              client_cpus: int = 1, client_gpus: float = 0.0, log=print,
-             rows: list[str] | None = None) -> int:
-    """Run the unfinished cells (of ``rows`` only, when given); return how many failed."""
+             rows: list[str] | None = None, ray_address: str | None = None) -> int:
+    """Run the unfinished cells (of ``rows`` only, when given), on the Ray cluster at
+    ``ray_address`` when given; return how many failed."""
     unknown = set(rows or []) - set(grid.rows)
     if unknown:
         raise ConfigError(f"grid {grid.name}: no row {sorted(unknown)}; its rows: "
@@ -203,7 +204,8 @@ def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int
         make_private_dir(cell.out_dir)
         try:
             summary = run_simulation_job(config, client_cpus, client_gpus,
-                                         log_path=cell.out_dir / "run.log")
+                                         log_path=cell.out_dir / "run.log",
+                                         ray_address=ray_address)
             log(f"    final acc {summary.get('final_acc')}, T_e {summary.get('t_e')}, "
                 f"{time.monotonic() - start:.0f} s"
                 + (f" | DEGRADED: {summary['degraded']}" if summary.get("degraded") else ""))

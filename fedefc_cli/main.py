@@ -24,6 +24,7 @@ from pathlib import Path
 
 from . import deployment, flower, prepare_data, services
 from .errors import EXIT_DEGRADED, exit_code
+from .ray_cluster import check_reachable, ray_address
 from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
 
 
@@ -55,12 +56,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     warning = short_run_warning(load_run_config(run_config))
     if warning:
         print(f"fedefc: WARNING: {warning}", flush=True)
+    if args.ray_address:
+        check_reachable(args.ray_address)
     preflight_in_child(run_config)
     gpus = args.client_gpus
     if gpus is None:
         gpus = 0.25 if torch.cuda.is_available() and run_config["device"] != "cpu" else 0.0
     print(f"fedefc: results -> {run_config['out-dir']}", flush=True)
-    summary = run_simulation_job(run_config, args.client_cpus, gpus, checked=True)
+    summary = run_simulation_job(run_config, args.client_cpus, gpus, checked=True,
+                                 ray_address=args.ray_address)
     print(json.dumps(summary, indent=2))
     print(f"fedefc: results in {summary['out_dir']}")
     if summary.get("status") == "degraded":
@@ -88,8 +92,11 @@ def cmd_grid(args: argparse.Namespace) -> int:
         return 0
     failures = 0
     if args.action == "run":
+        if args.ray_address:
+            check_reachable(args.ray_address)
         failures = run_grid(grid, results_dir, args.overrides, args.max_cells,
-                            args.client_cpus, args.client_gpus, rows=args.rows)
+                            args.client_cpus, args.client_gpus, rows=args.rows,
+                            ray_address=args.ray_address)
     for path in write_report(grid, results_dir, args.overrides):
         print(f"wrote {path}")
     return 1 if failures else 0
@@ -107,6 +114,10 @@ def _resources(parser: argparse.ArgumentParser, gpu_default: float | None) -> No
                         help="GPUs per simulated client" + (
                             " (default 0.25 when CUDA is visible, else 0)"
                             if gpu_default is None else ""))
+    parser.add_argument("--ray-address", type=ray_address, default=None, metavar="HOST:PORT",
+                        help="run the clients on the nodes of this running Ray cluster (the "
+                        "address `ray start --head` printed; docs/BENCHMARKS.md, \"Past one "
+                        "box: a Ray cluster\"); default: a private Ray on this machine")
 
 
 def _count(text: str) -> int:

@@ -56,16 +56,18 @@ def preflight_in_child(run_config: dict[str, Any]) -> None:
 
 def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
                        client_gpus: float = 0.0, log_path: Path | None = None,
-                       checked: bool = False) -> dict[str, Any]:
+                       checked: bool = False,
+                       ray_address: str | None = None) -> dict[str, Any]:
     """Run one job through ``flwr run`` and return its summary (LaunchError on failure).
 
     The run's log streams to stdout, or is appended to ``log_path`` when given;
-    ``checked``: the caller already ran :func:`preflight_in_child`."""
+    ``checked``: the caller already ran :func:`preflight_in_child`; ``ray_address``: the
+    clients run on that Ray cluster's nodes (:mod:`.ray_cluster`), else on this machine."""
     if not checked:
         preflight_in_child(run_config)
     out_dir = Path(run_config["out-dir"])
     with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
-        with LocalSimulation(Path(tmp)) as sim:
+        with LocalSimulation(Path(tmp), ray_address) as sim:
             run_id, status = sim.run(run_config, int(run_config["num-clients"]), client_cpus,
                                      client_gpus, log_path=log_path)
         if status != "finished:completed":

@@ -1,0 +1,209 @@
+"""A simulation whose clients run on the nodes of a Ray cluster (docs/BENCHMARKS.md, "Past
+one box: a Ray cluster"): a two-node cluster started on loopback, each node a raylet of
+its own with its own address (127.0.0.2, 127.0.0.3), as ``ray start`` starts them on two
+machines. The test sees where Flower's client actors ran from the raylet that started
+each one, and checks the run's model against the same job on a private Ray."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedefc_cli.flower import free_port
+from fedefc_cli.main import main
+from fedefc_cli.simulation import run_simulation_job
+
+from .helpers import patience, records, small_job
+
+HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+CPUS_PER_NODE = 2
+RAY = str(Path(sys.executable).parent / "ray")
+WAIT_FOR_NODES = """
+import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+deadline = time.monotonic() + float(sys.argv[2])
+while sum(n["Alive"] for n in ray.nodes()) < 2:
+    if time.monotonic() > deadline:
+        sys.exit("the Ray cluster has fewer than 2 live nodes: " + repr(ray.nodes()))
+    time.sleep(0.5)
+"""
+
+
+def _start_node(args: list[str], log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    with open(log, "ab") as out:  # a session of its own: stopped as one process group
+        return subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats",
+                                 f"--num-cpus={CPUS_PER_NODE}", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _wait_for_head(proc: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + patience(300)
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        with socket.socket() as sock:
+            if sock.connect_ex((HEAD, port)) == 0:
+                return
+        time.sleep(0.5)
+    pytest.fail(f"the Ray head answers on no {HEAD}:{port}: {log.read_text()[-3000:]}")
+
+
+def _stop_node(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The address of a running two-node Ray cluster, and its temp dir (a short private
+    path: Ray's socket paths must fit 107 bytes, and a private one keeps this cluster
+    out of every other ``ray.init()`` on the machine)."""
+    temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    port = free_port()
+    address = f"{HEAD}:{port}"
+    nodes = [_start_node(["--head", f"--node-ip-address={HEAD}", f"--port={port}",
+                          f"--temp-dir={temp}", "--include-dashboard=false",
+                          f"--ray-client-server-port={free_port()}",
+                          f"--dashboard-agent-listen-port={free_port()}"], temp / "head.log")]
+    try:
+        _wait_for_head(nodes[0], port, temp / "head.log")
+        nodes.append(_start_node([f"--address={address}", f"--node-ip-address={WORKER}",
+                                  f"--dashboard-agent-listen-port={free_port()}"],
+                                 temp / "worker.log"))
+        waited = subprocess.run([sys.executable, "-c", WAIT_FOR_NODES, address,
+                                 str(patience(300))], capture_output=True, text=True,
+                                timeout=patience(400))
+        assert waited.returncode == 0, waited.stderr[-3000:] + "".join(
+            p.read_text(errors="replace")[-2000:] for p in temp.glob("*.log"))
+        yield address, temp
+    finally:
+        for proc in reversed(nodes):
+            _stop_node(proc)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+class ActorWatch:
+    """Where Flower's client actors run: every ``ray::ClientAppActor`` process whose
+    raylet (its parent) belongs to the cluster in ``temp``, by that raylet's
+    ``--node_ip_address``; sampled until stopped."""
+
+    def __init__(self, temp: Path):
+        self.temp, self.seen = str(temp), {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.2):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if not _cmdline(pid).startswith("ray::ClientAppActor"):
+                        continue
+                    with open(f"/proc/{pid}/stat") as fh:
+                        ppid = fh.read().rsplit(")", 1)[1].split()[1]
+                    raylet = _cmdline(ppid)
+                except OSError:
+                    continue
+                ip = re.search(r"--node_ip_address=(\S+)", raylet)
+                if self.temp in raylet and ip:
+                    self.seen[int(pid)] = ip.group(1)
+
+
+def job(data_dir: Path, out: Path) -> dict:
+    return small_job(data_dir, out, **{"rounds": 4, "start-round": 0,
+                                       "faults": '"acc=0.0@0-3@2"'})
+
+
+def _cmdline(pid: str) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def cluster_and_local_runs(ray_cluster, tiny_mnist_dir, tmp_path_factory):
+    """The same FedEFC job run on the cluster, one CPU per client, and on a private Ray;
+    (outs, summaries, actors seen). 4 clients, 4 rounds; every client reports accuracy 0
+    in round 2 (an ``acc=0.0`` fault), which makes round 2 the prestopping point, so
+    rounds 3 and 4 run phase 2."""
+    address, temp = ray_cluster
+    root = tmp_path_factory.mktemp("ray-cluster")
+    outs = {"cluster": root / "cluster", "local": root / "local"}
+    summaries = {}
+    with ActorWatch(temp) as watch:
+        summaries["cluster"] = run_simulation_job(
+            job(tiny_mnist_dir, outs["cluster"]), client_cpus=1,
+            ray_address=address)
+    summaries["local"] = run_simulation_job(job(tiny_mnist_dir, outs["local"]), client_cpus=1)
+    return outs, summaries, watch.seen
+
+
+@pytest.mark.flower
+def test_a_simulation_on_a_two_node_ray_cluster_serves_clients_on_both_nodes(
+        cluster_and_local_runs):
+    outs, summaries, seen = cluster_and_local_runs
+    # Flower sizes its actor pool from the whole cluster: one actor per CPU of each node
+    assert sorted(seen.values()).count(HEAD) == CPUS_PER_NODE, seen
+    assert sorted(seen.values()).count(WORKER) == CPUS_PER_NODE, seen
+    recs = records(outs["cluster"])
+    assert [r["round"] for r in recs] == list(range(5))
+    assert summaries["cluster"]["t_e"] == 2
+    assert [r["phase"] for r in recs] == [1, 1, 1, 2, 2]
+
+
+@pytest.mark.flower
+def test_where_a_client_runs_does_not_change_the_model(cluster_and_local_runs):
+    outs, summaries, _ = cluster_and_local_runs
+    cluster, local = torch.load(outs["cluster"] / "model.pt"), torch.load(
+        outs["local"] / "model.pt")
+    assert cluster.keys() == local.keys()
+    assert all(torch.equal(cluster[k], local[k]) for k in cluster)
+    assert summaries["cluster"]["t_e"] == summaries["local"]["t_e"]
+    assert [r["test_acc"] for r in records(outs["cluster"])] == [
+        r["test_acc"] for r in records(outs["local"])]
+
+
+def test_an_address_where_no_ray_cluster_answers_fails_before_the_run(tmp_path, capsys):
+    address = f"127.0.0.1:{free_port()}"
+    code = main(["run", "--out-dir", str(tmp_path / "out"),
+                 "--ray-address", address])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--ray-address {address}: no Ray cluster answers there" in err
+    assert "ray start --head" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", ["6379", "head", "ray://10.0.0.5:10001", "10.0.0.5:99999"])
+def test_a_ray_address_that_is_not_host_and_port_is_refused_naming_it(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--ray-address", bad])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert repr(bad) in err and "e.g. 10.0.0.5:6379" in err
