@@ -652,7 +652,7 @@ def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp
     class Finished:
         log_path = tmp_path / "superlink.log"
 
-        def __init__(self, work):
+        def __init__(self, work, ray_address=None):
             pass
 
         def __enter__(self):
