@@ -7,15 +7,11 @@ each one, and checks the run's model against the same job on a private Ray."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +19,7 @@ import torch
 
 from fedefc_cli.flower import free_port
 from fedefc_cli.main import main
+from fedefc_cli.procs import Processes, descendants, wait_for_port
 from fedefc_cli.simulation import run_simulation_job
 
 from .helpers import patience, records, small_job
@@ -41,74 +38,50 @@ while sum(n["Alive"] for n in ray.nodes()) < 2:
 """
 
 
-def _start_node(args: list[str], log: Path) -> subprocess.Popen:
+def _ray_start(procs: Processes, name: str, args: list[str], temp: Path) -> None:
+    """``ray start --block`` as one of ``procs`` (a session of its own, stopped with all
+    it started: the node's GCS, raylet and workers)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    with open(log, "ab") as out:  # a session of its own: stopped as one process group
-        return subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats",
-                                 f"--num-cpus={CPUS_PER_NODE}", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _wait_for_head(proc: subprocess.Popen, port: int, log: Path) -> None:
-    deadline = time.monotonic() + patience(300)
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        with socket.socket() as sock:
-            if sock.connect_ex((HEAD, port)) == 0:
-                return
-        time.sleep(0.5)
-    pytest.fail(f"the Ray head answers on no {HEAD}:{port}: {log.read_text()[-3000:]}")
-
-
-def _stop_node(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    procs.start(name, [RAY, "start", "--block", "--disable-usage-stats",
+                       f"--num-cpus={CPUS_PER_NODE}", *args], env, temp, temp / f"{name}.log")
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """The address of a running two-node Ray cluster, and its temp dir (a short private
-    path: Ray's socket paths must fit 107 bytes, and a private one keeps this cluster
-    out of every other ``ray.init()`` on the machine)."""
+    """The address of a running two-node Ray cluster, and its nodes (node address ->
+    its ``ray start`` process). Its temp dir is a short private path: Ray's socket paths
+    must fit 107 bytes, and a private one keeps this cluster out of every other
+    ``ray.init()`` on the machine."""
     temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     port = free_port()
     address = f"{HEAD}:{port}"
-    nodes = [_start_node(["--head", f"--node-ip-address={HEAD}", f"--port={port}",
-                          f"--temp-dir={temp}", "--include-dashboard=false",
-                          f"--ray-client-server-port={free_port()}",
-                          f"--dashboard-agent-listen-port={free_port()}"], temp / "head.log")]
+    procs = Processes()
     try:
-        _wait_for_head(nodes[0], port, temp / "head.log")
-        nodes.append(_start_node([f"--address={address}", f"--node-ip-address={WORKER}",
-                                  f"--dashboard-agent-listen-port={free_port()}"],
-                                 temp / "worker.log"))
+        _ray_start(procs, "head", ["--head", f"--node-ip-address={HEAD}", f"--port={port}",
+                                   f"--temp-dir={temp}", "--include-dashboard=false",
+                                   f"--ray-client-server-port={free_port()}",
+                                   f"--dashboard-agent-listen-port={free_port()}"], temp)
+        wait_for_port(HEAD, port, procs, timeout=patience(300))
+        _ray_start(procs, "worker", [f"--address={address}", f"--node-ip-address={WORKER}",
+                                     f"--dashboard-agent-listen-port={free_port()}"], temp)
         waited = subprocess.run([sys.executable, "-c", WAIT_FOR_NODES, address,
                                  str(patience(300))], capture_output=True, text=True,
                                 timeout=patience(400))
         assert waited.returncode == 0, waited.stderr[-3000:] + "".join(
             p.read_text(errors="replace")[-2000:] for p in temp.glob("*.log"))
-        yield address, temp
+        yield address, {HEAD: procs.running[0][1], WORKER: procs.running[1][1]}
     finally:
-        for proc in reversed(nodes):
-            _stop_node(proc)
+        procs.stop()
         shutil.rmtree(temp, ignore_errors=True)
 
 
 class ActorWatch:
-    """Where Flower's client actors run: every ``ray::ClientAppActor`` process whose
-    raylet (its parent) belongs to the cluster in ``temp``, by that raylet's
-    ``--node_ip_address``; sampled until stopped."""
+    """Where Flower's client actors run: every ``ray::ClientAppActor`` process among the
+    descendants of a node's ``ray start`` (its raylet starts them), by that node's
+    address; sampled until stopped."""
 
-    def __init__(self, temp: Path):
-        self.temp, self.seen = str(temp), {}
+    def __init__(self, nodes: dict[str, subprocess.Popen]):
+        self.nodes, self.seen = nodes, {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -122,18 +95,13 @@ class ActorWatch:
 
     def _watch(self) -> None:
         while not self.stop.wait(0.2):
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    if not _cmdline(pid).startswith("ray::ClientAppActor"):
+            for node, proc in self.nodes.items():
+                for pid in descendants(proc.pid):
+                    try:
+                        if _cmdline(pid).startswith("ray::ClientAppActor"):
+                            self.seen[pid] = node
+                    except OSError:
                         continue
-                    with open(f"/proc/{pid}/stat") as fh:
-                        ppid = fh.read().rsplit(")", 1)[1].split()[1]
-                    raylet = _cmdline(ppid)
-                except OSError:
-                    continue
-                ip = re.search(r"--node_ip_address=(\S+)", raylet)
-                if self.temp in raylet and ip:
-                    self.seen[int(pid)] = ip.group(1)
 
 
 def job(data_dir: Path, out: Path) -> dict:
@@ -141,7 +109,7 @@ def job(data_dir: Path, out: Path) -> dict:
                                        "faults": '"acc=0.0@0-3@2"'})
 
 
-def _cmdline(pid: str) -> str:
+def _cmdline(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as fh:
         return fh.read().replace(b"\0", b" ").decode(errors="replace")
 
@@ -152,11 +120,11 @@ def cluster_and_local_runs(ray_cluster, tiny_mnist_dir, tmp_path_factory):
     (outs, summaries, actors seen). 4 clients, 4 rounds; every client reports accuracy 0
     in round 2 (an ``acc=0.0`` fault), which makes round 2 the prestopping point, so
     rounds 3 and 4 run phase 2."""
-    address, temp = ray_cluster
+    address, nodes = ray_cluster
     root = tmp_path_factory.mktemp("ray-cluster")
     outs = {"cluster": root / "cluster", "local": root / "local"}
     summaries = {}
-    with ActorWatch(temp) as watch:
+    with ActorWatch(nodes) as watch:
         summaries["cluster"] = run_simulation_job(
             job(tiny_mnist_dir, outs["cluster"]), client_cpus=1,
             ray_address=address)
