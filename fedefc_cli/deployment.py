@@ -733,7 +733,7 @@ def submit_resuming(connection: str, run_config: dict[str, Any], env: dict[str, 
     reached, resumes = 0, 0
     while outcome.interrupted and outcome.last_round > reached and resumes < max_resumes:
         reached, resumes = outcome.last_round, resumes + 1
-        print(f"fedefc deploy: run {outcome.run_id} was stopped from outside after round "
+        print(f"fedefc deploy: run {outcome.run_id} stopped unfinished after round "
               f"{outcome.last_round} ({outcome.failure or 'its log names no reason'}); "
               f"resuming it from its checkpoint in {out_dir} (resume {resumes} of at most "
               f"{max_resumes}: --max-resumes)", file=sys.stderr, flush=True)

@@ -114,9 +114,12 @@ def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[s
 # The ServerApp's contract (docs/DEPLOYMENT.md, "When a run fails"): a run that trained
 # nothing logs a last line ``RUN FAILED: <reason>`` and raises; a run that completed
 # without a site for more rounds than max-missed-share allows logs a last line
-# ``RUN DEGRADED: <reason>`` (fedefc_server/summary.py).
+# ``RUN DEGRADED: <reason>`` (fedefc_server/summary.py); one that stopped because a
+# restarted SuperLink may have lost a round's messages logs ``RUN INTERRUPTED: <reason>``
+# and raises, to be resumed (fedefc_server/link_watch.py).
 FAILED_LINE = re.compile(r"RUN FAILED: (.*)")
 DEGRADED_LINE = re.compile(r"RUN DEGRADED: (.*)")
+INTERRUPTED_LINE = re.compile(r"RUN INTERRUPTED: (.*)")
 ROUND_LINE = re.compile(r"\[round (\d+)/\d+\]")  # a round recorded and checkpointed
 ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception)\b")
 
@@ -181,12 +184,16 @@ def last_round(lines: list[str]) -> int:
 
 def failure_reason(lines: list[str], status: str) -> str | None:
     """The last ``RUN FAILED:`` reason of a run's log; for a run Flower did not report
-    completed, else the last line that names an error (or None)."""
+    completed, else its ``RUN INTERRUPTED:`` reason (the app stopped to be resumed), else
+    the last line that names an error (or None)."""
     for line in reversed(lines):
         if match := FAILED_LINE.search(line):
             return match.group(1).strip()
     if status == "finished:completed":
         return None
+    for line in reversed(lines):
+        if match := INTERRUPTED_LINE.search(line):
+            return match.group(1).strip()
     errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
     return errors[-1] if errors else None
 

@@ -16,14 +16,16 @@ through its server hooks (:class:`.method_server.MethodServer`); nothing here de
 on the method.
 
 The strategy sees absolute round numbers, so sampling and client seeds, which are pure
-functions of (seed, round), continue exactly where an interrupted run stopped.
+functions of (seed, round), continue exactly where an interrupted run stopped. A round
+whose exchange may have lost messages with a restarted SuperLink (:mod:`.link_watch`) is
+not recorded: the run stops as interrupted, to be resumed after the round before.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -41,9 +43,10 @@ from common.results import RunRecorder
 from . import checkpoint
 from .attendance import describe, missed_training
 from .failures import RunFailed
+from .link_watch import LinkLost, LinkWatchGrid
 from .pipeline import RoundOutcome, RoundPipeline
 from .strategy import RoundStrategy
-from .summary import RunFacts, build_summary, tell
+from .summary import INTERRUPTED_PREFIX, RunFacts, build_summary, tell
 
 SecureRoundFn = Callable[[RoundStrategy, Parameters], RoundOutcome]
 
@@ -69,12 +72,14 @@ class RoundLoop(Server):
     def __init__(self, *, client_manager: ClientManager, pipeline: RoundPipeline,
                  parameters: Parameters, cfg: RunConfig, recorder: RunRecorder,
                  model: nn.Module, run_info: dict[str, Any], first_round: int = 1,
-                 elapsed_before: float = 0.0, secure_round: SecureRoundFn | None = None):
+                 elapsed_before: float = 0.0, secure_round: SecureRoundFn | None = None,
+                 link: LinkWatchGrid | None = None):
         """``parameters``: the global model to start from; ``model`` gives the
         architecture that ``model.pt`` is saved as; ``run_info`` (the data's facts)
         opens the summary; ``elapsed_before`` is the wall time of the interrupted
         run(s) this one resumes; ``secure_round`` replaces ``fit_round`` when the run
-        uses secure aggregation."""
+        uses secure aggregation; ``link``: a deployment's watched grid
+        (:mod:`.link_watch`), None in a simulation."""
         super().__init__(client_manager=client_manager,
                          strategy=RoundStrategy(pipeline, None))  # round 0: evaluation
         self.pipeline = pipeline
@@ -86,6 +91,7 @@ class RoundLoop(Server):
         self.first_round = first_round
         self._elapsed_before = elapsed_before
         self.secure_round = secure_round
+        self.link = link
         self._t0 = time.monotonic()
 
     def elapsed(self) -> float:
@@ -97,7 +103,11 @@ class RoundLoop(Server):
         (:class:`.failures.RunFailed`: its nodes never formed the federation, or a round
         trained no node) ends at once: its summary says ``failed`` and why, the last log
         line starts with ``RUN FAILED``, and the error propagates so that Flower marks
-        the run failed; it writes no model."""
+        the run failed; it writes no model. A round that may have lost messages with a
+        restarted SuperLink (:class:`.link_watch.LinkLost`) is not recorded: the last line
+        starts with ``RUN INTERRUPTED``, the error propagates, and the checkpoint of the
+        round before is what ``fedefc deploy submit`` resumes from; nothing else is
+        written."""
         history = History()
         start = time.monotonic()
         try:
@@ -108,6 +118,7 @@ class RoundLoop(Server):
             for server_round in range(self.first_round, num_rounds + 1):
                 round_start = time.monotonic()
                 outcome = self.train_round(server_round, timeout)
+                self._check_link(server_round)
                 if outcome.parameters is not None:
                     self.parameters = outcome.parameters
                 self._end_round(server_round, history, round_start, timeout, outcome.record)
@@ -119,8 +130,27 @@ class RoundLoop(Server):
         except RunFailed as err:
             self._finish(None, failure=str(err))
             raise
+        except LinkLost as err:
+            log(ERROR, "%s%s", INTERRUPTED_PREFIX, self._interruption(err))
+            raise
         self._finish(parameters_to_ndarrays(self.parameters))
         return history, time.monotonic() - start
+
+    def _interruption(self, err: LinkLost) -> str:
+        """The ``RUN INTERRUPTED`` line's reason and what to do about it."""
+        done = max((r["round"] for r in self.recorder.rounds), default=0)  # checkpointed
+        then = (f"its checkpoint of round {done} is kept: `fedefc deploy submit` resumes "
+                f"it on its own, or by hand `fedefc deploy submit CONNECTION --resume "
+                f"{self.recorder.out_dir}`" if done else
+                "no round was checkpointed yet: submit the run again")
+        return (f"{err}; a message lost with a restarting SuperLink would leave the round "
+                f"waiting forever, so the run stops here, the round not recorded; {then}")
+
+    def _check_link(self, server_round: int) -> None:
+        """:class:`.link_watch.LinkLost` if an exchange of this round may have lost
+        messages (:mod:`.link_watch`)."""
+        if self.link is not None and self.link.lost:
+            raise LinkLost(f"round {server_round}: {self.link.lost}")
 
     def train_round(self, server_round: int, timeout: float | None) -> RoundOutcome:
         """One round's training: plan, send, screen, aggregate. The outcome's record
@@ -160,6 +190,7 @@ class RoundLoop(Server):
                                                 metrics=federated[1])
             record.update(self.strategy.federated)
         record.update(self.pipeline.server.state_fields(server_round), elapsed_s=self.elapsed())
+        self._check_link(server_round)
         if server_round == 0:
             record["n_clients"] = 0
         else:

@@ -59,6 +59,7 @@ from .allowlist import Allowlist
 from .declarations import SizeRule, admission
 from .dishonest import DishonestGrid, with_server_faults
 from .evaluation import TestSetEvaluator
+from .link_watch import LinkWatchGrid
 from .method_server import MethodServer
 from .pipeline import RoundPipeline
 from .registry import PartitionRegistry
@@ -89,10 +90,11 @@ def is_simulation(grid: Grid | None) -> bool:
     return isinstance(inner, InMemoryGrid)
 
 
-def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
+def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
+          ) -> tuple[RoundLoop, ServerConfig]:
     """Validate everything before round 1, then build the method's server hooks, the
     round pipeline and a round loop that starts at round 1 or after the checkpoint's
-    round."""
+    round; ``link``: a deployment's watched grid under ``grid`` (:mod:`.link_watch`)."""
     cfg = load_run_config(context.run_config)
     method = method_of(cfg)
     configure_threads(cfg.client_threads)
@@ -167,7 +169,8 @@ def build(context: Context, grid: Grid) -> tuple[RoundLoop, ServerConfig]:
                      first_round=ckpt.round + 1 if ckpt else 1,
                      elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
                      secure_round=(SecureRound(grid, context, manager, cfg)
-                                   if cfg.secure_aggregation else None))
+                                   if cfg.secure_aggregation else None),
+                     link=link)
     return loop, ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None)
 
 
@@ -176,8 +179,10 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Build the run (:func:`build`) and run its round loop on Flower's grid (with a
-    ``server-faults`` run, below a dishonest server's: :mod:`.dishonest`)."""
-    grid = with_server_faults(grid, load_run_config(context.run_config))
-    loop, config = build(context, grid)
+    """Build the run (:func:`build`) and run its round loop on Flower's grid: in a
+    deployment watched for a SuperLink that restarts mid-exchange (:mod:`.link_watch`);
+    with a ``server-faults`` run, below a dishonest server's (:mod:`.dishonest`)."""
+    link = LinkWatchGrid.over(grid)
+    grid = with_server_faults(link or grid, load_run_config(context.run_config))
+    loop, config = build(context, grid, link)
     start_grid(grid=grid, server=loop, config=config)

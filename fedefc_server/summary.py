@@ -10,6 +10,10 @@ The status is one of three (docs/RELIABILITY.md):
   and the last log line is ``RUN DEGRADED: <reason>``;
 - ``completed``.
 
+A run stopped because a restarted SuperLink may have lost a round's messages
+(:mod:`.link_watch`) has no summary yet: its last log line is ``RUN INTERRUPTED:
+<reason>``, and resuming it from its checkpoint finishes it.
+
 The summary says which nodes the run admitted and how their declared sizes were
 bounded (``admission``: :func:`.declarations.admission`). It also counts what went wrong
 on the way: client failures and refused replies, failed and refused federated
@@ -32,6 +36,7 @@ from .attendance import degradation, last_reasons, missed_by_partition
 
 FAILED_PREFIX = "RUN FAILED: "  # the last log line of a failed run
 DEGRADED_PREFIX = "RUN DEGRADED: "  # the last log line of a degraded run
+INTERRUPTED_PREFIX = "RUN INTERRUPTED: "  # a run stopped to be resumed (.link_watch)
 
 
 @dataclass(frozen=True)

@@ -558,9 +558,9 @@ def test_submit_resumes_a_run_stopped_from_outside_on_its_own(monkeypatch, capsy
     assert [c.get("resume-from", "") for c in sent] == ["", out, out]
     assert all(c["out-dir"] == out for c in sent)
     err = " ".join(capsys.readouterr().err.split())
-    assert (f"run 7 was stopped from outside after round 1 (ERROR : Task stopped by user.); "
+    assert (f"run 7 stopped unfinished after round 1 (ERROR : Task stopped by user.); "
             f"resuming it from its checkpoint in {out} (resume 1 of at most 3") in err
-    assert "run 8 was stopped from outside after round 2" in err
+    assert "run 8 stopped unfinished after round 2" in err
 
 
 @pytest.mark.parametrize("outcomes, args, tries", [
@@ -583,6 +583,23 @@ def test_submit_refuses_a_negative_max_resumes(capsys):
         main(["deploy", "submit", "fedefc", "--max-resumes", "-1"])
     assert "'-1' is not a whole number >= 0; e.g. 3, or 0 to turn it off" in \
         capsys.readouterr().err
+
+
+def test_a_run_that_stopped_itself_to_be_resumed_is_resumed_with_its_reason():
+    """The ServerApp stopped the run itself because a restarted SuperLink may have lost
+    round 2's messages (fedefc_server/link_watch.py): its RUN INTERRUPTED reason, not
+    the traceback Flower logs after it, is what submit says, and the run is resumable
+    (it is not the app giving up: no RUN FAILED line)."""
+    lines = ["INFO : [round 1/3] acc 0.3",
+             "ERROR : RUN INTERRUPTED: round 2: the link to the SuperLink failed "
+             "(ConnectError: refused) while 1 of 2 messages were out without a reply; ...",
+             "ERROR : Exception in ServerApp thread", "LinkLost: round 2: the link ..."]
+    reason = flower.failure_reason(lines, "finished:failed")
+    assert reason.startswith("round 2: the link to the SuperLink failed (ConnectError")
+    outcome = RunOutcome("7", "finished:failed", reason, last_round=flower.last_round(lines),
+                         app_failed=any(flower.FAILED_LINE.search(x) for x in lines))
+    assert outcome.interrupted
+    assert flower.failure_reason(lines, "finished:completed") is None
 
 
 def test_the_last_recorded_round_is_read_from_the_log():

@@ -20,6 +20,7 @@ from common.params import get_weights
 from common.results import RunRecorder
 from fedefc_server import checkpoint
 from fedefc_server.failures import RunFailed
+from fedefc_server.link_watch import LinkLost
 from fedefc_server.round_loop import RoundLoop
 from tests.helpers import OK, FakeProxy, make_pipeline, records
 
@@ -73,7 +74,7 @@ class LyingNode(TrainingNode):
 
 
 def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_class=None,
-             on_manager=None, **keys):
+             on_manager=None, link=None, **keys):
     cfg = load_run_config({"method": method,
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
@@ -96,7 +97,7 @@ def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_c
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,
                      parameters=ndarrays_to_parameters(init), cfg=cfg,
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
-                     run_info={"train_samples": 100})
+                     run_info={"train_samples": 100}, link=link)
     loop.set_max_workers(1)
     loop.fit(rounds, None)
     return init, evaluated
@@ -221,6 +222,48 @@ def test_a_round_in_which_no_node_trained_fails_the_run_with_its_reason(tmp_path
     assert ": RuntimeError: partition" in summary["failure"]
     assert [r["round"] for r in records(tmp_path)] == [0, 1]
     assert lines[-1] == f"RUN FAILED: {summary['failure']}"
+
+
+class Link:
+    """Stands in for the ServerApp's watched grid (fedefc_server/link_watch.py): what it
+    says when an exchange may have lost messages with a restarted SuperLink."""
+
+    lost = None
+
+
+class LinkLosingNode(TrainingNode):
+    """Partition 2's exchange in round 2 meets a SuperLink restart: its call raises what
+    the watched grid raises, and the link keeps why."""
+
+    link = Link()
+
+    def fit(self, ins, timeout, group_id):
+        if int(ins.config["round"]) == 2 and self.partition_id == 2:
+            self.link.lost = "the link to the SuperLink failed (ConnectError: refused)"
+            raise LinkLost(self.link.lost)
+        return super().fit(ins, timeout, group_id)
+
+
+def test_a_round_that_may_have_lost_messages_is_not_recorded_and_the_run_stops(tmp_path):
+    """Round 2's exchange with partition 2 was out when the SuperLink restarted. The
+    three other replies came, but round 2 is not recorded (nor checkpointed), no summary
+    and no model are written, the last log line starts with RUN INTERRUPTED and names
+    the checkpoint to resume from (round 1), and the error reaches Flower."""
+    lines, handler = flower_lines()
+    logging.getLogger("flwr").addHandler(handler)
+    LinkLosingNode.link = Link()
+    try:
+        with pytest.raises(LinkLost, match="round 2: the link to the SuperLink failed"):
+            run_loop(tmp_path, "fedefc", rounds=4, node=LinkLosingNode,
+                     link=LinkLosingNode.link)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    assert [r["round"] for r in records(tmp_path)] == [0, 1]
+    assert checkpoint.load(tmp_path).round == 1
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()
+    assert lines[-1].startswith("RUN INTERRUPTED: round 2: the link to the SuperLink failed")
+    assert "its checkpoint of round 1 is kept" in lines[-1]
+    assert f"--resume {tmp_path}" in lines[-1]
 
 
 def test_fedefc_that_never_leaves_phase_1_says_so_last(tmp_path):
