@@ -633,8 +633,8 @@ def test_submit_follows_a_run_that_outlived_a_superlink_restart_to_its_end(monke
 
 def test_submit_reads_the_end_of_a_run_that_finished_while_its_log_stream_was_gone(
         monkeypatch, capsys, tmp_path):
-    """The SuperLink restarted mid-run and the run finished, degraded (a node's reply was
-    lost with the old SuperLink), before submit asked for its status: submit said
+    """The SuperLink restarted mid-run and the run finished, degraded (a node was lost in
+    a later round), before submit asked for its status: submit said
     "completed" and exited 0, because the RUN DEGRADED line came after the stream ended.
     Now it follows the log again whenever the stream was cut, finished or not, and reads
     the run's end."""
