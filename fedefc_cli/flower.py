@@ -168,12 +168,18 @@ class RunOutcome:
         return self.status
 
 
-def degradation_reason(lines: list[str]) -> str | None:
-    """The last ``RUN DEGRADED:`` reason of a run's log, if any."""
+def last_reason(lines: list[str], pattern: re.Pattern) -> str | None:
+    """The reason of the last line of a run's log that ``pattern`` (one of the
+    ServerApp's ``RUN ...:`` lines) matches, if any."""
     for line in reversed(lines):
-        if match := DEGRADED_LINE.search(line):
+        if match := pattern.search(line):
             return match.group(1).strip()
     return None
+
+
+def degradation_reason(lines: list[str]) -> str | None:
+    """The last ``RUN DEGRADED:`` reason of a run's log, if any."""
+    return last_reason(lines, DEGRADED_LINE)
 
 
 def last_round(lines: list[str]) -> int:
@@ -186,14 +192,12 @@ def failure_reason(lines: list[str], status: str) -> str | None:
     """The last ``RUN FAILED:`` reason of a run's log; for a run Flower did not report
     completed, else its ``RUN INTERRUPTED:`` reason (the app stopped to be resumed), else
     the last line that names an error (or None)."""
-    for line in reversed(lines):
-        if match := FAILED_LINE.search(line):
-            return match.group(1).strip()
-    if status == "finished:completed":
-        return None
-    for line in reversed(lines):
-        if match := INTERRUPTED_LINE.search(line):
-            return match.group(1).strip()
+    failed = last_reason(lines, FAILED_LINE)
+    if failed is not None or status == "finished:completed":
+        return failed
+    interrupted = last_reason(lines, INTERRUPTED_LINE)
+    if interrupted is not None:
+        return interrupted
     errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
     return errors[-1] if errors else None
 
