@@ -118,7 +118,6 @@ class RoundLoop(Server):
             for server_round in range(self.first_round, num_rounds + 1):
                 round_start = time.monotonic()
                 outcome = self.train_round(server_round, timeout)
-                self._check_link(server_round)
                 if outcome.parameters is not None:
                     self.parameters = outcome.parameters
                 self._end_round(server_round, history, round_start, timeout, outcome.record)
@@ -147,8 +146,9 @@ class RoundLoop(Server):
                 f"waiting forever, so the run stops here, the round not recorded; {then}")
 
     def _check_link(self, server_round: int) -> None:
-        """:class:`.link_watch.LinkLost` if an exchange of this round may have lost
-        messages (:mod:`.link_watch`)."""
+        """:class:`.link_watch.LinkLost` if an exchange of this round (training, or
+        federated evaluation) may have lost messages (:mod:`.link_watch`); checked once,
+        before the round is recorded."""
         if self.link is not None and self.link.lost:
             raise LinkLost(f"round {server_round}: {self.link.lost}")
 
