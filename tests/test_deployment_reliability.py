@@ -306,10 +306,10 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
     nodes; no ServerApp or ClientApp process is left once it has ended.
 
     The SuperLink is killed while round 2's training is out (node 1 takes 15 s over
-    it: ``sleep``). A SuperLink killed so can lose a message it was handing over (CI,
-    2026-11-28: node 1 never got its round-2 message, and the run waited an hour for its
-    reply): the ServerApp must stop the run as interrupted rather than wait
-    (fedefc_server/link_watch.py)."""
+    it: ``sleep``), once both nodes have their round-2 message in full. A SuperLink
+    killed so can lose a message it was handing over (CI, 2026-11-28: node 1 never got
+    its round-2 message, and the run waited an hour for its reply): the ServerApp must
+    stop the run as interrupted rather than wait (fedefc_server/link_watch.py)."""
     out = tmp_path / "out"
     extra = {"faults": '"sleep=15@1@2"'} if crash == "flower-superlink" else {}
     cfg = small_job(tiny_mnist_dir, out, **{"num-clients": SUPERVISED_NODES, "rounds": 3,
@@ -319,7 +319,8 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
         wait_for_round(out, 1)
         if crash == "flower-superlink":
             run_id = supervised.submitted(f"submit-{crash}")
-            supervised.wait_for_training(1, run_id, 2)
+            for node in range(SUPERVISED_NODES):  # both have their message in full
+                supervised.wait_for_training(node, run_id, 2)
         victim = supervised.superlink_machine(crash)
         os.kill(victim, signal.SIGKILL)
         wait_until(lambda: named(descendants(supervised.foreground["superlink"].pid)[1:],
