@@ -40,14 +40,16 @@ from .local_data import LocalData, partition_sizes
 from .local_update import Update
 
 
-def accuracy_signal(job: LocalJob, train_accuracy: float) -> float:
-    """A_k, the phase-1 accuracy the run's ``accuracy-signal`` names (docs/FEDEFC.md §3.1)."""
+def received_model_accuracy(job: LocalJob) -> float | None:
+    """A_k where the run's ``accuracy-signal`` measures the RECEIVED global model
+    (``held-out``, ``global``; docs/FEDEFC.md §3.1), taken before the local update trains
+    it; None for ``local-train``, whose A_k the training itself measures."""
     signal = job.cfg.accuracy_signal_mode
     if signal == "held-out":
         return job.validation_accuracy()
     if signal == "global":
         return job.global_accuracy()
-    return train_accuracy  # local-train
+    return None
 
 
 class MethodClient(NumPyClient):
@@ -103,10 +105,12 @@ class MethodClient(NumPyClient):
         phase = int(config[FitConfig.PHASE]) if FitConfig.PHASE in config else None
         job = LocalJob(self.cfg, local, model, phase, server_round,
                        int(config[FitConfig.SEED]), self.state, dict(config))
+        carries = carries_accuracy(job.phase, self.cfg.guarded)
+        received = received_model_accuracy(job) if carries else None
         num_examples, extra, stats = self.local_update(job)
         metrics.update(extra)
-        if carries_accuracy(job.phase, self.cfg.guarded):
-            metrics[FitReply.ACCURACY] = accuracy_signal(job, stats.mean_accuracy)
+        if carries:
+            metrics[FitReply.ACCURACY] = stats.mean_accuracy if received is None else received
         metrics[FitReply.TRAIN_LOSS] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics[FitReply.NOISE_RATE] = local.noise_rate

@@ -32,10 +32,12 @@ NOISE_MODEL = "noise-model"  # context.state: the Q this client trained with las
 
 @dataclass
 class LocalJob:
-    """Everything a method's local update needs; ``probs`` are the RECEIVED global
-    model's predictions on the local data (taken before any training). ``phase`` is
-    FedEFC's phase (1 or 2) for the methods whose server has one, else None. Training
-    leaves out the validation share (:attr:`held_back`)."""
+    """Everything a method's local update needs; :attr:`probs` are the RECEIVED global
+    model's predictions on the local data, computed the first time a method or the
+    accuracy signal reads them, which must be before training changes the model (a job
+    that reads none, FedAvg's, makes no prediction pass). ``phase`` is FedEFC's phase (1
+    or 2) for the methods whose server has one, else None. Training leaves out the
+    validation share (:attr:`held_back`)."""
 
     cfg: RunConfig
     local: LocalData
@@ -47,7 +49,8 @@ class LocalJob:
     config: dict = field(default_factory=dict)  # the round config the server sent
     transform: BatchTransform = field(init=False)
     generator: torch.Generator = field(init=False)
-    probs: np.ndarray = field(init=False)
+    _probs: np.ndarray | None = field(init=False, default=None)
+    _trained: bool = field(init=False, default=False)  # has training touched self.model?
     last_q: np.ndarray | None = field(init=False, default=None)  # the matrix used, if any
     # the Q this client trained with in its previous round (None: cross-entropy, Q = I)
     prior_q: np.ndarray | None = field(init=False, default=None)
@@ -57,11 +60,23 @@ class LocalJob:
         torch.manual_seed(self.seed)
         self.generator = torch.Generator().manual_seed(self.seed)
         self.transform = BatchTransform.of(self.local.spec, device)
-        self.probs = predict_proba(self.model, self.local.x, self.transform,
-                                   self.cfg.eval_batch_size)
-        k = self.probs.shape[1]
+        k = self.local.data.task.num_classes
         prior = load_vector(self.state, NOISE_MODEL, k * k)
         self.prior_q = None if prior is None else prior.reshape(k, k)
+
+    @property
+    def probs(self) -> np.ndarray:
+        """The received global model's softmax predictions on every local sample (eval
+        mode, no augmentation; docs/FEDEFC.md §4), computed once, on first use. Read
+        after training has begun they would be the trained model's: that is refused."""
+        if self._probs is None:
+            if self._trained:
+                raise RuntimeError(
+                    "LocalJob.probs read after training began: a local update must read the "
+                    "received model's predictions before it trains (docs/FEDEFC.md §4)")
+            self._probs = predict_proba(self.model, self.local.x, self.transform,
+                                        self.cfg.eval_batch_size)
+        return self._probs
 
     @property
     def labels(self) -> np.ndarray:
@@ -144,10 +159,12 @@ class LocalJob:
               regularizer: Regularizer | None = None, model: nn.Module | None = None,
               labels: np.ndarray | None = None) -> TrainStats:
         """Local SGD with ``loss_fn`` (+ ``regularizer``) on :meth:`training_set`."""
+        self._trained = self._trained or model is None or model is self.model
         return train(model or self.model, self.training_set(labels, keep), loss_fn,
                      self.settings(), self.generator, regularizer)
 
     def train_batches(self, batch_loss: BatchLoss, optimizer: Optimizer) -> TrainStats:
         """Local training of ``self.model`` with a loss that sees the whole batch."""
+        self._trained = True
         return train_batches(self.model, self.training_set(), batch_loss, optimizer,
                              self.settings(), self.generator)

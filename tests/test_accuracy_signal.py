@@ -31,7 +31,7 @@ from common.methods import (
 )
 from common.models import ClassifierShape
 from common.params import get_weights
-from common.runtime import initial_model
+from common.runtime import initial_model, model_for
 from common.training import BatchTransform, predict_proba
 from common.transition import column_normalize, estimate_transition, shrink_to_identity
 from fedefc_cli.grid import Grid
@@ -335,6 +335,49 @@ def test_the_held_out_signal_is_the_received_models_accuracy_on_the_share():
         assert reported[signal] == pytest.approx(expected[signal], abs=1e-12)
     assert float(np.mean(probs[train] == local.labels[train])) > 0.95  # it fitted the noise
     assert reported["global"] > reported["held-out"] + 0.2
+
+
+@pytest.mark.parametrize("method, phase, passes", [
+    ("fedavg", None, 0),   # reads no prediction: none is made
+    ("fedprox", None, 0),
+    ("fedefc", 1, 1),      # A_k, the paper's signal: the received model on every sample
+    ("fedefc", 2, 1),      # Q from the received model's predictions (docs/FEDEFC.md §4)
+])
+def test_a_client_predicts_with_the_received_model_only_where_it_reads_the_predictions(
+        method, phase, passes):
+    """The prediction pass over the local data (eval mode) is made once where the
+    signal or the method reads it and not at all elsewhere: FedAvg's clients pay none.
+    Counted with a forward hook on the process's model, the one the client trains."""
+    cfg = load_run_config({"method": method, "num-clients": 4, "fraction": 0.5,
+                           "local-epochs": 1})
+    local = partition_data(cfg, 1, CPU)
+    weights = get_weights(initial_model(cfg, local.data.task))
+    seen = []
+    model = model_for(cfg, local.data.task, CPU)
+    hook = model.register_forward_hook(
+        lambda m, args, out: None if m.training else seen.append(len(args[0])))
+    try:
+        config = {"round": 2, "seed": 2, **({} if phase is None else {"phase": phase})}
+        _, _, metrics = MethodClient(cfg, 1, lambda: local, RecordDict()).fit(weights, config)
+    finally:
+        hook.remove()
+    assert sum(seen) == passes * len(local)
+    if phase == 1:  # taken from the received model, before training changed it
+        received = predict_proba(initial_model(cfg, local.data.task), local.x,
+                                 BatchTransform.of(local.spec, CPU)).argmax(1)
+        assert metrics["accuracy"] == pytest.approx(np.mean(received == local.labels),
+                                                    abs=1e-12)
+
+
+def test_the_received_models_predictions_cannot_be_read_after_training():
+    """A local update that reads ``job.probs`` after it trained would count Q from the
+    trained model, not the received one: refused, saying why."""
+    cfg = load_run_config({"local-epochs": 1})
+    local = partition_data(cfg, 1, CPU)
+    job = LocalJob(cfg, local, initial_model(cfg, local.data.task), 2, 3, 3)
+    job.train()
+    with pytest.raises(RuntimeError, match="before it trains"):
+        job.probs  # noqa: B018
 
 
 # -- where a run keeps no share -----------------------------------------------------------------

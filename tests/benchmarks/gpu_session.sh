@@ -6,10 +6,12 @@
 #   silo:METHOD  the default run on the embedded data with num-clients=5, fraction=1.0
 #                (every client in every round: the cross-silo run of docs/FEDEFC.md §3.1),
 #                seed 0;
-#   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS.
+#   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS;
+#   overhead     bench_client_overhead.py on the device: a client's ms per training message
+#                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients.
 # Results go to $OUT, at most 8 files (the device tool's limit): bench.log (environment and
-# sweep), bench-results.json, cells.log (exit codes and each cell log's tail), and each
-# cell's summary.json and metrics.jsonl.
+# sweep and the overhead table), bench-results.json, cells.log (exit codes and each cell
+# log's tail), and each cell's summary.json and metrics.jsonl.
 #
 #   OUT=/abs/out MNIST_DIR=/abs/dir-with-MNIST/raw [MNIST_GZ=folder-of-the-4-.gz] \
 #       [BUDGET_S=540] [PLAN="cell:fedefc bench cell:fedavg"] \
@@ -67,13 +69,16 @@ run_cell() {  # NAME ARGS...: one `fedefc run`, cut at the budget
   for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/$name-$f" 2>/dev/null; done
 }
 
-for step in ${PLAN:-bench cell:fedefc cell:fedavg}; do
+for step in ${PLAN:-overhead bench cell:fedefc cell:fedavg}; do
   [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
   case $step in
     bench) rm -rf /tmp/bench-gpu  # a warm machine keeps the last call's runs
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
                --out /tmp/bench-gpu 2>&1 | tee -a "$OUT/bench.log"
            cp /tmp/bench-gpu/results.json "$OUT/bench-results.json" 2>/dev/null ;;
+    overhead) device=cuda; [ "${TINY:-0}" = 1 ] && device=cpu
+              timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
+                  --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
     cell:*) run_cell "cell-${step#cell:}" mnist --set data-dir="\"$MNIST_DIR\"" \
                 --set method="${step#cell:}" --set alpha-dir=10.0 --set p=0.5 \
                 --set rho=0.2 --set zeta=0.8 ;;
