@@ -15,6 +15,11 @@ simulation engine, so ``(floor + the plain loop's time in rounds) / plain`` is a
 bound on the ratio that any implementation of the job could reach.
 
     python tests/benchmarks/bench_simulation.py --data-dir /abs/path/to/data [--rounds 10]
+        [--preset mnist-lite] [--set KEY=VALUE ...] [--sides flower,plain,floor]
+
+``--preset mnist --set device="cuda" --sides plain,flower`` is the GPU session's pair
+(tests/benchmarks/gpu_session.sh, step ``floor``): the paper's MNIST preset as a plain
+loop on the device and through Flower, on the same data.
 """
 
 from __future__ import annotations
@@ -151,6 +156,11 @@ def main() -> None:
     ap.add_argument("--data-dir", required=True, help="absolute folder holding MNIST/raw")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--preset", default="mnist-lite", help="configs/<preset>.toml")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a run-config override for both sides (repeatable)")
+    ap.add_argument("--sides", default="flower,plain,floor",
+                    help="which of flower, plain, floor to run (comma-separated)")
     ap.add_argument("--plain-config", help=argparse.SUPPRESS)  # internal: run the plain loop
     ap.add_argument("--noop-app", help=argparse.SUPPRESS)  # internal: run the no-op app
     args = ap.parse_args()
@@ -160,58 +170,67 @@ def main() -> None:
     if args.noop_app:
         noop_flower_run(Path(args.noop_app), args.rounds)
         return
+    sides = set(args.sides.split(","))
+    if not sides or sides - {"flower", "plain", "floor"}:
+        raise SystemExit(f"--sides {args.sides!r}: give some of flower, plain, floor")
     flower_s, plain_s, floor_s, results = [], [], [], {}
+    overrides = [f'data-dir="{args.data_dir}"', f"rounds={args.rounds}", "start-round=3",
+                 *args.set]
     with tempfile.TemporaryDirectory() as tmp:
         noop_dir = Path(tmp) / "noop"
         for name, text in NOOP_APP.items():
             (noop_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (noop_dir / name).write_text(text)
         for rep in range(args.repeats):
-            out = Path(tmp) / f"flower-{rep}"
-            overrides = [f'data-dir="{args.data_dir}"', f"rounds={args.rounds}", "start-round=3"]
-            sets = [arg for o in overrides for arg in ("--set", o)]
-            seconds, _ = timed([sys.executable, "-m", "fedefc_cli", "run", "mnist-lite",
-                                *sets, "--out-dir", str(out)])
-            flower_s.append(seconds)
-            results["flower"] = json.loads((out / "summary.json").read_text())
-            results["flower"]["round_s"] = [json.loads(line)["round_s"] for line in
-                                            (out / "metrics.jsonl").read_text().splitlines()[1:]]
-            cfg = resolve_run_config("mnist-lite", overrides, str(Path(tmp) / f"plain-{rep}"))
-            cfg_file = Path(tmp) / "plain.json"
-            cfg_file.write_text(json.dumps(cfg))
-            seconds, stdout = timed([sys.executable, __file__, "--data-dir", args.data_dir,
-                                     "--plain-config", str(cfg_file)])
-            plain_s.append(seconds)
-            results["plain"] = json.loads(stdout.strip().splitlines()[-1])
-            seconds, _ = timed([sys.executable, __file__, "--data-dir", args.data_dir,
-                                "--rounds", str(args.rounds), "--noop-app", str(noop_dir)])
-            floor_s.append(seconds)
-            print(f"repeat {rep}: flower {flower_s[-1]:.1f} s, plain {plain_s[-1]:.1f} s, "
-                  f"no-op Flower app {floor_s[-1]:.1f} s", flush=True)
-    ratios = [f / p for f, p in zip(flower_s, plain_s)]
-    print(f"mnist-lite, {args.rounds} rounds (start-round 3), 10 of 100 clients per round")
-    print(f"flower simulation wall s : median {statistics.median(flower_s):.1f}  {flower_s}")
-    print(f"plain loop wall s        : median {statistics.median(plain_s):.1f}  {plain_s}")
-    print(f"ratio flower/plain       : median {statistics.median(ratios):.2f}  "
-          f"{[round(r, 2) for r in ratios]}  (target <= 1.3)")
-    steady = {k: statistics.median(results[k]["round_s"][1:]) for k in ("flower", "plain")}
-    print(f"steady round s (2..)     : flower {steady['flower']:.2f}  plain {steady['plain']:.2f}  "
-          f"ratio {steady['flower'] / steady['plain']:.2f}")
-    print(f"round 1 s                : flower {results['flower']['round_s'][0]:.1f}  plain "
-          f"{results['plain']['round_s'][0]:.1f}  (flower: node registry + actor warm-up)")
-    fixed = statistics.median(flower_s) - sum(results["flower"]["round_s"])
-    print(f"flower outside rounds s  : {fixed:.1f}  (SuperLink, flwr run, Ray start, "
-          "ServerApp start, shutdown)")
-    floor = statistics.median(floor_s)
-    plain_rounds = sum(results["plain"]["round_s"])
-    bound = (floor + plain_rounds) / statistics.median(plain_s)
-    print(f"no-op Flower app wall s  : median {floor:.1f}  {floor_s}  (Flower's floor for "
-          f"{args.rounds} rounds, 100 nodes)")
-    print(f"best reachable ratio     : {bound:.2f}  ((floor + plain time in rounds "
-          f"{plain_rounds:.1f} s) / plain)")
-    print(f"final accuracy           : flower {results['flower']['final_acc']:.4f}  "
-          f"plain {results['plain']['final_acc']:.4f}; T_e flower {results['flower']['t_e']} "
-          f"plain {results['plain']['t_e']}")
+            if "flower" in sides:
+                out = Path(tmp) / f"flower-{rep}"
+                sets = [arg for o in overrides for arg in ("--set", o)]
+                seconds, _ = timed([sys.executable, "-m", "fedefc_cli", "run", args.preset,
+                                    *sets, "--out-dir", str(out)])
+                flower_s.append(seconds)
+                results["flower"] = json.loads((out / "summary.json").read_text())
+                results["flower"]["round_s"] = [
+                    json.loads(line)["round_s"]
+                    for line in (out / "metrics.jsonl").read_text().splitlines()[1:]]
+            if "plain" in sides:
+                cfg = resolve_run_config(args.preset, overrides, str(Path(tmp) / f"plain-{rep}"))
+                cfg_file = Path(tmp) / "plain.json"
+                cfg_file.write_text(json.dumps(cfg))
+                seconds, stdout = timed([sys.executable, __file__, "--data-dir", args.data_dir,
+                                         "--plain-config", str(cfg_file)])
+                plain_s.append(seconds)
+                results["plain"] = json.loads(stdout.strip().splitlines()[-1])
+            if "floor" in sides:
+                seconds, _ = timed([sys.executable, __file__, "--data-dir", args.data_dir,
+                                    "--rounds", str(args.rounds), "--noop-app", str(noop_dir)])
+                floor_s.append(seconds)
+            print(f"repeat {rep}: " + ", ".join(
+                f"{name} {times[-1]:.1f} s" for name, times in
+                (("flower", flower_s), ("plain", plain_s), ("no-op Flower app", floor_s))
+                if times), flush=True)
+    print(f"{args.preset}, {args.rounds} rounds (start-round 3), overrides {args.set}")
+    for name, times in (("flower", flower_s), ("plain", plain_s)):
+        if times:
+            rs = results[name]["round_s"]
+            print(f"{name:<6} wall s {statistics.median(times):.1f} {times}; steady round s "
+                  f"{statistics.median(rs[1:] or rs):.2f}; round 1 s {rs[0]:.1f}; outside "
+                  f"rounds s {statistics.median(times) - sum(rs):.1f}; final accuracy "
+                  f"{results[name]['final_acc']:.4f}, T_e {results[name]['t_e']}")
+    if flower_s and plain_s:
+        ratios = [f / p for f, p in zip(flower_s, plain_s)]
+        steady = {k: statistics.median(results[k]["round_s"][1:] or results[k]["round_s"])
+                  for k in ("flower", "plain")}
+        print(f"ratio flower/plain: wall, median {statistics.median(ratios):.2f} "
+              f"{[round(r, 2) for r in ratios]} (target <= 1.3); steady round "
+              f"{steady['flower'] / steady['plain']:.2f}")
+    if floor_s:
+        floor = statistics.median(floor_s)
+        print(f"no-op Flower app wall s: median {floor:.1f} {floor_s} (Flower's floor for "
+              f"{args.rounds} rounds, 100 nodes)")
+        if plain_s:
+            plain_rounds = sum(results["plain"]["round_s"])
+            print(f"best reachable ratio: {(floor + plain_rounds) / statistics.median(plain_s):.2f}"
+                  f" ((floor + plain time in rounds {plain_rounds:.1f} s) / plain)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,12 @@
 #                seed 0;
 #   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS;
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
-#                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients.
+#                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
+#   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 5)
+#                as a plain single-process loop on the device and through Flower, same data;
+#   authors:P    bench_authors.py: the authors' code (a checkout in AUTHORS, default
+#                .authors/FedEFC, carried uncommitted) on preset P (mnist, cifar10, cifar100),
+#                AUTHORS_ROUNDS rounds (default 5), synthetic data of P's shape.
 # Results go to $OUT, at most 8 files (the device tool's limit): bench.log (environment and
 # sweep and the overhead table), bench-results.json, cells.log (exit codes and each cell
 # log's tail), and each cell's summary.json and metrics.jsonl.
@@ -79,6 +84,16 @@ for step in ${PLAN:-overhead bench cell:fedefc cell:fedavg}; do
     overhead) device=cuda; [ "${TINY:-0}" = 1 ] && device=cpu
               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
                   --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
+    floor) if [ "${TINY:-0}" = 1 ]; then floor=(--preset mnist-lite --rounds 4 --set device=\"cpu\")
+           else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-5}" --set device=\"cuda\"); fi
+           timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_simulation.py \
+               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower "${floor[@]}" 2>&1 \
+               | tee -a "$OUT/bench.log" ;;
+    authors:*) if [ "${TINY:-0}" = 1 ]; then authors=(--tiny --device cpu)
+               else authors=(--rounds "${AUTHORS_ROUNDS:-5}" --device cuda); fi
+               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_authors.py \
+                   --authors "${AUTHORS:-$PWD/.authors/FedEFC}" --preset "${step#authors:}" \
+                   "${authors[@]}" 2>&1 | tail -n 4 | tee -a "$OUT/bench.log" ;;
     cell:*) run_cell "cell-${step#cell:}" mnist --set data-dir="\"$MNIST_DIR\"" \
                 --set method="${step#cell:}" --set alpha-dir=10.0 --set p=0.5 \
                 --set rho=0.2 --set zeta=0.8 ;;
