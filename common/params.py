@@ -8,8 +8,10 @@ from torch import nn
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:
-    """Every entry of the state dict, in its order, as NumPy arrays."""
-    return [t.detach().cpu().numpy().copy() for t in model.state_dict().values()]
+    """Every entry of the state dict, in its order, as NumPy arrays of their own (one
+    copy per tensor: the device's transfer, or on the CPU a copy that the next message's
+    weights cannot overwrite)."""
+    return [t.detach().to("cpu", copy=True).numpy() for t in model.state_dict().values()]
 
 
 def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:

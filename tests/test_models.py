@@ -1,10 +1,12 @@
 """The models of docs/FEDEFC.md §2.2."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from common.models import TaskShape, build_model
+from common.params import get_weights, set_weights
 
 
 def task(channels: int, size: int, classes: int) -> TaskShape:
@@ -47,3 +49,17 @@ def test_cnn9_dropout_is_off_in_eval_mode():
     assert torch.equal(model(x), model(x))
     model.train()
     assert not torch.equal(model(x), model(x))
+
+
+def test_the_weights_a_client_replies_with_are_its_own_copies():
+    """A process's model is overwritten by its next message (common/runtime.py:
+    model_for): the arrays of a reply must not share its memory, and loading them back
+    gives the same state, BatchNorm statistics included."""
+    model = build_model("resnet18", TaskShape((3, 32, 32), 10), 0)
+    weights = get_weights(model)
+    before = [w.copy() for w in weights]
+    for t in model.state_dict().values():
+        t.add_(1)  # the next message's training, in place
+    assert all(np.array_equal(w, b) for w, b in zip(weights, before))
+    set_weights(model, weights)
+    assert all(np.array_equal(t.numpy(), w) for t, w in zip(model.state_dict().values(), before))
