@@ -181,6 +181,7 @@ class RunConfig(BaseModel):
     out_dir: str = ""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
+    step_capture: Literal["off", "cuda-graph"] = "off"  # common/step_capture.py
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)

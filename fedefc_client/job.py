@@ -10,6 +10,7 @@ from torch import nn
 
 from common.config import RunConfig
 from common.losses import cross_entropy
+from common.step_capture import train_captured
 from common.training import (
     BatchLoss,
     BatchTransform,
@@ -158,10 +159,13 @@ class LocalJob:
     def train(self, loss_fn: LossFn = cross_entropy, keep: np.ndarray | None = None,
               regularizer: Regularizer | None = None, model: nn.Module | None = None,
               labels: np.ndarray | None = None) -> TrainStats:
-        """Local SGD with ``loss_fn`` (+ ``regularizer``) on :meth:`training_set`."""
+        """Local SGD with ``loss_fn`` (+ ``regularizer``) on :meth:`training_set`; its step
+        replayed from a CUDA graph with ``step-capture = "cuda-graph"``
+        (:mod:`common.step_capture`)."""
         self._trained = self._trained or model is None or model is self.model
-        return train(model or self.model, self.training_set(labels, keep), loss_fn,
-                     self.settings(), self.generator, regularizer)
+        loop = train_captured if self.cfg.step_capture == "cuda-graph" else train
+        return loop(model or self.model, self.training_set(labels, keep), loss_fn,
+                    self.settings(), self.generator, regularizer)
 
     def train_batches(self, batch_loss: BatchLoss, optimizer: Optimizer) -> TrainStats:
         """Local training of ``self.model`` with a loss that sees the whole batch."""

@@ -35,8 +35,8 @@ FORMAT = 2
 # resume a run started before a deployment needed an allowlist or open-deployment), and
 # how many missed rounds the operator tolerates.
 MAY_DIFFER = frozenset({"out-dir", "resume-from", "rounds", "device", "client-threads",
-                        "eval-batch-size", "client-timeout", "wait-for-nodes", "audit",
-                        "allowlist", "open-deployment", "max-missed-share"})
+                        "step-capture", "eval-batch-size", "client-timeout", "wait-for-nodes",
+                        "audit", "allowlist", "open-deployment", "max-missed-share"})
 
 
 class CheckpointError(ValueError):

@@ -11,9 +11,14 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
+from flwr.app import RecordDict
 
 from common.losses import cross_entropy, forward_corrected_loss
+from common.methods import load_run_config
 from common.models import TaskShape, build_model
+from common.params import get_weights
+from common.runtime import initial_model
+from common.step_capture import train_captured
 from common.training import (
     SGD,
     BatchTransform,
@@ -26,6 +31,8 @@ from common.training import (
     train,
     train_batches,
 )
+from fedefc_client.client import MethodClient
+from fedefc_client.local_data import partition_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,3 +161,75 @@ def test_training_in_a_fresh_process_does_not_import_torch_dynamo(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
+
+
+def _random_images(n, seed=0):
+    """CIFAR-shaped uint8 images and labels (augmented batches, BatchNorm models)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),
+            torch.randint(0, 10, (n,), generator=gen))
+
+
+@pytest.mark.parametrize("case", ["cross-entropy", "forward-corrected", "prox+decay", "bf16",
+                                  "cnn9 (BatchNorm, dropout)", "resnet18, augmented"])
+def test_the_captured_step_is_todays_update_bitwise_on_the_cpu(embedded, case):
+    """``step-capture = "cuda-graph"`` (common/step_capture.py): its static-buffer step,
+    which a CUDA graph replays, run eagerly on the CPU, against today's loop
+    (common/training.py: train): identical weights (BatchNorm statistics included),
+    loss and accuracy. Every case has ragged last batches (eager in both) and enough
+    full ones for the warm-up, the captured step and a replay (LeNet: 2 epochs of 8
+    batches)."""
+    x, y, t = _toy(embedded, n=250)
+    model_name, augment, loss_fn, regularizer = "lenet", False, cross_entropy, None
+    settings = SGDSettings(epochs=2, batch_size=32, lr=0.05, momentum=0.5)
+    if case == "forward-corrected":
+        loss_fn = partial(forward_corrected_loss,
+                          q=torch.full((10, 10), 0.02) + torch.eye(10) * 0.8)
+    elif case == "prox+decay":
+        settings = SGDSettings(epochs=2, batch_size=32, lr=0.05, momentum=0.9,
+                               weight_decay=5e-4)
+        anchor = [p.detach().clone() for p in build_model("lenet", embedded.task, 1)
+                  .parameters()]
+
+        def regularizer(m):
+            return 0.01 * sum(((p - a) ** 2).sum() for p, a in zip(m.parameters(), anchor))
+    elif case == "bf16":
+        settings = SGDSettings(epochs=2, batch_size=32, lr=0.05, momentum=0.5,
+                               precision="bf16")
+    elif case.startswith("cnn9"):  # the large models: one epoch of 5 full batches + 1
+        model_name, x, y = "cnn9", x[:44], y[:44]
+        settings = SGDSettings(epochs=1, batch_size=8, lr=0.05, momentum=0.5)
+    elif case.startswith("resnet18"):
+        model_name, augment = "resnet18", True
+        x, y = _random_images(44)
+        t = BatchTransform((0.5, 0.5, 0.5), (0.25, 0.25, 0.25), torch.device("cpu"))
+        settings = SGDSettings(epochs=1, batch_size=8, lr=0.03, momentum=0.5)
+    task = TaskShape(tuple(x.shape[1:]), 10)
+    results = []
+    for loop in (train, train_captured):
+        model = build_model(model_name, task, seed=0)
+        torch.manual_seed(3)  # dropout draws
+        stats = loop(model, TrainingSet(x, y, t, augment), loss_fn, settings,
+                     torch.Generator().manual_seed(1), regularizer)
+        results.append((stats, [v.clone() for v in model.state_dict().values()]))
+    (ours, w_ours), (today, w_today) = results[1], results[0]
+    assert ours == today
+    assert all(torch.equal(a, b) for a, b in zip(w_ours, w_today))
+    start = build_model(model_name, task, seed=0).state_dict().values()
+    assert not all(torch.equal(a, b) for a, b in zip(w_today, start))  # it trained
+
+
+def test_a_run_with_the_captured_step_replies_todays_weights_on_the_cpu():
+    """The run-config switch reaches the clients: FedEFC's phase-2 reply with
+    ``step-capture = "cuda-graph"`` is, on the CPU, bitwise the one without."""
+    replies = []
+    for capture in ("off", "cuda-graph"):
+        cfg = load_run_config({"num-clients": 4, "fraction": 0.5, "local-epochs": 1,
+                               "step-capture": capture})
+        local = partition_data(cfg, 1, torch.device("cpu"))
+        weights = get_weights(initial_model(cfg, local.data.task))
+        client = MethodClient(cfg, 1, lambda local=local: local, RecordDict())
+        replies.append(client.fit(weights, {"round": 4, "seed": 4, "phase": 2}))
+    (w_off, n_off, m_off), (w_on, n_on, m_on) = replies
+    assert n_off == n_on and m_off["train-loss"] == m_on["train-loss"]
+    assert all(np.array_equal(a, b) for a, b in zip(w_off, w_on))

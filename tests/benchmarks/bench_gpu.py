@@ -19,6 +19,7 @@ default (0.25 GPU per client on CUDA, 0 on CPU; fp32), measured in the same invo
     python tests/benchmarks/bench_gpu.py                       # GPU sweep, all presets
     python tests/benchmarks/bench_gpu.py --tiny                # CPU smoke test (seconds)
     python tests/benchmarks/bench_gpu.py --presets mnist --gpus 1,0.5,0.25 --rounds 5
+    python tests/benchmarks/bench_gpu.py --presets mnist --set step-capture=cuda-graph
 """
 
 from __future__ import annotations
@@ -212,6 +213,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true",
                     help="CPU smoke run: mnist with LeNet on 200 synthetic images, 4 rounds")
     ap.add_argument("--out", default=None, help="keep runs and results.json here")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help='a run-config override for every setting, e.g. step-capture="cuda-graph"')
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     default_gpus = 0.25 if cuda else 0.0
@@ -223,7 +226,7 @@ def main() -> None:
         precisions = (args.precisions or ("fp32,bf16" if cuda else "fp32")).split(",")
         settings = [(g, p) for g in gpus for p in precisions]
     presets = ["mnist"] if args.tiny else args.presets.split(",")
-    extra = ["model=lenet", "device=cpu"] if args.tiny else []
+    extra = (["model=lenet", "device=cpu"] if args.tiny else []) + args.set
     print(json.dumps({"torch": torch.__version__, "cuda": cuda,
                       "gpu": torch.cuda.get_device_name(0) if cuda else None}), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:

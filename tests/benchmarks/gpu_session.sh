@@ -7,6 +7,9 @@
 #                (every client in every round: the cross-silo run of docs/FEDEFC.md §3.1),
 #                seed 0;
 #   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS;
+#   capture      bench_step_capture.py: one client's local update with its step replayed
+#                from a CUDA graph against the eager loop (cnn9, resnet18, resnet34):
+#                ms/step, speed-up, the weights' largest difference;
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
 #                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
 #   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 5)
@@ -74,13 +77,16 @@ run_cell() {  # NAME ARGS...: one `fedefc run`, cut at the budget
   for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/$name-$f" 2>/dev/null; done
 }
 
-for step in ${PLAN:-overhead bench cell:fedefc cell:fedavg}; do
+for step in ${PLAN:-capture overhead bench cell:fedefc cell:fedavg}; do
   [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
   case $step in
     bench) rm -rf /tmp/bench-gpu  # a warm machine keeps the last call's runs
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
                --out /tmp/bench-gpu 2>&1 | tee -a "$OUT/bench.log"
            cp /tmp/bench-gpu/results.json "$OUT/bench-results.json" 2>/dev/null ;;
+    capture) if [ "${TINY:-0}" = 1 ]; then capture=(--tiny); else capture=(); fi
+             timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_step_capture.py \
+                 "${capture[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
     overhead) device=cuda; [ "${TINY:-0}" = 1 ] && device=cpu
               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
                   --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
