@@ -168,6 +168,8 @@ class RunConfig(BaseModel):
     prestopping: bool = True
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
+    # a rise of A(t) counts only above this many standard errors (docs/FEDEFC.md §3.3)
+    prestopping_min_gain: float = Field(0.0, ge=0.0, le=10.0)
     accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
@@ -268,6 +270,13 @@ class RunConfig(BaseModel):
                 "no client per round; raise fraction to at least 1/num-clients"
             )
         self._check_privacy()
+        if self.prestopping_min_gain > 0 and self.accuracy_signal_mode != "held-out":
+            raise ValueError(
+                f"prestopping-min-gain={self.prestopping_min_gain} with accuracy-signal="
+                f"{self.accuracy_signal!r} (resolved {self.accuracy_signal_mode!r}): the gain is "
+                "counted in standard errors of the accuracy on the validation shares, which "
+                "only the held-out signal keeps; set accuracy-signal=\"held-out\" (or let "
+                "\"auto\" choose it: every client in every round) or prestopping-min-gain=0")
         if self.phase_2_guard == "on" and self.accuracy_signal_mode != "held-out":
             raise ValueError(
                 f"phase-2-guard=\"on\" with accuracy-signal={self.accuracy_signal!r} (resolved "

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+def accuracy_standard_error(a_t: float, shares: list[int]) -> float:
+    """The standard error of A(t), the unweighted mean of K clients' accuracies on
+    validation shares of n_k samples: sqrt(A(t) (1 - A(t)) * sum_k 1 / n_k) / K, each
+    A_k a binomial proportion with A(t) standing in for it (the server never sees one
+    A_k under secure aggregation; docs/FEDEFC.md §3.3, ``prestopping-min-gain``)."""
+    if not shares:
+        return 0.0
+    return math.sqrt(max(a_t * (1.0 - a_t), 0.0) * sum(1.0 / n for n in shares)) / len(shares)
 
 
 @dataclass
@@ -27,12 +38,14 @@ class Prestopper:
         """1 up to and including T_e, 2 afterwards."""
         return 2 if self.t_e is not None and server_round > self.t_e else 1
 
-    def observe(self, server_round: int, accuracy: float) -> bool:
-        """Feed A(t) of ``server_round``; True exactly when this round becomes T_e."""
+    def observe(self, server_round: int, accuracy: float, min_gain: float = 0.0) -> bool:
+        """Feed A(t) of ``server_round``; True exactly when this round becomes T_e. A rise
+        counts only when A(t) > A_max + ``min_gain`` (0: any rise, the paper's rule);
+        A_max is the last A(t) that counted."""
         self.history.append((server_round, float(accuracy)))
         if not self.enabled or self.t_e is not None or server_round <= self.start_round:
             return False
-        if accuracy > self.a_max:
+        if accuracy > self.a_max + min_gain:
             self.a_max = float(accuracy)
             self.patience = 0
             return False

@@ -25,6 +25,7 @@ from flwr.common import Parameters, Scalar, ndarrays_to_parameters, parameters_t
 from flwr.common.logger import log
 
 from common.config import RunConfig
+from common.data_plan import validation_count
 from common.messages import FitConfig, FitReply, carries_accuracy
 from common.methods import counts_pooling, q_estimator_used, validation_share
 from common.models import ClassifierShape
@@ -34,7 +35,7 @@ from .checkpoint import CheckpointError
 from .guard import Phase2Guard
 from .method_server import Aggregated, MethodServer
 from .pipeline import evaluation_text
-from .prestopping import Prestopper
+from .prestopping import Prestopper, accuracy_standard_error
 
 KEPT = "guard-best"  # the checkpoint's name for the guard's best model
 
@@ -72,11 +73,23 @@ class PrestoppingServer(MethodServer):
         fields: dict[str, Any] = {"client_acc": accs, "A": a_t}
         if a_t is None:
             return result.parameters, fields
-        if self.phase(t) == 1 and self.prestopper.observe(t, a_t):
+        if self.phase(t) == 1 and self.prestopper.observe(t, a_t, self.min_gain(a_t, result)):
             log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
                 "phase 2 from round %d", t, self.prestopper.a_max, self.prestopper.patience,
                 t + 1)
         return self.guarded(result, a_t), fields
+
+    def min_gain(self, a_t: float, result: Aggregated) -> float:
+        """How far A(t) must rise above A_max to count: ``prestopping-min-gain`` standard
+        errors of A(t) (docs/FEDEFC.md §3.3), from the replying clients' share sizes,
+        which their sample counts fix (``common/data_plan.py: validation_count``)."""
+        z = self.cfg.prestopping_min_gain
+        if z == 0.0:
+            return 0.0
+        cap = self.cfg.validation_max_per_class * self.model_shape.num_classes
+        shares = [validation_count(self.cfg.validation_fraction, cap, res.num_examples)
+                  for _, res in result.replies if res.num_examples > 1]
+        return z * accuracy_standard_error(a_t, shares)
 
     def guarded(self, result: Aggregated, a_t: float) -> Parameters | None:
         """The round's new global model after the guard saw A(t): FedAvg's, or, when the

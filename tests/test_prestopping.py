@@ -1,8 +1,14 @@
 """The prestopping rule (paper Algorithm 1, docs/FEDEFC.md §3.3) on known sequences."""
 
+import numpy as np
 import pytest
+from flwr.common import Code, FitRes, Parameters, Status
 
-from fedefc_server.prestopping import Prestopper, prestopping_point
+from common.methods import load_run_config
+from common.models import ClassifierShape
+from fedefc_server.method_server import Aggregated
+from fedefc_server.prestopping import Prestopper, accuracy_standard_error, prestopping_point
+from fedefc_server.prestopping_server import PrestoppingServer
 
 
 @pytest.mark.parametrize("accs,start,gamma,expected", [
@@ -41,3 +47,50 @@ def test_disabled_never_triggers():
     for r, a in enumerate([0.5, 0.1, 0.1, 0.1], start=1):
         assert p.observe(r, a) is False
     assert p.t_e is None and p.phase(100) == 1
+
+
+def test_a_rise_smaller_than_the_minimum_gain_is_no_rise():
+    """``prestopping-min-gain``: A(t) creeping up by 0.001 a round (full MNIST, non-IID,
+    heavy noise: docs/RESULTS.md) never lets the strict rule fire; with a minimum gain of
+    0.0035 a rise counts only once A(t) has climbed past A_max + 0.0035 (A_max: the last
+    rise that counted), so by hand: 0.600 counts (round 2), 0.601 and 0.602 do not, and
+    0.603 is the third round without a rise: T_e = 5. With 0.0025 the 0.003 that A(t)
+    climbs every third round counts each time, and T_e never comes."""
+    creep = [0.5 + 0.1 * (t > 1) + 0.001 * max(t - 2, 0) for t in range(1, 12)]
+    assert prestopping_point(creep, 0, 3) is None
+    p = Prestopper(start_round=0, gamma_thr=3)
+    fired = [t for t, a in enumerate(creep, start=1) if p.observe(t, a, min_gain=0.0035)]
+    assert fired == [5] and p.a_max == pytest.approx(0.6)
+    p = Prestopper(start_round=0, gamma_thr=3)
+    fired = [t for t, a in enumerate(creep, start=1) if p.observe(t, a, min_gain=0.0025)]
+    assert fired == []  # every third round has climbed 0.003 > 0.0025: a real rise
+    # a rise by more than the gain resets the count, as before
+    p = Prestopper(start_round=0, gamma_thr=2)
+    assert [p.observe(t, a, 0.01) for t, a in enumerate([0.5, 0.505, 0.52, 0.525, 0.526], 1)] \
+        == [False, False, False, False, True]
+
+
+def test_the_standard_error_of_a_t_is_the_spread_of_the_mean_of_binomial_accuracies():
+    """Against the spread of A(t) itself: 20,000 draws of K = 4 clients' accuracies on
+    shares of 50, 120, 400 and 4,000 samples, each right with probability 0.7."""
+    shares = [50, 120, 400, 4000]
+    rng = np.random.default_rng(0)
+    draws = rng.binomial(shares, 0.7, size=(20_000, len(shares))) / np.array(shares)
+    assert accuracy_standard_error(0.7, shares) == pytest.approx(draws.mean(1).std(), rel=0.03)
+    assert accuracy_standard_error(0.7, []) == 0.0
+
+
+def test_the_server_counts_the_gain_in_standard_errors_of_the_replying_clients_shares():
+    """The server knows each client's share from its sample count (the client draws it
+    with the same validation_count); z = 0 is the paper's rule."""
+    cfg = load_run_config({"num-clients": 3, "fraction": 1.0, "prestopping-min-gain": 1.5})
+    server = PrestoppingServer(cfg, ClassifierShape(10, None))
+    replies = [(k, FitRes(Status(Code.OK, ""), Parameters([], ""), m, {}))
+               for k, m in enumerate((500, 1200, 12000))]
+    result = Aggregated(6, replies, None, {}, False)
+    shares = [200, 480, 4800]  # 40 % of each
+    expected = 1.5 * np.sqrt(0.6 * 0.4 * sum(1 / n for n in shares)) / 3
+    assert server.min_gain(0.6, result) == pytest.approx(expected, rel=1e-12)
+    paper = PrestoppingServer(load_run_config({"num-clients": 3, "fraction": 1.0}),
+                              ClassifierShape(10, None))
+    assert paper.min_gain(0.6, result) == 0.0
