@@ -169,7 +169,7 @@ class RunConfig(BaseModel):
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
     # a rise of A(t) counts only above this many standard errors (docs/FEDEFC.md §3.3)
-    prestopping_min_gain: float = Field(0.0, ge=0.0, le=10.0)
+    prestopping_min_gain: float = 0.0  # 0: the paper's rule
     accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
@@ -219,6 +219,17 @@ class RunConfig(BaseModel):
 
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
+
+    @field_validator("prestopping_min_gain", mode="before")
+    @classmethod
+    def _standard_errors(cls, value: Any) -> float:
+        try:
+            gain = float(value)
+        except (TypeError, ValueError):
+            gain = -1.0
+        if not 0.0 <= gain <= 10.0:
+            raise ValueError("give a number of standard errors from 0 (the paper's rule) to 10")
+        return gain
 
     @field_validator("dataset")
     @classmethod

@@ -279,7 +279,7 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     :func:`estimator_used`), ``phase-2-guard`` by whether the guard watched;
     ``validation-fraction`` and ``validation-max-per-class`` by the share they set aside
     (0 wherever no share is kept), so a changed default orphans only the runs that kept
-    one."""
+    one; ``prestopping-min-gain`` by the gain the rule used (0 without a share)."""
     defaults = default_config()
     return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
                               _resolved(wanted, defaults, defaults), defaults, ignore)
@@ -308,4 +308,5 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
             "q-estimator": estimator_used(method, estimator),
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",
             "validation-fraction": float(value("validation-fraction")) if kept else 0.0,
-            "validation-max-per-class": int(given("validation-max-per-class")) if kept else 0}
+            "validation-max-per-class": int(given("validation-max-per-class")) if kept else 0,
+            "prestopping-min-gain": float(value("prestopping-min-gain")) if kept else 0.0}

@@ -161,11 +161,13 @@ class PrestoppingServer(MethodServer):
             self.kept = ndarrays_to_parameters(models[KEPT])
 
     def summary_fields(self) -> dict[str, Any]:
-        """T_e, A_max, the accuracy signal the run used with the share it kept, how its
-        clients pooled their counts and estimated Q, and the phase-2 guard (``auto``
-        resolved: docs/FEDEFC.md §3.1, §3.4, §4.7, §4.8)."""
+        """T_e, A_max, the minimum gain of the rule, the accuracy signal the run used
+        with the share it kept, how its clients pooled their counts and estimated Q, and
+        the phase-2 guard (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4, §4.7,
+        §4.8)."""
         g = self.guard
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
+                "prestopping_min_gain": self.cfg.prestopping_min_gain,
                 "accuracy_signal": self.cfg.accuracy_signal_mode,
                 "validation_share": validation_share(self.cfg),
                 "q_pooling": counts_pooling(self.cfg),

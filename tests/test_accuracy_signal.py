@@ -456,9 +456,9 @@ def test_the_methods_with_a_share_are_the_ones_with_fedefcs_server():
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS_DIR / "grids").glob("*.toml")
                                         if p.stem.startswith(("paper-", "mnist-lite-"))))
 def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path):
-    """The shipped cross-device grids run the paper's signal, train on all their data,
-    count each phase-2 round anew with the paper's estimator and run to the last round
-    without the phase-2 guard."""
+    """The shipped cross-device grids run the paper's signal and its prestopping rule
+    (no minimum gain), train on all their data, count each phase-2 round anew with the
+    paper's estimator and run to the last round without the phase-2 guard."""
     for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
         cfg = load_run_config(cell.config)
         assert cfg.accuracy_signal_mode in ("global", "local-train"), cell
@@ -466,3 +466,4 @@ def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path)
         assert counts_pooling(cfg) == "none", cell
         assert q_estimator_used(cfg) == "counted", cell
         assert not cfg.guarded, cell
+        assert cfg.prestopping_min_gain == 0.0, cell

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Parameters, Status
 
+from common.config import ConfigError
 from common.methods import load_run_config
 from common.models import ClassifierShape
 from fedefc_server.method_server import Aggregated
@@ -94,3 +95,27 @@ def test_the_server_counts_the_gain_in_standard_errors_of_the_replying_clients_s
     paper = PrestoppingServer(load_run_config({"num-clients": 3, "fraction": 1.0}),
                               ClassifierShape(10, None))
     assert paper.min_gain(0.6, result) == 0.0
+
+
+@pytest.mark.parametrize("keys", [{}, {"num-clients": 100, "fraction": 0.1},
+                                  {"num-clients": 5, "fraction": 1.0}])
+def test_the_default_is_the_papers_rule_with_a_share_or_without(keys):
+    """``prestopping-min-gain`` is opt-in: measured, it lifts FedEFC on sites of thousands
+    of samples and costs it on sites of hundreds under heavy noise (docs/RESULTS.md,
+    "A minimum gain for the prestopping rule")."""
+    cfg = load_run_config(keys)
+    server = PrestoppingServer(cfg, ClassifierShape(10, None))
+    replies = [(0, FitRes(Status(Code.OK, ""), Parameters([], ""), 500, {}))]
+    assert cfg.prestopping_min_gain == 0.0
+    assert server.min_gain(0.6, Aggregated(6, replies, None, {}, False)) == 0.0
+
+
+@pytest.mark.parametrize("value", ["x", -1, 11])
+def test_a_minimum_gain_that_is_not_auto_or_0_to_10_is_refused_naming_it(value):
+    with pytest.raises(ConfigError, match="prestopping-min-gain.*standard errors from 0"):
+        load_run_config({"prestopping-min-gain": value})
+
+
+def test_a_minimum_gain_without_a_share_is_refused():
+    with pytest.raises(ConfigError, match="only the held-out signal keeps"):
+        load_run_config({"prestopping-min-gain": 1.0})
