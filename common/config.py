@@ -168,8 +168,9 @@ class RunConfig(BaseModel):
     prestopping: bool = True
     start_round: int = Field(5, ge=0)
     gamma_thr: int = Field(3, ge=1, le=100_000)
-    # a rise of A(t) counts only above this many standard errors (docs/FEDEFC.md §3.3)
-    prestopping_min_gain: float = 0.0  # 0: the paper's rule
+    # a rise of A(t) counts only above this many standard errors (docs/FEDEFC.md §3.3);
+    # 0: the paper's rule; "auto": 1 where the validation shares are large, else 0
+    prestopping_min_gain: float | Literal["auto"] = "auto"
     accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
@@ -222,13 +223,16 @@ class RunConfig(BaseModel):
 
     @field_validator("prestopping_min_gain", mode="before")
     @classmethod
-    def _standard_errors(cls, value: Any) -> float:
+    def _standard_errors(cls, value: Any) -> float | str:
+        if value == "auto":
+            return value
         try:
             gain = float(value)
         except (TypeError, ValueError):
             gain = -1.0
         if not 0.0 <= gain <= 10.0:
-            raise ValueError("give a number of standard errors from 0 (the paper's rule) to 10")
+            raise ValueError("give \"auto\" (the default) or a number of standard errors from "
+                             "0 (the paper's rule) to 10")
         return gain
 
     @field_validator("dataset")
@@ -281,7 +285,8 @@ class RunConfig(BaseModel):
                 "no client per round; raise fraction to at least 1/num-clients"
             )
         self._check_privacy()
-        if self.prestopping_min_gain > 0 and self.accuracy_signal_mode != "held-out":
+        if self.prestopping_min_gain not in ("auto", 0.0) and \
+                self.accuracy_signal_mode != "held-out":
             raise ValueError(
                 f"prestopping-min-gain={self.prestopping_min_gain} with accuracy-signal="
                 f"{self.accuracy_signal!r} (resolved {self.accuracy_signal_mode!r}): the gain is "
@@ -396,6 +401,12 @@ class RunConfig(BaseModel):
     @property
     def phase_2_guard_mode(self) -> str:
         return phase_2_guard_mode(self.phase_2_guard, self.accuracy_signal_mode)
+
+    @property
+    def min_gain_setting(self) -> float | str:
+        """``prestopping-min-gain`` where the run keeps validation shares (the held-out
+        signal), else 0: the paper's rule (docs/FEDEFC.md §3.3)."""
+        return self.prestopping_min_gain if self.accuracy_signal_mode == "held-out" else 0.0
 
     @property
     def guarded(self) -> bool:

@@ -264,7 +264,8 @@ def default_config() -> dict[str, Any]:
 
 # What a stored run without a key did: the behaviour from before the key existed.
 BEFORE_THE_KEY = {"accuracy-signal": "global", "q-pooling": "none", "q-estimator": "counted",
-                  "phase-2-guard": "off", "validation-max-per-class": 0}
+                  "phase-2-guard": "off", "validation-max-per-class": 0,
+                  "prestopping-min-gain": 0.0}
 
 
 def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
@@ -279,7 +280,9 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     :func:`estimator_used`), ``phase-2-guard`` by whether the guard watched;
     ``validation-fraction`` and ``validation-max-per-class`` by the share they set aside
     (0 wherever no share is kept), so a changed default orphans only the runs that kept
-    one; ``prestopping-min-gain`` by the gain the rule used (0 without a share)."""
+    one; ``prestopping-min-gain`` by its setting where a share is kept (0 without one;
+    a recorded run whose T_e another setting leaves unchanged is that setting's run too,
+    which only its records can tell: ``fedefc_server/prestopping_replay.py``)."""
     defaults = default_config()
     return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
                               _resolved(wanted, defaults, defaults), defaults, ignore)
@@ -309,4 +312,9 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",
             "validation-fraction": float(value("validation-fraction")) if kept else 0.0,
             "validation-max-per-class": int(given("validation-max-per-class")) if kept else 0,
-            "prestopping-min-gain": float(value("prestopping-min-gain")) if kept else 0.0}
+            "prestopping-min-gain": _gain(given("prestopping-min-gain")) if kept else 0.0}
+
+
+def _gain(setting: Any) -> float | str:
+    """A ``prestopping-min-gain`` as the config holds it: ``auto`` or a number."""
+    return setting if setting == "auto" else float(setting)

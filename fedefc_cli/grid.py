@@ -43,6 +43,7 @@ from common.methods import changed_keys, load_run_config, resumes_exactly
 from common.private_files import make_private_dir
 from common.results import check_output_dir
 from fedefc_server import checkpoint
+from fedefc_server.prestopping_replay import same_run_with_gain
 
 from .errors import LaunchError
 from .run_configs import CONFIGS_DIR, parse_overrides, read_app_defaults, read_preset
@@ -142,10 +143,17 @@ def slug(label: str) -> str:
 
 
 def check_finished(cell: Cell) -> None:
-    """A finished cell must have been run with exactly this config."""
+    """A finished cell must have been run with exactly this config (wherever its folder
+    was then), or with a
+    ``prestopping-min-gain`` whose replay on its records shows it is the same run
+    (``fedefc_server/prestopping_replay.py``)."""
     stored = json.loads((cell.out_dir / "config.json").read_text())
-    # a cell finished by resuming records resume-from = its own folder
-    diff = changed_keys(stored, cell.config, frozenset({"resume-from"}))
+    # a cell finished by resuming records resume-from = its own folder; a results tree
+    # moved or cloned elsewhere records the folder it was run in
+    diff = changed_keys(stored, cell.config, frozenset({"resume-from", "out-dir"}))
+    gain = diff.get("prestopping-min-gain")
+    if gain is not None and same_run_with_gain(cell.out_dir, gain[1]):
+        del diff["prestopping-min-gain"]  # the wanted gain would have fired where this run did
     if diff:
         raise ConfigError(
             f"cell {cell.out_dir} was run with another config ({diff}, stored -> wanted); "

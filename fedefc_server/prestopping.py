@@ -16,6 +16,26 @@ def accuracy_standard_error(a_t: float, shares: list[int]) -> float:
     return math.sqrt(max(a_t * (1.0 - a_t), 0.0) * sum(1.0 / n for n in shares)) / len(shares)
 
 
+# ``prestopping-min-gain = "auto"`` asks for one standard error where the standard error of
+# A(t) is at most half a point even at A = 0.5 (equal shares: K * n >= 10,000 samples
+# together): measured, the gain pays on shares of thousands of samples and hurts on shares
+# of hundreds (docs/FEDEFC.md §3.3)
+AUTO_GAIN = 1.0
+AUTO_GAIN_MAX_SE = 0.005
+
+
+def min_gain_z(setting: float | str, shares: list[int]) -> float:
+    """How many standard errors a rise of A(t) must clear in a round whose clients hold
+    validation shares of ``shares`` samples: the number ``prestopping-min-gain`` gives,
+    or for ``auto`` :data:`AUTO_GAIN` where the worst-case standard error (A(t) = 0.5)
+    is at most :data:`AUTO_GAIN_MAX_SE`, else 0, the paper's rule (docs/FEDEFC.md §3.3)."""
+    if setting != "auto":
+        return float(setting)
+    if shares and accuracy_standard_error(0.5, shares) <= AUTO_GAIN_MAX_SE:
+        return AUTO_GAIN
+    return 0.0
+
+
 @dataclass
 class Prestopper:
     """Tracks A_max and the patience counter; fixes T_e once, after which the switch is final.

@@ -35,7 +35,7 @@ from .checkpoint import CheckpointError
 from .guard import Phase2Guard
 from .method_server import Aggregated, MethodServer
 from .pipeline import evaluation_text
-from .prestopping import Prestopper, accuracy_standard_error
+from .prestopping import Prestopper, accuracy_standard_error, min_gain_z
 
 KEPT = "guard-best"  # the checkpoint's name for the guard's best model
 
@@ -48,6 +48,7 @@ class PrestoppingServer(MethodServer):
         self.prestopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
         self.guard = Phase2Guard(cfg.start_round, cfg.gamma_thr) if cfg.guarded else None
         self.kept: Parameters | None = None  # the guard's best model
+        self.gain_used: float | None = None  # z of the last round the rule saw
 
     def phase(self, server_round: int) -> int:
         return self.prestopper.phase(server_round)
@@ -81,14 +82,19 @@ class PrestoppingServer(MethodServer):
 
     def min_gain(self, a_t: float, result: Aggregated) -> float:
         """How far A(t) must rise above A_max to count: ``prestopping-min-gain`` standard
-        errors of A(t) (docs/FEDEFC.md §3.3), from the replying clients' share sizes,
-        which their sample counts fix (``common/data_plan.py: validation_count``)."""
-        z = self.cfg.prestopping_min_gain
-        if z == 0.0:
-            return 0.0
+        errors of A(t) (``auto``: one where the shares are large enough, docs/FEDEFC.md
+        §3.3), from the replying clients' share sizes, which their sample counts fix
+        (``common/data_plan.py: validation_count``)."""
+        setting = self.cfg.min_gain_setting
         cap = self.cfg.validation_max_per_class * self.model_shape.num_classes
         shares = [validation_count(self.cfg.validation_fraction, cap, res.num_examples)
                   for _, res in result.replies if res.num_examples > 1]
+        z = min_gain_z(setting, shares)
+        if z != (self.gain_used or 0.0):
+            log(INFO, "prestopping-min-gain = %s: from round %d a rise of A(t) counts only "
+                "above %g standard error(s) of A(t) (validation shares of %d samples in all)",
+                setting, result.round, z, sum(shares))
+        self.gain_used = z
         return z * accuracy_standard_error(a_t, shares)
 
     def guarded(self, result: Aggregated, a_t: float) -> Parameters | None:
@@ -161,13 +167,15 @@ class PrestoppingServer(MethodServer):
             self.kept = ndarrays_to_parameters(models[KEPT])
 
     def summary_fields(self) -> dict[str, Any]:
-        """T_e, A_max, the minimum gain of the rule, the accuracy signal the run used
+        """T_e, A_max, the minimum gain of the rule (the setting, and the standard errors
+        it asked for in the last round the rule saw), the accuracy signal the run used
         with the share it kept, how its clients pooled their counts and estimated Q, and
         the phase-2 guard (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4, §4.7,
         §4.8)."""
         g = self.guard
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
                 "prestopping_min_gain": self.cfg.prestopping_min_gain,
+                "prestopping_min_gain_used": self.gain_used,
                 "accuracy_signal": self.cfg.accuracy_signal_mode,
                 "validation_share": validation_share(self.cfg),
                 "q_pooling": counts_pooling(self.cfg),

@@ -466,4 +466,4 @@ def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path)
         assert counts_pooling(cfg) == "none", cell
         assert q_estimator_used(cfg) == "counted", cell
         assert not cfg.guarded, cell
-        assert cfg.prestopping_min_gain == 0.0, cell
+        assert cfg.min_gain_setting == 0.0, cell

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from common.methods import changed_keys, default_config
-from fedefc_cli.grid import Grid, run_grid
+from common.methods import changed_keys, default_config, load_run_config
+from fedefc_cli.grid import Cell, Grid, check_finished, run_grid
 from fedefc_cli.main import main
 from fedefc_cli.report import load_paper_numbers, paper_key
 from fedefc_cli.run_configs import CONFIGS_DIR
@@ -94,6 +94,18 @@ def test_a_finished_cell_with_another_config_is_refused(finished_grid):
     path, results, _, _ = finished_grid
     with pytest.raises(ConfigError, match="another config"):
         run_grid(Grid.load(path), results, ["lr=0.05"], log=lambda *_: None)
+
+
+def test_a_finished_cell_is_the_same_wherever_its_results_tree_now_lies(tmp_path):
+    """A results tree cloned or moved elsewhere records the out-dir it was run in; its
+    cells still count as finished, and a changed key is still refused, naming it."""
+    config = load_run_config({"out-dir": "/elsewhere/results/g/fedavg/c/seed0"}).to_flat()
+    cell = Cell("FedAvg", "c", 0, {**config, "out-dir": str(tmp_path / "seed0")})
+    cell.out_dir.mkdir()
+    (cell.out_dir / "config.json").write_text(json.dumps(config))
+    check_finished(cell)
+    with pytest.raises(ConfigError, match=r"'lr': \(0.03, 0.05\)"):
+        check_finished(Cell("FedAvg", "c", 0, {**cell.config, "lr": 0.05}))
 
 
 def test_a_grid_run_can_be_kept_to_some_rows(tmp_path, tiny_mnist_dir):

@@ -5,10 +5,12 @@ import pytest
 from flwr.common import Code, FitRes, Parameters, Status
 
 from common.config import ConfigError
+from common.data_plan import validation_count
 from common.methods import load_run_config
 from common.models import ClassifierShape
 from fedefc_server.method_server import Aggregated
-from fedefc_server.prestopping import Prestopper, accuracy_standard_error, prestopping_point
+from fedefc_server.prestopping import (Prestopper, accuracy_standard_error, min_gain_z,
+                                       prestopping_point)
 from fedefc_server.prestopping_server import PrestoppingServer
 
 
@@ -83,7 +85,8 @@ def test_the_standard_error_of_a_t_is_the_spread_of_the_mean_of_binomial_accurac
 
 def test_the_server_counts_the_gain_in_standard_errors_of_the_replying_clients_shares():
     """The server knows each client's share from its sample count (the client draws it
-    with the same validation_count); z = 0 is the paper's rule."""
+    with the same validation_count); z = 0 is the paper's rule (on shares large enough
+    for ``auto`` to ask for a gain)."""
     cfg = load_run_config({"num-clients": 3, "fraction": 1.0, "prestopping-min-gain": 1.5})
     server = PrestoppingServer(cfg, ClassifierShape(10, None))
     replies = [(k, FitRes(Status(Code.OK, ""), Parameters([], ""), m, {}))
@@ -92,27 +95,57 @@ def test_the_server_counts_the_gain_in_standard_errors_of_the_replying_clients_s
     shares = [200, 480, 4800]  # 40 % of each
     expected = 1.5 * np.sqrt(0.6 * 0.4 * sum(1 / n for n in shares)) / 3
     assert server.min_gain(0.6, result) == pytest.approx(expected, rel=1e-12)
-    paper = PrestoppingServer(load_run_config({"num-clients": 3, "fraction": 1.0}),
+    paper = PrestoppingServer(load_run_config({"num-clients": 3, "fraction": 1.0,
+                                               "prestopping-min-gain": 0}),
                               ClassifierShape(10, None))
-    assert paper.min_gain(0.6, result) == 0.0
+    assert paper.min_gain(0.6, _replies(*(12000,) * 3)) == 0.0
 
 
-@pytest.mark.parametrize("keys", [{}, {"num-clients": 100, "fraction": 0.1},
-                                  {"num-clients": 5, "fraction": 1.0}])
-def test_the_default_is_the_papers_rule_with_a_share_or_without(keys):
-    """``prestopping-min-gain`` is opt-in: measured, it lifts FedEFC on sites of thousands
-    of samples and costs it on sites of hundreds under heavy noise (docs/RESULTS.md,
-    "A minimum gain for the prestopping rule")."""
-    cfg = load_run_config(keys)
+def _replies(*sizes):
+    return Aggregated(6, [(k, FitRes(Status(Code.OK, ""), Parameters([], ""), m, {}))
+                          for k, m in enumerate(sizes)], None, {}, False)
+
+
+@pytest.mark.parametrize("sizes,z", [
+    # full MNIST over 5 sites: shares of 4,800; worst-case SE sqrt(0.25 * 5/4800) / 5 = 0.32 pt
+    ((12000,) * 5, 1.0),
+    # exactly 10,000 held-out samples in equal shares: worst-case SE 0.5 / 100 = 0.005, the bound
+    ((5000,) * 5, 1.0),
+    # one site fewer than that: SE 0.5 / sqrt(4 * 2000) = 0.56 pt > 0.5
+    ((5000,) * 4, 0.0),
+    # the embedded data over 5 sites: shares of 320; SE 1.25 pt
+    ((800,) * 5, 0.0),
+    # one small site among large ones weighs in through sum 1/n_k: 0.5 * sqrt(4/4800 + 1/40) / 5
+    ((12000,) * 4 + (100,), 0.0),
+])
+def test_auto_asks_for_one_standard_error_only_where_the_shares_are_large(sizes, z):
+    """``prestopping-min-gain = "auto"`` (the default): one standard error where the
+    worst-case standard error of A(t) (at A = 0.5) is at most half a point, which equal
+    shares reach at 10,000 samples together; 0, the paper's rule, below (measured:
+    docs/RESULTS.md, "A minimum gain for the prestopping rule"). Hand-computed bounds."""
+    shares = [validation_count(0.4, 0, m) for m in sizes]
+    assert min_gain_z("auto", shares) == z
+    assert min_gain_z(0.7, shares) == 0.7 and min_gain_z(0.0, shares) == 0.0
+    cfg = load_run_config({"num-clients": len(sizes), "fraction": 1.0})
+    assert cfg.prestopping_min_gain == "auto"
     server = PrestoppingServer(cfg, ClassifierShape(10, None))
-    replies = [(0, FitRes(Status(Code.OK, ""), Parameters([], ""), 500, {}))]
-    assert cfg.prestopping_min_gain == 0.0
-    assert server.min_gain(0.6, Aggregated(6, replies, None, {}, False)) == 0.0
+    expected = z * np.sqrt(0.6 * 0.4 * sum(1 / n for n in shares)) / len(shares)
+    assert server.min_gain(0.6, _replies(*sizes)) == pytest.approx(expected, rel=1e-12)
+    assert server.summary_fields()["prestopping_min_gain_used"] == z
+
+
+def test_auto_is_the_papers_rule_where_no_share_is_kept():
+    """Where a round samples part of the clients the paper's signal keeps no share, and
+    ``auto`` keeps the paper's rule however large the clients are."""
+    cfg = load_run_config({"num-clients": 10, "fraction": 0.5})
+    assert cfg.prestopping_min_gain == "auto" and cfg.min_gain_setting == 0.0
+    server = PrestoppingServer(cfg, ClassifierShape(10, None))
+    assert server.min_gain(0.6, _replies(*(12000,) * 5)) == 0.0
 
 
 @pytest.mark.parametrize("value", ["x", -1, 11])
 def test_a_minimum_gain_that_is_not_auto_or_0_to_10_is_refused_naming_it(value):
-    with pytest.raises(ConfigError, match="prestopping-min-gain.*standard errors from 0"):
+    with pytest.raises(ConfigError, match="prestopping-min-gain.*auto.*standard errors from 0"):
         load_run_config({"prestopping-min-gain": value})
 
 

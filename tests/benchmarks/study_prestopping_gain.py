@@ -12,66 +12,39 @@ sample count and the run's validation keys, ``common/data_plan.py: validation_co
 The run is a pure function of its config and seed, so every recorded run whose T_e the
 rule leaves unchanged would end exactly as recorded; only the runs it changes need
 running again. It first replays the strict rule (z = 0) and checks it gives every
-recorded T_e.
+recorded T_e. ``auto`` is the default setting: one standard error where the shares are
+large (``fedefc_server/prestopping.py: min_gain_z``). The replay itself is the grid
+runner's (``fedefc_server/prestopping_replay.py``).
 
-    python tests/benchmarks/study_prestopping_gain.py [--results results] [--z 0.5,1,2]
+    python tests/benchmarks/study_prestopping_gain.py [--results results] [--z 0.5,1,2,auto]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
-from common.data_plan import validation_count
-from fedefc_server.prestopping import Prestopper
-
-
-def prestopping_point(rounds: list[tuple[int, float, float]], start: int, gamma: int,
-                      z: float) -> int | None:
-    """T_e of (round, A(t), SE(t)) under the server's rule (:class:`Prestopper`) with a
-    minimum gain of z * SE(t)."""
-    stopper = Prestopper(start, gamma)
-    for t, a, se in rounds:
-        if stopper.observe(t, a, z * se):
-            return stopper.t_e
-    return None
-
-
-def phase_1_signal(run: Path, summary: dict, cfg: dict) -> list[tuple[int, float, float]]:
-    """(round, A(t), SE(t)) of a recorded run's phase-1 rounds (T_e included)."""
-    fraction = cfg.get("validation-fraction", 0.4)
-    cap = cfg.get("validation-max-per-class", 0) * summary.get("num_classes", 10)
-    out = []
-    for line in (run / "metrics.jsonl").read_text().splitlines()[1:]:
-        rec = json.loads(line)
-        if rec.get("A") is None or rec.get("phase") != 1:
-            continue
-        shares = [validation_count(fraction, cap, m) for m in rec["num_examples"]]
-        a, k = rec["A"], len(shares)
-        out.append((rec["round"], a,
-                    math.sqrt(max(a * (1 - a), 1e-12) * sum(1 / n for n in shares)) / k))
-    return out
+from fedefc_server.prestopping_replay import replayed_t_e
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=Path("results"))
-    ap.add_argument("--z", default="0.5,1,2", help="minimum gains, in standard errors")
+    ap.add_argument("--z", default="0.5,1,2,auto",
+                    help="minimum gains, in standard errors, or auto")
     args = ap.parse_args()
-    zs = [float(z) for z in args.z.split(",")]
+    zs = [z if z == "auto" else float(z) for z in args.z.split(",")]
     runs = []
     for path in sorted(args.results.glob("**/summary.json")):
         summary = json.loads(path.read_text())
         if summary.get("accuracy_signal") != "held-out" or summary.get("method") != "fedefc":
             continue
         cfg = json.loads((path.parent / "config.json").read_text())
-        if cfg.get("prestopping-min-gain", 0.0):  # a run of the rule under study itself
+        # a run whose rule asked for a gain is a run of the rule under study itself
+        if summary.get("prestopping_min_gain_used", cfg.get("prestopping-min-gain", 0.0)):
             continue
-        signal = phase_1_signal(path.parent, summary, cfg)
-        replay = [prestopping_point(signal, cfg["start-round"], cfg["gamma-thr"], z)
-                  for z in (0.0, *zs)]
+        replay = [replayed_t_e(path.parent, z) for z in (0.0, *zs)]
         runs.append((path.parent.relative_to(args.results), summary.get("t_e"), replay))
     wrong = [r for r in runs if r[1] != r[2][0]]
     print(f"{len(runs)} recorded FedEFC runs with the held-out signal and the strict rule; "
