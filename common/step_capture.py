@@ -30,7 +30,6 @@ can check of this path.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -41,8 +40,8 @@ from .training import (
     SGDSettings,
     TrainingSet,
     TrainStats,
-    batches,
     make_optimizer,
+    run_steps,
 )
 
 WARMUP_STEPS = 3  # eager full-size steps before the capture (PyTorch's recipe: a few)
@@ -77,7 +76,7 @@ class StaticStep:
         self.loss_sum += loss.detach()
         self.correct += (logits.detach().argmax(1) == y).sum()
 
-    def __call__(self, xb: torch.Tensor, yb: torch.Tensor) -> None:
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> None:
         if xb.shape != self.x.shape:  # a ragged batch: eagerly
             self.body(xb, yb)
             return
@@ -107,26 +106,8 @@ def train_captured(model: nn.Module, data: TrainingSet, loss_fn: LossFn,
                    regularizer: Regularizer | None = None) -> TrainStats:
     """:func:`common.training.train` with the step of :class:`StaticStep`: the same
     batches, the same update (bitwise on the CPU), graphs on CUDA."""
-    model.train()
-    x, y = data.x, data.y
     optimizer = make_optimizer(model, "sgd", settings.lr, settings.momentum,
                                settings.weight_decay)
-    step: StaticStep | None = None
-    steps, epoch_accs = 0, []
-    for _ in range(settings.epochs):
-        seen = 0
-        for idx in batches(len(y), settings.batch_size, generator, x.device):
-            xb = data.transform(x.index_select(0, idx), data.augment, generator)
-            yb = y.index_select(0, idx)
-            if step is None:
-                step = StaticStep(model, loss_fn, regularizer, optimizer, xb,
-                                  settings.precision == "bf16", x.device.type == "cuda")
-            step(xb, yb)
-            steps += 1
-            seen += len(yb)
-        if seen:
-            epoch_accs.append(int(step.correct) / seen)
-            step.correct.zero_()
-    total = 0.0 if step is None else float(step.loss_sum)
-    return TrainStats(mean_loss=total / max(steps, 1),
-                      mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0)
+    return run_steps(model, data, settings, generator, lambda xb: StaticStep(
+        model, loss_fn, regularizer, optimizer, xb, settings.precision == "bf16",
+        xb.device.type == "cuda"))

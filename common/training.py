@@ -196,41 +196,76 @@ def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
     raise ValueError(f"optimizer {name!r} is unknown; use one of {OPTIMIZERS}")
 
 
-def train_batches(model: nn.Module, data: TrainingSet, batch_loss: BatchLoss,
-                  optimizer: Optimizer, settings: SGDSettings,
-                  generator: torch.Generator) -> TrainStats:
-    """``settings.epochs`` passes over ``data`` in shuffled batches of
-    ``settings.batch_size``, one optimizer step per batch (``generator`` fixes the order
-    and the augmentation).
+class Step(Protocol):
+    """One optimizer step on a batch (inputs, labels, sample indices) that adds its loss
+    and its count of correct predictions into ``loss_sum`` and ``correct``, tensors on
+    the training device (no host sync per step: the GPU runs ahead of the loop)."""
 
-    The loss sees the whole batch (model, inputs, labels, sample indices): FedNoRo's
-    distillation needs the teacher on the same augmented batch, RoFL the features and
-    the samples' pseudo-labels."""
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> None: ...
+
+
+def run_steps(model: nn.Module, data: TrainingSet, settings: SGDSettings,
+              generator: torch.Generator, make_step: Callable[[torch.Tensor], Step]
+              ) -> TrainStats:
+    """``settings.epochs`` passes over ``data`` in shuffled batches of
+    ``settings.batch_size`` (``generator`` fixes the order and the augmentation), one
+    step per batch; the step is made from the first batch (:class:`EagerStep`, or the
+    captured step of ``common/step_capture.py``)."""
     model.train()
     x, y = data.x, data.y
-    bf16 = settings.precision == "bf16"
-    # summed on the device: no host sync per step (the GPU runs ahead of the loop)
-    total_loss, steps, epoch_accs = torch.zeros((), device=x.device), 0, []
+    step: Step | None = None
+    steps, epoch_accs = 0, []
     for _ in range(settings.epochs):
-        correct, seen = torch.zeros((), dtype=torch.long, device=x.device), 0
+        seen = 0
         for idx in batches(len(y), settings.batch_size, generator, x.device):
             # index_select: advanced indexing x[idx] of a uint8 batch takes 7x as long on
             # CPU (docs/BENCHMARKS.md, "Planning a round"), the same rows
             xb = data.transform(x.index_select(0, idx), data.augment, generator)
             yb = y.index_select(0, idx)
-            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-                loss, logits = batch_loss(model, xb, yb, idx)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total_loss += loss.detach()
+            if step is None:
+                step = make_step(xb)
+            step(xb, yb, idx)
             steps += 1
-            correct += (logits.detach().argmax(1) == yb).sum()
             seen += len(yb)
         if seen:
-            epoch_accs.append(int(correct) / seen)
-    return TrainStats(mean_loss=float(total_loss) / max(steps, 1),
+            epoch_accs.append(int(step.correct) / seen)
+            step.correct.zero_()
+    total = 0.0 if step is None else float(step.loss_sum)
+    return TrainStats(mean_loss=total / max(steps, 1),
                       mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0)
+
+
+class EagerStep:
+    """The step as PyTorch runs it, kernel by kernel: ``batch_loss`` sees the whole batch
+    (model, inputs, labels, sample indices): FedNoRo's distillation needs the teacher on
+    the same augmented batch, RoFL the features and the samples' pseudo-labels."""
+
+    def __init__(self, model: nn.Module, batch_loss: BatchLoss, optimizer: Optimizer,
+                 bf16: bool, device: torch.device):
+        self.model, self.batch_loss, self.optimizer, self.bf16 = model, batch_loss, optimizer, bf16
+        self.loss_sum = torch.zeros((), device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> None:
+        with torch.autocast(xb.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss, logits = self.batch_loss(self.model, xb, yb, idx)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.loss_sum += loss.detach()
+        self.correct += (logits.detach().argmax(1) == yb).sum()
+
+
+def train_batches(model: nn.Module, data: TrainingSet, batch_loss: BatchLoss,
+                  optimizer: Optimizer, settings: SGDSettings,
+                  generator: torch.Generator) -> TrainStats:
+    """:func:`run_steps` with an :class:`EagerStep` of ``batch_loss``."""
+    bf16 = settings.precision == "bf16"
+    return run_steps(model, data, settings, generator,
+                     lambda xb: EagerStep(model, batch_loss, optimizer, bf16, xb.device))
 
 
 def train(model: nn.Module, data: TrainingSet, loss_fn: LossFn, settings: SGDSettings,
