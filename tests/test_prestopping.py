@@ -9,8 +9,12 @@ from common.data_plan import validation_count
 from common.methods import load_run_config
 from common.models import ClassifierShape
 from fedefc_server.method_server import Aggregated
-from fedefc_server.prestopping import (Prestopper, accuracy_standard_error, min_gain_z,
-                                       prestopping_point)
+from fedefc_server.prestopping import (
+    Prestopper,
+    accuracy_standard_error,
+    min_gain_z,
+    prestopping_point,
+)
 from fedefc_server.prestopping_server import PrestoppingServer
 
 
