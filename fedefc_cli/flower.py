@@ -387,4 +387,7 @@ class LocalSimulation(ProcessGroup):
         if not runs:
             raise LaunchError(f"flwr ls lists no run; see {self.log_path}")
         last = max(runs, key=lambda r: r.get("created-at", ""))
-        return int(last["run-id"]), str(last["status"])
+        status, details = str(last["status"]), last.get("status-details")
+        if status != "finished:completed" and details:  # Flower's reason, e.g. the exception
+            status = f"{status} ({details})"
+        return int(last["run-id"]), status

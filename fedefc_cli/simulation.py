@@ -71,9 +71,12 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
             run_id, status = sim.run(run_config, int(run_config["num-clients"]), client_cpus,
                                      client_gpus, log_path=log_path)
         if status != "finished:completed":
-            log_tail = sim.log_path.read_text(errors="replace")[-4000:]
+            link_tail = sim.log_path.read_text(errors="replace")[-3000:]
+            run_tail = (f"Run log tail ({log_path}):\n"
+                        f"{log_path.read_text(errors='replace')[-4000:]}\n"
+                        if log_path and log_path.exists() else "")
             raise LaunchError(f"run {run_id} ended {status!r}, not finished:completed.\n"
-                              f"SuperLink log tail:\n{log_tail}")
+                              f"{run_tail}SuperLink log tail:\n{link_tail}")
     summary_path = out_dir / "summary.json"
     if not summary_path.exists():
         raise LaunchError(f"run completed but wrote no {summary_path}")

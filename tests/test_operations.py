@@ -669,6 +669,51 @@ def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp
         simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2}, checked=True)
 
 
+def test_a_failed_simulation_names_flowers_reason_and_the_run_logs_tail(tmp_path, monkeypatch):
+    """A run Flower ends ``finished:failed`` is reported with the reason Flower recorded
+    (``flwr ls``'s status details: the simulation's exception, a task that sent no
+    heartbeat) and the end of the run's own log, where the ServerApp's traceback is, not
+    only the SuperLink's log (a CI failure once showed nothing else)."""
+    from fedefc_cli import flower
+    runs = [{"run-id": "7", "created-at": "2026-11-29T03:03:17", "status": "finished:failed",
+             "status-details": "Simulation failed with exception: boom"},
+            {"run-id": "6", "created-at": "2026-11-29T03:00:00",
+             "status": "finished:completed", "status-details": ""}]
+    monkeypatch.setattr(flower, "flwr_json", lambda args, env, cwd: {"runs": runs})
+    sim = flower.LocalSimulation(tmp_path / "sim")
+    assert sim.latest_status() == (7, "finished:failed (Simulation failed with exception: "
+                                      "boom)")
+    runs[0].update({"status": "finished:completed", "status-details": "ignored"})
+    assert sim.latest_status() == (7, "finished:completed")
+
+    run_log = tmp_path / "run.log"
+    run_log.write_text("round 1 ...\nTraceback (most recent call last):\nValueError: bad\n")
+
+    class Failed:
+        log_path = tmp_path / "superlink.log"
+
+        def __init__(self, work, ray_address=None):
+            self.log_path.write_text("uvicorn started\n")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, *args, **kwargs):
+            return 7, "finished:failed (Simulation failed with exception: bad)"
+
+    monkeypatch.setattr(simulation, "LocalSimulation", Failed)
+    with pytest.raises(LaunchError) as err:
+        simulation.run_simulation_job({"out-dir": str(tmp_path / "out"), "num-clients": 2},
+                                      log_path=run_log, checked=True)
+    text = str(err.value)
+    assert "run 7 ended 'finished:failed (Simulation failed with exception: bad)'" in text
+    assert f"Run log tail ({run_log}):" in text and "ValueError: bad" in text
+    assert text.index("ValueError: bad") < text.index("SuperLink log tail:\nuvicorn started")
+
+
 # -- the compose demo's script (it runs Docker, so only its refusals run here) ---------------
 @pytest.mark.parametrize("args, code, message", [
     (["--rounds", "1"], 1, "--rounds '1' is not a whole number >= 2 (prestopping starts "
