@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -54,6 +55,17 @@ def preflight_in_child(run_config: dict[str, Any]) -> None:
         pool.submit(preflight, run_config).result()
 
 
+RAY_START_TIMEOUT = "The current node timed out during startup"  # Ray's fixed 30 s wait
+
+
+def ray_failed_to_start(run_log: str, out_dir: Path) -> bool:
+    """The run failed because Ray's node did not register within Ray's fixed 30 s (a
+    busy machine: the raylet or the GCS too slow to start), before any round: nothing
+    trained, nothing recorded, so starting the run again loses nothing."""
+    return (RAY_START_TIMEOUT in run_log and not (out_dir / "metrics.jsonl").exists()
+            and not (out_dir / checkpoint.FILE).exists())
+
+
 def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
                        client_gpus: float = 0.0, log_path: Path | None = None,
                        checked: bool = False,
@@ -62,19 +74,29 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
 
     The run's log streams to stdout, or is appended to ``log_path`` when given;
     ``checked``: the caller already ran :func:`preflight_in_child`; ``ray_address``: the
-    clients run on that Ray cluster's nodes (:mod:`.ray_cluster`), else on this machine."""
+    clients run on that Ray cluster's nodes (:mod:`.ray_cluster`), else on this machine.
+    Where the log is kept, a run whose Ray did not start in time
+    (:func:`ray_failed_to_start`) is started once more, saying so."""
     if not checked:
         preflight_in_child(run_config)
     out_dir = Path(run_config["out-dir"])
-    with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
-        with LocalSimulation(Path(tmp), ray_address) as sim:
-            run_id, status = sim.run(run_config, int(run_config["num-clients"]), client_cpus,
-                                     client_gpus, log_path=log_path)
-        if status != "finished:completed":
+    for attempt in (1, 2):
+        start = log_path.stat().st_size if log_path and log_path.exists() else 0
+        with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
+            with LocalSimulation(Path(tmp), ray_address) as sim:
+                run_id, status = sim.run(run_config, int(run_config["num-clients"]),
+                                         client_cpus, client_gpus, log_path=log_path)
+            if status == "finished:completed":
+                break
+            run_log = (log_path.read_bytes()[start:].decode(errors="replace")
+                       if log_path and log_path.exists() else "")
+            if attempt == 1 and ray_failed_to_start(run_log, out_dir):
+                print(f"fedefc: run {run_id}: Ray's node did not start within Ray's 30 s "
+                      "(a busy machine), before round 1; starting the run again",
+                      file=sys.stderr, flush=True)
+                continue
             link_tail = sim.log_path.read_text(errors="replace")[-3000:]
-            run_tail = (f"Run log tail ({log_path}):\n"
-                        f"{log_path.read_text(errors='replace')[-4000:]}\n"
-                        if log_path and log_path.exists() else "")
+            run_tail = f"Run log tail ({log_path}):\n{run_log[-4000:]}\n" if run_log else ""
             raise LaunchError(f"run {run_id} ended {status!r}, not finished:completed.\n"
                               f"{run_tail}SuperLink log tail:\n{link_tail}")
     summary_path = out_dir / "summary.json"

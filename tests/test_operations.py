@@ -687,7 +687,7 @@ def test_a_failed_simulation_names_flowers_reason_and_the_run_logs_tail(tmp_path
     assert sim.latest_status() == (7, "finished:completed")
 
     run_log = tmp_path / "run.log"
-    run_log.write_text("round 1 ...\nTraceback (most recent call last):\nValueError: bad\n")
+    run_log.write_text("an earlier run's log\n")
 
     class Failed:
         log_path = tmp_path / "superlink.log"
@@ -701,7 +701,9 @@ def test_a_failed_simulation_names_flowers_reason_and_the_run_logs_tail(tmp_path
         def __exit__(self, *exc):
             pass
 
-        def run(self, *args, **kwargs):
+        def run(self, *args, log_path=None, **kwargs):
+            with open(log_path, "a") as log:
+                log.write("round 1 ...\nTraceback (most recent call last):\nValueError: bad\n")
             return 7, "finished:failed (Simulation failed with exception: bad)"
 
     monkeypatch.setattr(simulation, "LocalSimulation", Failed)
@@ -711,7 +713,54 @@ def test_a_failed_simulation_names_flowers_reason_and_the_run_logs_tail(tmp_path
     text = str(err.value)
     assert "run 7 ended 'finished:failed (Simulation failed with exception: bad)'" in text
     assert f"Run log tail ({run_log}):" in text and "ValueError: bad" in text
+    assert "an earlier run's log" not in text  # only this run's part of the file
     assert text.index("ValueError: bad") < text.index("SuperLink log tail:\nuvicorn started")
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["before-round-1", "after-a-round"])
+def test_a_run_whose_ray_did_not_start_in_time_is_started_once_more(tmp_path, monkeypatch,
+                                                                     capsys, trained):
+    """Ray waits a fixed 30 s for its node to register; on a busy machine it may not (the
+    suite's simulation job failed so, twice). Before round 1 nothing is lost and the run
+    starts again, once, saying so; a run that recorded a round is never started again."""
+    out, run_log = tmp_path / "out", tmp_path / "run.log"
+    out.mkdir()
+    if trained:
+        (out / "metrics.jsonl").write_text('{"round": 1}\n')
+    attempts = []
+
+    class Sim:
+        log_path = tmp_path / "superlink.log"
+
+        def __init__(self, work, ray_address=None):
+            self.log_path.write_text("")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, *args, log_path=None, **kwargs):
+            attempts.append(len(attempts) + 1)
+            if len(attempts) == 1:
+                with open(log_path, "a") as log:
+                    log.write(f"Exception: {simulation.RAY_START_TIMEOUT}. This could ...\n")
+                return 5, "finished:failed (Simulation failed with exception: crashed)"
+            (out / "summary.json").write_text(json.dumps({"final_acc": 0.5}))
+            return 6, "finished:completed"
+
+    monkeypatch.setattr(simulation, "LocalSimulation", Sim)
+    job = {"out-dir": str(out), "num-clients": 2}
+    if trained:
+        with pytest.raises(LaunchError, match="run 5 ended 'finished:failed"):
+            simulation.run_simulation_job(job, log_path=run_log, checked=True)
+        assert attempts == [1]
+    else:
+        assert simulation.run_simulation_job(job, log_path=run_log,
+                                             checked=True)["final_acc"] == 0.5
+        assert attempts == [1, 2]
+        assert "run 5: Ray's node did not start within Ray's 30 s" in capsys.readouterr().err
 
 
 # -- the compose demo's script (it runs Docker, so only its refusals run here) ---------------
