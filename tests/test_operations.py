@@ -643,17 +643,15 @@ def test_compose_tls_steps_leave_each_file_readable_by_who_needs_it_next(tmp_pat
     assert set(chowned) == {p for p in mounted if not can_read(p, user) or p in chowned}
 
 
-def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp_path,
-                                                                              monkeypatch):
-    """``fedefc run`` and the grids: Flower said completed, the summary says failed."""
-    out = tmp_path / "run"
-    results_folder(out, {"status": "failed", "failure": "every round failed"})
+def fake_simulation(tmp_path: Path, run):
+    """A stand-in for :class:`fedefc_cli.flower.LocalSimulation` whose ``run`` returns
+    ``run(log_path)``: (run id, Flower's status); its SuperLink log says it started."""
 
-    class Finished:
+    class Fake:
         log_path = tmp_path / "superlink.log"
 
         def __init__(self, work, ray_address=None):
-            pass
+            self.log_path.write_text("uvicorn started\n")
 
         def __enter__(self):
             return self
@@ -661,10 +659,20 @@ def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp
         def __exit__(self, *exc):
             pass
 
-        def run(self, *args, **kwargs):
-            return 9, "finished:completed"
+        def run(self, *args, log_path=None, **kwargs):
+            return run(log_path)
 
-    monkeypatch.setattr(simulation, "LocalSimulation", Finished)
+    return Fake
+
+
+def test_a_simulation_whose_summary_says_failed_is_not_returned_as_a_success(tmp_path,
+                                                                              monkeypatch):
+    """``fedefc run`` and the grids: Flower said completed, the summary says failed."""
+    out = tmp_path / "run"
+    results_folder(out, {"status": "failed", "failure": "every round failed"})
+
+    monkeypatch.setattr(simulation, "LocalSimulation", fake_simulation(
+        tmp_path, lambda log_path: (9, "finished:completed")))
     with pytest.raises(LaunchError, match="run 9 FAILED: every round failed"):
         simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2}, checked=True)
 
@@ -689,24 +697,12 @@ def test_a_failed_simulation_names_flowers_reason_and_the_run_logs_tail(tmp_path
     run_log = tmp_path / "run.log"
     run_log.write_text("an earlier run's log\n")
 
-    class Failed:
-        log_path = tmp_path / "superlink.log"
+    def failed(log_path):
+        with open(log_path, "a") as log:
+            log.write("round 1 ...\nTraceback (most recent call last):\nValueError: bad\n")
+        return 7, "finished:failed (Simulation failed with exception: bad)"
 
-        def __init__(self, work, ray_address=None):
-            self.log_path.write_text("uvicorn started\n")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def run(self, *args, log_path=None, **kwargs):
-            with open(log_path, "a") as log:
-                log.write("round 1 ...\nTraceback (most recent call last):\nValueError: bad\n")
-            return 7, "finished:failed (Simulation failed with exception: bad)"
-
-    monkeypatch.setattr(simulation, "LocalSimulation", Failed)
+    monkeypatch.setattr(simulation, "LocalSimulation", fake_simulation(tmp_path, failed))
     with pytest.raises(LaunchError) as err:
         simulation.run_simulation_job({"out-dir": str(tmp_path / "out"), "num-clients": 2},
                                       log_path=run_log, checked=True)
@@ -729,28 +725,16 @@ def test_a_run_whose_ray_did_not_start_in_time_is_started_once_more(tmp_path, mo
         (out / "metrics.jsonl").write_text('{"round": 1}\n')
     attempts = []
 
-    class Sim:
-        log_path = tmp_path / "superlink.log"
+    def attempt(log_path):
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            with open(log_path, "a") as log:
+                log.write(f"Exception: {simulation.RAY_START_TIMEOUT}. This could ...\n")
+            return 5, "finished:failed (Simulation failed with exception: crashed)"
+        (out / "summary.json").write_text(json.dumps({"final_acc": 0.5}))
+        return 6, "finished:completed"
 
-        def __init__(self, work, ray_address=None):
-            self.log_path.write_text("")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def run(self, *args, log_path=None, **kwargs):
-            attempts.append(len(attempts) + 1)
-            if len(attempts) == 1:
-                with open(log_path, "a") as log:
-                    log.write(f"Exception: {simulation.RAY_START_TIMEOUT}. This could ...\n")
-                return 5, "finished:failed (Simulation failed with exception: crashed)"
-            (out / "summary.json").write_text(json.dumps({"final_acc": 0.5}))
-            return 6, "finished:completed"
-
-    monkeypatch.setattr(simulation, "LocalSimulation", Sim)
+    monkeypatch.setattr(simulation, "LocalSimulation", fake_simulation(tmp_path, attempt))
     job = {"out-dir": str(out), "num-clients": 2}
     if trained:
         with pytest.raises(LaunchError, match="run 5 ended 'finished:failed"):
