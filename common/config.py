@@ -175,6 +175,9 @@ class RunConfig(BaseModel):
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
     validation_phase_2: Literal["estimate", "train"] = "estimate"
+    # "verified": the share's labels are checked ones, so A(t) is a clean accuracy
+    # (docs/FEDEFC.md §3.7)
+    validation_labels: Literal["observed", "verified"] = "observed"
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
     phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]
@@ -299,6 +302,18 @@ class RunConfig(BaseModel):
                 f"{self.accuracy_signal_mode!r}): the guard measures the global model on the "
                 "validation share, which only the held-out signal keeps; set "
                 "accuracy-signal=\"held-out\" or phase-2-guard=\"auto\"")
+        if self.validation_labels == "verified" and self.accuracy_signal_mode != "held-out":
+            raise ValueError(
+                f"validation-labels=\"verified\" with accuracy-signal={self.accuracy_signal!r} "
+                f"(resolved {self.accuracy_signal_mode!r}): verified labels are read on the "
+                "validation share, which only the held-out signal keeps; set "
+                "accuracy-signal=\"held-out\" (docs/FEDEFC.md §3.7)")
+        if self.validation_labels == "verified" and self.validation_phase_2 == "train":
+            raise ValueError(
+                "validation-labels=\"verified\" with validation-phase-2=\"train\": the "
+                "verified share must stay out of training, or the phase-2 guard would read "
+                "a training accuracy; set validation-phase-2=\"estimate\" (docs/FEDEFC.md "
+                "§3.7)")
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "

@@ -4,6 +4,8 @@ labels, or an ImageFolder directory (formats: docs/OWN-DATA.md, "Formats").
 - ``.npz`` with ``labels`` (integers ``0..K-1``, shape (N,)) and exactly one of
   ``images`` (uint8 pixels, shaped (N, H, W), (N, C, H, W) or (N, H, W, C)) or
   ``features`` (real numbers, shaped (N, D), stored as float32);
+  An optional boolean ``verified`` (N,) marks the samples whose labels were checked
+  (docs/OWN-DATA.md, "Verified labels");
 - a folder ``<root>/<class index>/<image file>`` (class folders named ``0`` .. ``K-1``,
   so that a label means the same class on every node), decoded with Pillow to
   grayscale or RGB; every image must have the same size.
@@ -41,11 +43,12 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Samples:
-    """Decoded samples: uint8 (N, C, H, W) images or float32 (N, D) features, and
-    int64 labels."""
+    """Decoded samples: uint8 (N, C, H, W) images or float32 (N, D) features, int64
+    labels, and the mask of verified labels where the file has one."""
 
     x: np.ndarray
     y: np.ndarray
+    verified: np.ndarray | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -244,6 +247,7 @@ def _read_npz(src: Path, where: str, expected: tuple[int, ...] | None) -> Sample
         kind = _sample_key(npz.files, where)
         x = _array(npz, kind, where)
         labels = _labels(npz, where)
+        verified = _verified(npz, len(labels), where)
     _check_dtype(kind, x.dtype, where)
     _, last = _input_shape(kind, x.shape, expected, where)
     if len(labels) != len(x):
@@ -260,7 +264,19 @@ def _read_npz(src: Path, where: str, expected: tuple[int, ...] | None) -> Sample
         x = np.ascontiguousarray(x[:, None])
     else:
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2) if last else x)
-    return Samples(x, labels)
+    return Samples(x, labels, verified)
+
+
+def _verified(npz, n: int, where: str) -> np.ndarray | None:
+    """The optional ``verified`` mask: boolean, one entry per label."""
+    if "verified" not in npz.files:
+        return None
+    mask = _array(npz, "verified", where)
+    if mask.dtype != bool or mask.shape != (n,):
+        raise _fail(where, f"'verified' has shape {mask.shape} and dtype {mask.dtype}; store "
+                           f"a boolean array of {n} entries, one per label, True where the "
+                           "label was checked")
+    return mask
 
 
 # -- ImageFolder -------------------------------------------------------------------------

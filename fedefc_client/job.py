@@ -107,8 +107,12 @@ class LocalJob:
         """The samples whose predictions estimate the client's noise matrix in phase 2:
         the validation share while it is kept out of training (``validation-phase-2 =
         "estimate"``: predictions the model did not fit, as cleanlab's out-of-sample
-        probabilities are), else all of the client's samples (docs/FEDEFC.md §4)."""
+        probabilities are), else all of the client's samples (docs/FEDEFC.md §4). A
+        share of verified labels is never counted: its labels carry no noise to
+        estimate, so Q comes from the samples trained on (docs/FEDEFC.md §3.7)."""
         held = self.held_back
+        if self.cfg.validation_labels == "verified" and self.local.validation is not None:
+            return np.flatnonzero(self.trainable(np.ones(len(self.labels), dtype=bool)))
         return np.arange(len(self.labels)) if held is None else held
 
     def trainable(self, keep: np.ndarray | None = None) -> np.ndarray | None:
@@ -131,12 +135,15 @@ class LocalJob:
         gives :meth:`global_accuracy`. In phase 2 (the phase-2 guard's signal,
         docs/FEDEFC.md §3.4) the model's prediction of an observed label is the argmax of
         ``Q p``, through the Q the client trained with in its previous round
-        (:attr:`prior_q`; p itself after a round of cross-entropy)."""
+        (:attr:`prior_q`; p itself after a round of cross-entropy). Verified labels
+        (docs/FEDEFC.md §3.7) are true labels: the model's own argmax is scored."""
         val = self.local.validation
         if val is None:
             return self.global_accuracy()
         probs = self.probs[val]
-        if self.phase == 2 and self.prior_q is not None:
+        # verified labels are true labels: the model is scored as it is (§3.7)
+        if self.phase == 2 and self.prior_q is not None and \
+                self.cfg.validation_labels == "observed":
             probs = probs @ self.prior_q.T
         return float(np.mean(probs.argmax(1) == self.labels[val]))
 

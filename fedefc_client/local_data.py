@@ -22,7 +22,10 @@ method also sets aside a seeded ``validation-fraction`` of the part it trains on
 (:func:`validation_positions`, a pure function of the seed and the partition id): the
 received global model's accuracy on it is the client's A_k, and it is not trained on
 in phase 1. It stays inside the training part, so the client's declared size, and the
-count of its replies, are unchanged (``common/data_plan.py: training_size``).
+count of its replies, are unchanged (``common/data_plan.py: training_size``). With
+``validation-labels = "verified"`` (docs/FEDEFC.md §3.7) the share's labels are checked
+ones: in a partition of the run's dataset the share carries its true labels, and a node's
+own data names its checked samples in a ``verified`` array, which are then its share.
 """
 
 from __future__ import annotations
@@ -132,11 +135,43 @@ def validation_positions(cfg: RunConfig, partition_id: int, m: int,
     return np.sort(perm[:count])
 
 
+def verified_share(cfg: RunConfig, partition_id: int, labels: np.ndarray,
+                   true_labels: np.ndarray | None, verified: np.ndarray | None,
+                   num_classes: int, where: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """(validation positions, labels) of a client's training part (docs/FEDEFC.md §3.1,
+    §3.7). Observed labels: the seeded share, labels unchanged. Verified labels: in a
+    partition of the run's dataset the seeded share with its true labels put in place
+    of the observed ones (a simulated check of those samples); in a node's own data
+    (no true labels) the samples its ``verified`` mask names, labels as stored."""
+    share = validation_positions(cfg, partition_id, len(labels), num_classes)
+    if cfg.validation_labels != "verified" or share is None:
+        return share, labels
+    if true_labels is not None:
+        checked = labels.copy()
+        checked[share] = true_labels[share]
+        return share, checked
+    if verified is None or not verified.any():
+        raise PrivateDataError(
+            f"{where}: validation-labels=\"verified\" but the data names no verified "
+            "sample; store a boolean array 'verified' beside 'labels' (True where the "
+            "label was checked; docs/OWN-DATA.md, \"Verified labels\"), or set "
+            "validation-labels=\"observed\"")
+    positions = np.flatnonzero(verified)
+    if len(positions) >= len(labels):
+        raise PrivateDataError(
+            f"{where}: all {len(labels)} samples it trains on are verified, so none is left "
+            "to train on; mark only a sample of them verified (docs/OWN-DATA.md, "
+            "\"Verified labels\")")
+    return positions, labels
+
+
 def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.ndarray,
-               true_labels: np.ndarray | None, data: Dataset) -> LocalData:
+               true_labels: np.ndarray | None, data: Dataset,
+               verified: np.ndarray | None = None, where: str = "") -> LocalData:
     """LocalData from a client's samples (``x`` on the training device), split for
-    federated evaluation, its validation share marked in the training part; with true
-    labels, the diagnostics of the training part."""
+    federated evaluation, its validation share marked in the training part
+    (:func:`verified_share`); with true labels, the diagnostics of the training part.
+    ``verified`` marks a node's checked samples (its own data only)."""
     device = x.device
     held = None
     split = held_out_positions(cfg, partition_id, len(labels))
@@ -150,15 +185,16 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
         held = HeldOut(held_x, torch.as_tensor(labels[out], dtype=torch.int64).to(device),
                        true_held)
         x, labels = x.index_select(0, torch.as_tensor(train, device=device)), labels[train]
+        verified = None if verified is None else verified[train]
+    validation, labels = verified_share(cfg, partition_id, labels, true_labels, verified,
+                                        data.num_classes, where)
     truth, rate = None, None
     if true_labels is not None:
         truth = empirical_transition(labels, true_labels, data.num_classes)
         rate = float(np.mean(labels != true_labels)) if len(labels) else 0.0
     return LocalData(x=x, y=torch.as_tensor(labels, dtype=torch.int64).to(device),
                      labels=labels, data=data, true_transition=truth, noise_rate=rate,
-                     held_out=held,
-                     validation=validation_positions(cfg, partition_id, len(labels),
-                                                     data.num_classes))
+                     held_out=held, validation=validation)
 
 
 _CACHE: dict[tuple, LocalData] = {}
@@ -168,7 +204,7 @@ _LOCK = threading.Lock()
 def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> LocalData:
     """Client ``partition_id`` of the run's federated data plan, cached per process."""
     key = (cfg.data_key(), cfg.evaluation_mode, cfg.local_test_fraction, validation_share(cfg),
-           partition_id, str(device))
+           cfg.validation_max_per_class, cfg.validation_labels, partition_id, str(device))
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -223,7 +259,8 @@ def node_data(cfg: RunConfig, partition_id: int, node_config: dict[str, Any], no
         key = partition_key(cfg, partition_id)
         build = partial(_partition_arrays, cfg, partition_id)
     arrays = DataCache(cache_dir).get_or_build(key, build) if cache_dir else build()
-    return _local_from_arrays(cfg, partition_id, arrays, node, device)
+    where = node if path is None else f"{node}: data-path={path!r}"
+    return _local_from_arrays(cfg, partition_id, arrays, node, device, where)
 
 
 def _partition_arrays(cfg: RunConfig, partition_id: int) -> Arrays:
@@ -240,11 +277,12 @@ def _partition_arrays(cfg: RunConfig, partition_id: int) -> Arrays:
 
 def _private_arrays(path: str, task: TaskShape, node: str) -> Arrays:
     samples = load_private_data(path, task, node)
-    return {"x": samples.x, "labels": samples.y}
+    arrays = {"x": samples.x, "labels": samples.y}
+    return arrays if samples.verified is None else {**arrays, "verified": samples.verified}
 
 
 def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays, node: str,
-                       device: torch.device) -> LocalData:
+                       device: torch.device, where: str) -> LocalData:
     """LocalData from prepared arrays. A partition keeps the run dataset's spec (stored
     with it); private data gets the run's normalization or, unless the run config
     gives it, its own training part's (docs/OWN-DATA.md, "Normalization")."""
@@ -265,4 +303,5 @@ def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays, node: 
         test_y = torch.zeros(0, dtype=torch.int64)
         true_labels = None
     data = Dataset(cfg.dataset, spec, x, torch.from_numpy(labels), test_x, test_y)
-    return make_local(cfg, partition_id, x.to(device), labels, true_labels, data)
+    return make_local(cfg, partition_id, x.to(device), labels, true_labels, data,
+                      arrays.get("verified"), where)

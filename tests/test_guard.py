@@ -231,31 +231,14 @@ class ClientNode(FakeProxy):
         return FitRes(OK, ndarrays_to_parameters(weights), n, metrics)
 
 
-def test_a_phase_2_made_to_hurt_is_undone(tmp_path, monkeypatch):
-    """Three clients of the embedded MNIST train every round; in phase 2 each client's Q
-    is a new permutation of the classes every round (an estimator that keeps changing its
-    mind), so the forward-corrected loss drags the model from one relabelling to the
-    next: its test accuracy collapses, so does the held-out accuracy the clients report
-    (through the Q they trained with), and the guard restores the best model it kept,
-    the test accuracy of that model's round. A minimum gain of 3 standard errors (about 4
-    points here) fixes T_e once the large rises are over: with the strict rule A(t)
-    creeps up by tenths of a point for rounds, and whether T_e comes in time is then
-    decided by the last bits of the machine's float sums."""
-    k = 10
-
-    def changing_its_mind(counts, labels, weighting):
-        """Each call a new derangement: true j is observed as sigma(j) != j."""
-        rng = np.random.default_rng(int(counts.sum()))
-        while True:
-            sigma = rng.permutation(k)
-            if not np.any(sigma == np.arange(k)):
-                return np.eye(k)[sigma].T  # Q[sigma(j), j] = 1
-
-    monkeypatch.setattr(local_update, "transition_from_counts", changing_its_mind)
+def hurt_run(tmp_path, monkeypatch, transition, **keys):
+    """Three clients of the embedded MNIST, every one every round, whose phase-2 Q is
+    ``transition(counts, labels, weighting)``; (records, summary) of the run."""
+    monkeypatch.setattr(local_update, "transition_from_counts", transition)
     cfg = load_run_config({"num-clients": 3, "fraction": 1.0, "rounds": 14,
                            "start-round": 2, "gamma-thr": 2, "local-epochs": 1,
                            "q-estimator": "counted", "client-threads": 1,
-                           "prestopping-min-gain": 3, "out-dir": str(tmp_path)})
+                           "prestopping-min-gain": 3, "out-dir": str(tmp_path), **keys})
     data = partition_data(cfg, 0, CPU).data
     model = initial_model(cfg, data.task)
     pipeline = make_pipeline(cfg, max_private=10**6,
@@ -268,16 +251,69 @@ def test_a_phase_2_made_to_hurt_is_undone(tmp_path, monkeypatch):
                      recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
     loop.set_max_workers(1)
     loop.fit(cfg.rounds, None)
-    recs = records(tmp_path)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    return records(tmp_path), json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_a_phase_2_made_to_hurt_is_undone(tmp_path, monkeypatch):
+    """In phase 2 each client's Q is a new permutation of the classes every round (an
+    estimator that keeps changing its mind), so the forward-corrected loss drags the
+    model from one relabelling to the next: its test accuracy collapses, so does the
+    held-out accuracy the clients report (through the Q they trained with), and the
+    guard restores the best model it kept, the test accuracy of that model's round. A
+    minimum gain of 3 standard errors (about 4 points here) fixes T_e once the large
+    rises are over: with the strict rule A(t) creeps up by tenths of a point for rounds,
+    and whether T_e comes in time is then decided by the last bits of the machine's
+    float sums."""
+    k = 10
+
+    def changing_its_mind(counts, labels, weighting):
+        """Each call a new derangement: true j is observed as sigma(j) != j."""
+        rng = np.random.default_rng(int(counts.sum()))
+        while True:
+            sigma = rng.permutation(k)
+            if not np.any(sigma == np.arange(k)):
+                return np.eye(k)[sigma].T  # Q[sigma(j), j] = 1
+
+    recs, summary = hurt_run(tmp_path, monkeypatch, changing_its_mind)
     t_e, best, end = summary["t_e"], summary["guard_restored_round"], summary["guard_ended_at"]
-    assert t_e is not None and end == t_e + 1 + cfg.gamma_thr  # two phase-2 models judged
-    assert recs[-1]["round"] == end < cfg.rounds
+    assert t_e is not None and end == t_e + 1 + 2  # two phase-2 models judged (gamma-thr 2)
+    assert recs[-1]["round"] == end < 14
     phase_2 = [r for r in recs if r["phase"] == 2 and r["round"] < end]
     assert all(r["client_loss"] == ["forward-corrected"] * 3 for r in phase_2)
     assert max(r["test_acc"] for r in phase_2) < recs[best - 1]["test_acc"] - 0.2  # it hurt
     assert summary["final_acc"] == pytest.approx(recs[best - 1]["test_acc"])  # undone
     assert recs[best - 1]["test_acc"] > 0.6
+
+
+@pytest.mark.parametrize("labels", ["observed", "verified"])
+def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path, monkeypatch,
+                                                                        labels):
+    """The failure no signal on noisy labels can see (docs/FEDEFC.md §3.4, §3.7): every
+    phase-2 Q is the same derangement (true j observed as j + 1), so the corrected loss
+    teaches the model to predict j - 1 for an observed j. The test accuracy collapses;
+    through that Q the model predicts the observed labels as well as before, so the
+    guard reading observed labels takes a relabelled model for its best and ends the
+    run with it, while on a share of verified labels (5 per class and client) the guard
+    sees the fall and restores the best phase-1 model."""
+    def shifted(counts, labels, weighting):
+        return np.roll(np.eye(counts.shape[0]), 1, axis=0)  # Q[(j + 1) % K, j] = 1
+
+    recs, summary = hurt_run(tmp_path, monkeypatch, shifted, **{
+        "validation-labels": labels, "validation-max-per-class": 5, "local-epochs": 4})
+    t_e = summary["t_e"]
+    assert t_e is not None
+    best_phase_1 = max(r["test_acc"] for r in recs if r["phase"] == 1)
+    hurt = [r["test_acc"] for r in recs if r["phase"] == 2 and t_e + 1 < r["round"]
+            and r["round"] != summary["guard_ended_at"]]
+    assert max(hurt) < best_phase_1 - 0.3  # the relabelling hurt
+    if labels == "observed":
+        assert summary["guard_restored_round"] > t_e + 2  # a relabelled model
+        assert summary["final_acc"] < best_phase_1 - 0.3
+    else:
+        assert summary["guard_ended_at"] == t_e + 1 + 2 < 14
+        assert summary["final_acc"] == pytest.approx(
+            recs[summary["guard_restored_round"] - 1]["test_acc"])
+        assert summary["final_acc"] > best_phase_1 - 0.05
 
 
 # -- runs too short for a phase 2 (docs/FEDEFC.md §3.5) ---------------------------------------
