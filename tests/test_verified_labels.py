@@ -102,12 +102,14 @@ NODE_RUN = {"dataset": "npz", "num-classes": 3, "input-shape": "4", "num-clients
 def test_a_nodes_share_is_the_samples_its_file_marks_verified(tmp_path):
     """Own data: the share is exactly the marked samples among those the node trains on
     (the federated-evaluation hold-out takes its seeded part first), whatever
-    validation-fraction says."""
+    validation-fraction says; the same from the node's disk cache."""
     verified = np.zeros(60, dtype=bool)
     verified[::7] = True
     path = write_node(tmp_path, verified)
     cfg = load_run_config(NODE_RUN)
-    local = node_data(cfg, 1, {"data-path": str(path)}, NODE, CPU)
+    node = {"data-path": str(path), "cache-dir": str(tmp_path / "cache")}
+    built, local = (node_data(cfg, 1, node, NODE, CPU) for _ in range(2))  # then cached
+    np.testing.assert_array_equal(built.validation, local.validation)
     x = np.load(path)["features"].astype(np.float32)
     marked = {x[i].tobytes() for i in np.flatnonzero(verified)}
     trained = local.x.numpy()
