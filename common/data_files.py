@@ -112,13 +112,17 @@ def read_header(path: str, where: str,
     return input_shape, int(labels.max()) + 1 if len(labels) else 0
 
 
-def write_npz(path: Path, x: np.ndarray, labels: np.ndarray) -> None:
+def write_npz(path: Path, x: np.ndarray, labels: np.ndarray,
+              verified: np.ndarray | None = None) -> None:
     """Write samples as an .npz in the accepted format: ``images`` when ``x`` is uint8
-    N x C x H x W, else ``features`` (float32); atomically, mode 0644, so that a
-    container's SuperExec user can read it from a read-only mount."""
+    N x C x H x W, else ``features`` (float32), and the ``verified`` mask when given;
+    atomically, mode 0644, so that a container's SuperExec user can read it from a
+    read-only mount."""
     buf = io.BytesIO()
     x = np.asarray(x)
     arrays = {"images": x} if x.ndim == 4 else {"features": x.astype(np.float32)}
+    if verified is not None:
+        arrays["verified"] = np.asarray(verified, dtype=bool)
     np.savez(buf, **arrays, labels=np.asarray(labels, dtype=np.int64))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, buf.getvalue(), mode=0o644)

@@ -855,12 +855,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     data: ``OUT/node-K/data.npz``, or with ``--images`` a folder of PNG files per class
     (``OUT/node-K/<class index>/<n>.png``) and the federation's class map
     ``OUT/classes.json``, to try ``fedefc data`` as a site with real images would
-    (docs/DEPLOYMENT.md, "Node data")."""
+    (docs/DEPLOYMENT.md, "Node data"). With ``validation-labels = "verified"`` the
+    simulation's verified share is written with its true labels and marked in a
+    ``verified`` array (docs/FEDEFC.md §3.7)."""
     import torch  # lazy: torch, 1.9 s of CPU
 
     from common.data_plan import data_plan  # lazy: torch, 1.9 s of CPU
     from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
+    from fedefc_client.local_data import checked_in_partition  # lazy: torch
     cfg = load_run_config(merged_config(args.preset, args.overrides))
+    if args.images and cfg.validation_labels == "verified":
+        raise UsageError("validation-labels=\"verified\" with --images: an image folder "
+                         "cannot mark verified samples; export an .npz per node (without "
+                         "--images)")
     out = Path(args.out_dir).expanduser().resolve()
     folders = [out / f"node-{pid}" for pid in range(cfg.num_clients)]
     paths = folders if args.images else [folder / "data.npz" for folder in folders]
@@ -882,10 +889,14 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "choose a folder you can write to") from None
     for pid, (idx, path) in enumerate(zip(fed.client_indices, paths)):
         x, y = fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx]
+        checked = checked_in_partition(cfg, pid, len(idx), fed.data.num_classes)
+        if checked is not None:
+            y = y.copy()
+            y[checked] = fed.true_labels[idx][checked]
         if args.images:
             write_image_folder(path, x, y)
         else:
-            write_npz(path, x, y)
+            write_npz(path, x, y, checked)
         print(f"partition {pid}: {len(idx)} samples -> {path}")
     if args.images:
         atomic_write_json(out / "classes.json", {str(c): c for c in range(fed.data.num_classes)})

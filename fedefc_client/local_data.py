@@ -135,6 +135,23 @@ def validation_positions(cfg: RunConfig, partition_id: int, m: int,
     return np.sort(perm[:count])
 
 
+def checked_in_partition(cfg: RunConfig, partition_id: int, n: int,
+                         num_classes: int) -> np.ndarray | None:
+    """The mask, over a partition's ``n`` samples, of the share :func:`verified_share`
+    gives true labels (after the federated-evaluation hold-out of
+    :func:`held_out_positions`); None unless the run has ``validation-labels =
+    "verified"`` and a share. What ``fedefc deploy export`` marks ``verified``, so that a
+    node holding the export has the simulation's share (docs/FEDEFC.md §3.7)."""
+    split = held_out_positions(cfg, partition_id, n)
+    train = np.arange(n) if split is None else split[0]
+    share = validation_positions(cfg, partition_id, len(train), num_classes)
+    if cfg.validation_labels != "verified" or share is None:
+        return None
+    mask = np.zeros(n, dtype=bool)
+    mask[train[share]] = True
+    return mask
+
+
 def verified_share(cfg: RunConfig, partition_id: int, labels: np.ndarray,
                    true_labels: np.ndarray | None, verified: np.ndarray | None,
                    num_classes: int, where: str) -> tuple[np.ndarray | None, np.ndarray]:

@@ -15,6 +15,8 @@ from common.methods import load_run_config
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import estimate_transition
+from fedefc_cli.main import main
+from fedefc_cli.run_configs import toml_value
 from fedefc_client.job import LocalJob
 from fedefc_client.local_data import node_data, partition_data, validation_positions
 from fedefc_client.local_update import fedefc
@@ -150,3 +152,35 @@ def test_verified_labels_need_a_share_kept_out_of_training(keys, fix):
     with pytest.raises(ValueError, match="validation-labels=\"verified\"") as err:
         silo(**keys)
     assert fix in str(err.value)
+
+
+@pytest.mark.parametrize("evaluation", ["server", "both"])
+def test_an_exported_partition_gives_its_node_the_simulations_verified_share(tmp_path,
+                                                                             evaluation):
+    """``fedefc deploy export`` with verified labels: each node's file holds the
+    simulation's share with its true labels, marked verified, so the node (own data,
+    ``data-path``) trains on, holds out and is scored on exactly what the simulated
+    client is, with or without a federated-evaluation hold-out taken first."""
+    keys = {"num-clients": 5, "fraction": 1.0, "rho": 0.4, "zeta": 0.8,
+            "validation-labels": "verified", "validation-max-per-class": 5,
+            "evaluation": evaluation}
+    assert main(["deploy", "export", str(tmp_path / "out"),
+                 *(f"--set={k}={toml_value(v)}" for k, v in keys.items())]) == 0
+    cfg = load_run_config(keys)
+    for pid in (0, 3):
+        sim = partition_data(cfg, pid, CPU)
+        path = tmp_path / "out" / f"node-{pid}" / "data.npz"
+        assert np.load(path)["verified"].sum() == len(sim.validation) == 50
+        node = node_data(cfg, pid, {"data-path": str(path)}, NODE, CPU)
+        np.testing.assert_array_equal(node.validation, sim.validation)
+        np.testing.assert_array_equal(node.labels, sim.labels)
+        assert torch.equal(node.x, sim.x)
+
+
+def test_an_export_as_image_folders_cannot_mark_verified_samples(tmp_path, capsys):
+    code = main(["deploy", "export", str(tmp_path / "out"), "--images",
+                 "--set=validation-labels=\"verified\"", "--set=num-clients=5",
+                 "--set=fraction=1.0"])
+    assert code == 2
+    assert "--images: an image folder cannot mark verified samples" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written
