@@ -178,6 +178,9 @@ class RunConfig(BaseModel):
     # "verified": the share's labels are checked ones, so A(t) is a clean accuracy
     # (docs/FEDEFC.md §3.7)
     validation_labels: Literal["observed", "verified"] = "observed"
+    # what the phase-2 guard does when it fires: end the run, or (verified labels only)
+    # restore the best model and train on with cross-entropy (docs/FEDEFC.md §3.7)
+    guard_fallback: Literal["end", "train"] = "end"
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
     phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]
@@ -308,6 +311,14 @@ class RunConfig(BaseModel):
                 f"(resolved {self.accuracy_signal_mode!r}): verified labels are read on the "
                 "validation share, which only the held-out signal keeps; set "
                 "accuracy-signal=\"held-out\" (docs/FEDEFC.md §3.7)")
+        if self.guard_fallback == "train" and not (self.guarded and
+                                                    self.validation_labels == "verified"):
+            raise ValueError(
+                "guard-fallback=\"train\" needs the phase-2 guard reading verified labels "
+                "(validation-labels=\"verified\", and the guard on): on observed labels "
+                "the models cross-entropy trains on after the fallback fit the noise, and "
+                "nothing the guard reads tells (docs/FEDEFC.md §3.7); set "
+                "guard-fallback=\"end\"")
         if self.validation_labels == "verified" and self.validation_phase_2 == "train":
             raise ValueError(
                 "validation-labels=\"verified\" with validation-phase-2=\"train\": the "

@@ -8,7 +8,10 @@ The guard keeps the best of them: the round whose RECEIVED model scored the high
 model phase 2 trained (round T_e + 2 on) and whose A(t) does not beat that best counts
 against phase 2, one that beats it clears the count; when ``patience`` such rounds in a
 row have not beaten it, phase 2 has not given a better model than the best one the run
-already had: the guard restores that model and the run ends with it.
+already had: the guard restores that model and the run ends with it. With
+``guard-fallback = "train"`` (verified labels only, docs/FEDEFC.md §3.7) the first such
+verdict restores the best model and training goes on with cross-entropy; the guard then
+judges those models the same way, and its next verdict ends the run.
 """
 
 from __future__ import annotations
@@ -32,19 +35,28 @@ class Phase2Guard:
     best_round: int | None = None
     worse: int = 0
     fired: int | None = None
+    fallback: bool = False  # guard-fallback = "train": the first verdict trains on
+    fell_back: int | None = None  # the round whose verdict went back to cross-entropy
 
     def observe(self, server_round: int, accuracy: float, phase_2_model: bool) -> str:
         """Feed A(t); returns ``"best"`` (the round's received model is the new best:
-        keep it), ``"fired"`` (restore the best model and end the run), or ``""``."""
+        keep it), ``"fell back"`` (restore the best model and train on with
+        cross-entropy), ``"fired"`` (restore the best model and end the run), or ``""``.
+        ``phase_2_model``: a model trained after T_e (by phase 2, or after falling back);
+        the restored model itself, measured again by the round after the fallback, is
+        not counted."""
         if self.fired is not None or server_round <= self.start_round:
             return ""
         if accuracy > self.best_a:
             self.best_a, self.best_round, self.worse = float(accuracy), server_round, 0
             return "best"
-        if not phase_2_model:
+        if not phase_2_model or server_round == (self.fell_back or -1) + 1:
             return ""
         self.worse += 1
-        if self.worse >= self.patience:
-            self.fired = server_round
-            return "fired"
-        return ""
+        if self.worse < self.patience:
+            return ""
+        if self.fallback and self.fell_back is None:
+            self.fell_back, self.worse = server_round, 0
+            return "fell back"
+        self.fired = server_round
+        return "fired"

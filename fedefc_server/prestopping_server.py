@@ -46,11 +46,16 @@ class PrestoppingServer(MethodServer):
     def __init__(self, cfg: RunConfig, model_shape: ClassifierShape):
         super().__init__(cfg, model_shape)
         self.prestopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
-        self.guard = Phase2Guard(cfg.start_round, cfg.gamma_thr) if cfg.guarded else None
+        self.guard = Phase2Guard(cfg.start_round, cfg.gamma_thr,
+                                 fallback=cfg.guard_fallback == "train") if cfg.guarded else None
         self.kept: Parameters | None = None  # the guard's best model
         self.gain_used: float | None = None  # z of the last round the rule saw
 
     def phase(self, server_round: int) -> int:
+        """The prestopping phase; 1 again after the guard fell back (§3.7)."""
+        fell_back = self.guard.fell_back if self.guard is not None else None
+        if fell_back is not None and server_round > fell_back:
+            return 1
         return self.prestopper.phase(server_round)
 
     def client_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
@@ -74,7 +79,8 @@ class PrestoppingServer(MethodServer):
         fields: dict[str, Any] = {"client_acc": accs, "A": a_t}
         if a_t is None:
             return result.parameters, fields
-        if self.phase(t) == 1 and self.prestopper.observe(t, a_t, self.min_gain(a_t, result)):
+        if self.prestopper.phase(t) == 1 and \
+                self.prestopper.observe(t, a_t, self.min_gain(a_t, result)):
             log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
                 "phase 2 from round %d", t, self.prestopper.a_max, self.prestopper.patience,
                 t + 1)
@@ -104,16 +110,28 @@ class PrestoppingServer(MethodServer):
         if self.guard is None:
             return result.parameters
         t = result.round
-        verdict = self.guard.observe(t, a_t, phase_2_model=self.phase(t - 1) == 2)
+        verdict = self.guard.observe(t, a_t, phase_2_model=self.prestopper.phase(t - 1) == 2)
         if verdict == "best":
             self.kept = result.received
-        elif verdict == "fired":
+        elif verdict == "fell back":
             log(WARNING, "PHASE-2 GUARD: %d rounds of phase 2 did not beat A = %.4f, the "
                 "held-out accuracy of the model round %d received: that model is restored "
-                "and the run ends after round %d", self.guard.patience, self.guard.best_a,
-                self.guard.best_round, t)
+                "and training goes on with cross-entropy from round %d (guard-fallback = "
+                "\"train\")", self.guard.patience, self.guard.best_a, self.guard.best_round,
+                t + 1)
+            return self.kept
+        elif verdict == "fired":
+            log(WARNING, "PHASE-2 GUARD: %d rounds of %s did not beat A = %.4f, the "
+                "held-out accuracy of the model round %d received: that model is restored "
+                "and the run ends after round %d", self.guard.patience, self.trained_on(),
+                self.guard.best_a, self.guard.best_round, t)
             return self.kept
         return result.parameters
+
+    def trained_on(self) -> str:
+        """What made the models the guard last judged, in words."""
+        fell_back = self.guard is not None and self.guard.fell_back is not None
+        return "cross-entropy after the fallback" if fell_back else "phase 2"
 
     def finished(self) -> bool:
         """The guard fired: the run ends with the model it restored."""
@@ -124,8 +142,8 @@ class PrestoppingServer(MethodServer):
         """The phase of the round, A_max, the patience counter and T_e; with the guard,
         its best round and count of phase-2 rounds that did not beat it."""
         p = self.prestopper
-        fields = {"phase": p.phase(server_round), "A_max": p.a_max, "patience": p.patience,
-                  "t_e": p.t_e}
+        fields = {"phase": self.phase(server_round), "A_max": p.a_max,
+                  "patience": p.patience, "t_e": p.t_e}
         if self.guard is not None:
             fields.update(guard_best_round=self.guard.best_round, guard_worse=self.guard.worse)
         return fields
@@ -182,18 +200,27 @@ class PrestoppingServer(MethodServer):
                 "q_estimator": q_estimator_used(self.cfg),
                 "phase_2_guard": "on" if g is not None else "off",
                 "guard_restored_round": None if g is None or g.fired is None else g.best_round,
-                "guard_ended_at": None if g is None else g.fired}
+                "guard_ended_at": None if g is None else g.fired,
+                "guard_fell_back_at": None if g is None else g.fell_back}
 
     def notes(self) -> list[str]:
         """A run that never left phase 1 trained as FedAvg, and a run whose guard undid
         phase 2: say so in plain words, and what to change."""
+        g = self.guard
+        fell_back = [] if g is None or g.fell_back is None else [
+            f"phase 2 did not beat the best held-out accuracy in {g.patience} rounds of its "
+            f"own: the phase-2 guard restored the best model after round {g.fell_back} and "
+            "training went on with cross-entropy (guard-fallback = \"train\", "
+            "docs/FEDEFC.md §3.7)"]
         if self.finished():
-            g = self.guard
-            return [f"phase 2 did not beat the held-out accuracy of the model round "
-                    f"{g.best_round} received (A = {g.best_a:.4f}) in {g.patience} rounds "
-                    f"of its own: the phase-2 guard restored that model, and the run ended "
-                    f"with it after round {g.fired} of {self.cfg.rounds} (docs/FEDEFC.md "
-                    "§3.4)"]
+            return [*fell_back,
+                    f"{self.trained_on()} did not beat the held-out accuracy of the model "
+                    f"round {g.best_round} received (A = {g.best_a:.4f}) in {g.patience} "
+                    f"rounds of its own: the phase-2 guard restored that model, and the run "
+                    f"ended with it after round {g.fired} of {self.cfg.rounds} "
+                    "(docs/FEDEFC.md §3.4)"]
+        if fell_back:
+            return fell_back
         if not self.cfg.prestopping or self.prestopper.t_e is not None:
             return []
         last = self.prestopper.history[-1][1] if self.prestopper.history else None
@@ -213,6 +240,14 @@ class PrestoppingServer(MethodServer):
         head = f"phase {record['phase']}"
         if record["round"] == 0:
             return f"{head} | initial model: {evaluation_text(record)}"
+        guard = ""
+        if self.guard is not None and record.get("A") is not None:
+            guard = (f" | A(t) {record['A']:.4f}  best {self.guard.best_a:.4f} (round "
+                     f"{record['guard_best_round']})  not beaten {record['guard_worse']}/"
+                     f"{self.guard.patience}")
+        fell_back = self.guard.fell_back if self.guard is not None else None
+        if record["phase"] == 1 and fell_back is not None and record["round"] > fell_back:
+            return f"{head} (the guard's fallback){guard} | {evaluation_text(record)}"
         if record["phase"] == 1:
             a = record.get("A")
             watched = record["round"] > self.cfg.start_round
@@ -224,10 +259,5 @@ class PrestoppingServer(MethodServer):
         kinds = ", ".join(sorted(set(record.get("client_loss", [])))) or "no clients"
         cos = record.get("q_cos")
         q = "" if cos is None else f" (Q vs true: cos {cos:.3f}, L1 {record['q_l1']:.3f})"
-        guard = ""
-        if self.guard is not None and record.get("A") is not None:
-            guard = (f" | A(t) {record['A']:.4f}  best {self.guard.best_a:.4f} (round "
-                     f"{record['guard_best_round']})  not beaten {record['guard_worse']}/"
-                     f"{self.guard.patience}")
         return (f"{head} | {record.get('n_clients', 0)} clients, loss: {kinds}{q}{guard} | "
                 f"{evaluation_text(record)}")

@@ -55,6 +55,23 @@ def test_the_guard_keeps_the_best_model_and_fires_after_patience_phase_2_rounds(
     assert (guard.best_round, guard.best_a, guard.fired) == (5, 0.6, 7)
 
 
+def test_with_the_fallback_the_first_verdict_trains_on_and_the_second_ends():
+    """``guard-fallback = "train"``: the first patience-th miss restores the best and goes
+    back to cross-entropy; the restored model, measured again by the next round, does
+    not count; cross-entropy models are judged like phase-2 ones, and the next verdict
+    ends the run."""
+    guard = Phase2Guard(start_round=2, patience=2, fallback=True)
+    seen = [guard.observe(t, a, p2) for t, a, p2 in (
+        (3, 0.5, False), (4, 0.45, True), (5, 0.45, True),  # phase 2 misses twice
+        (6, 0.5, True),    # the restored model again: not counted
+        (7, 0.49, True),   # 1
+        (8, 0.7, True),    # cross-entropy beats it
+        (9, 0.6, True), (10, 0.6, True),  # 2: fired
+    )]
+    assert seen == ["best", "", "fell back", "", "", "best", "", "fired"]
+    assert (guard.fell_back, guard.best_round, guard.fired) == (5, 8, 10)
+
+
 def test_a_phase_2_that_keeps_beating_the_best_never_fires():
     guard = Phase2Guard(start_round=0, patience=1)
     assert [guard.observe(t, 0.1 * t, True) for t in range(1, 6)] == ["best"] * 5
@@ -144,6 +161,53 @@ def test_the_guard_restores_the_best_model_and_ends_the_run(tmp_path, caplog):
     np.testing.assert_allclose(ckpt.models["guard-best"][1], init[1] + 6 * step, rtol=1e-6)
     with pytest.raises(CheckpointError, match="nothing remains to resume"):
         type(make_pipeline(cfg).server).check_checkpoint(ckpt.strategy, cfg)
+
+
+# guard-fallback = "train": the guard falls back in round 9 as above (restoring the
+# model round 7 received); round 10 measures that model again (not counted), round 11's
+# model (cross-entropy from it) is the new best, rounds 12 and 13 miss: the run ends
+# after round 13 with the model round 11 received.
+FALLBACK = {**{t: GUARDED[t] for t in range(1, 10)}, 10: 0.62, 11: 0.7, 12: 0.6, 13: 0.6,
+            14: 0.9, 15: 0.9, 16: 0.9}
+
+
+class FallbackNode(HeldOutNode):
+    """Scripted as :data:`FALLBACK`; records the phase each round sent it."""
+
+    script = FALLBACK
+    phases: dict[int, int] = {}
+
+    def fit(self, ins, timeout, group_id):
+        FallbackNode.phases[int(ins.config["round"])] = int(ins.config["phase"])
+        return super().fit(ins, timeout, group_id)
+
+
+def test_the_fallback_trains_on_with_cross_entropy_from_the_restored_model(tmp_path):
+    cfg, init = guarded_loop(tmp_path, node=FallbackNode, rounds=16, **{
+        "validation-labels": "verified", "guard-fallback": "train"})
+    step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
+    recs = records(tmp_path)
+    assert [r["round"] for r in recs] == list(range(14))
+    assert [FallbackNode.phases[t] for t in range(1, 14)] == [1] * 4 + [2] * 5 + [1] * 4
+    assert [r["phase"] for r in recs[1:]] == [1] * 4 + [2] * 5 + [1] * 4
+    assert recs[9]["test_acc"] == pytest.approx(init[1][0] + 6 * step)  # restored in 9
+    assert recs[10]["test_acc"] == pytest.approx(init[1][0] + 7 * step)  # then trained on
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["guard_fell_back_at"], summary["guard_restored_round"],
+            summary["guard_ended_at"]) == (9, 11, 13)
+    assert summary["final_acc"] == pytest.approx(init[1][0] + 7 * step)  # round 11's
+    assert "went on with cross-entropy" in summary["notes"][0]
+    assert "cross-entropy after the fallback did not beat" in summary["notes"][1]
+    assert "after round 13 of 16" in summary["notes"][1]
+
+
+def test_the_fallback_needs_the_guard_reading_verified_labels():
+    for keys in ({"num-clients": 5, "fraction": 1.0},
+                 {"num-clients": 5, "fraction": 1.0, "validation-labels": "verified",
+                  "phase-2-guard": "off"}):
+        with pytest.raises(ValueError, match="guard-fallback=\"train\" needs the phase-2 "
+                                             "guard reading verified labels"):
+            load_run_config({**keys, "guard-fallback": "train"})
 
 
 def test_a_guarded_run_resumes_with_the_model_its_guard_kept(tmp_path):
