@@ -299,18 +299,17 @@ class RunConfig(BaseModel):
                 "counted in standard errors of the accuracy on the validation shares, which "
                 "only the held-out signal keeps; set accuracy-signal=\"held-out\" (or let "
                 "\"auto\" choose it: every client in every round) or prestopping-min-gain=0")
-        if self.phase_2_guard == "on" and self.accuracy_signal_mode != "held-out":
-            raise ValueError(
-                f"phase-2-guard=\"on\" with accuracy-signal={self.accuracy_signal!r} (resolved "
-                f"{self.accuracy_signal_mode!r}): the guard measures the global model on the "
-                "validation share, which only the held-out signal keeps; set "
-                "accuracy-signal=\"held-out\" or phase-2-guard=\"auto\"")
-        if self.validation_labels == "verified" and self.accuracy_signal_mode != "held-out":
-            raise ValueError(
-                f"validation-labels=\"verified\" with accuracy-signal={self.accuracy_signal!r} "
-                f"(resolved {self.accuracy_signal_mode!r}): verified labels are read on the "
-                "validation share, which only the held-out signal keeps; set "
-                "accuracy-signal=\"held-out\" (docs/FEDEFC.md §3.7)")
+        for setting, active, other_fix in (
+                ('phase-2-guard="on"', self.phase_2_guard == "on",
+                 ' or phase-2-guard="auto" (docs/FEDEFC.md §3.4)'),
+                ('validation-labels="verified"', self.validation_labels == "verified",
+                 ' (docs/FEDEFC.md §3.7)')):
+            if active and self.accuracy_signal_mode != "held-out":
+                raise ValueError(
+                    f"{setting} with accuracy-signal={self.accuracy_signal!r} (resolved "
+                    f"{self.accuracy_signal_mode!r}): it reads the global model's accuracy on "
+                    "the validation share, which only the held-out signal keeps; set "
+                    f"accuracy-signal=\"held-out\"{other_fix}")
         if self.guard_fallback == "train" and not (self.guarded and
                                                     self.validation_labels == "verified"):
             raise ValueError(
