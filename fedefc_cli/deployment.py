@@ -862,7 +862,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from common.data_plan import data_plan  # lazy: torch, 1.9 s of CPU
     from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
-    from fedefc_client.local_data import checked_in_partition  # lazy: torch
+    from fedefc_client.local_data import checked_in_partition  # lazy: torch, 1.9 s of CPU
     cfg = load_run_config(merged_config(args.preset, args.overrides))
     if args.images and cfg.validation_labels == "verified":
         raise UsageError("validation-labels=\"verified\" with --images: an image folder "

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -622,7 +622,8 @@ def images(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 def test_npz_layouts_decode_to_nchw(tmp_path, spec, shape, to_nchw):
     raw = images(5, shape)
     np.savez(tmp_path / "d.npz", images=raw, labels=np.array([0, 1, 2, 3, 9], dtype=np.uint8))
-    x, y = astuple(load_private_data(str(tmp_path / "d.npz"), spec, NODE))
+    samples = load_private_data(str(tmp_path / "d.npz"), spec, NODE)
+    x, y = samples.x, samples.y
     assert x.dtype == np.uint8 and x.shape == (5, *spec.input_shape)
     np.testing.assert_array_equal(x, to_nchw(raw))
     assert y.dtype == np.int64 and y.tolist() == [0, 1, 2, 3, 9]
@@ -646,7 +647,8 @@ def write_image_folder(root: Path, mode: str, size: int, per_class: dict[str, in
 @pytest.mark.parametrize("spec,mode", [(MNIST, "L"), (CIFAR, "RGB")], ids=["gray", "rgb"])
 def test_image_folder_labels_are_class_folder_indices(tmp_path, spec, mode):
     written = write_image_folder(tmp_path / "data", mode, spec.input_shape[1], {"3": 2, "7": 1})
-    x, y = astuple(load_private_data(str(tmp_path / "data"), spec, NODE))
+    samples = load_private_data(str(tmp_path / "data"), spec, NODE)
+    x, y = samples.x, samples.y
     assert y.tolist() == [3, 3, 7] and x.shape == (3, *spec.input_shape)
     first = written["3"][0]
     np.testing.assert_array_equal(x[0], first[None] if mode == "L" else first.transpose(2, 0, 1))
