@@ -293,7 +293,9 @@ def test_the_server_learns_a_t_and_never_a_clients_accuracy(rounds):
                   msg.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
         assert all(v.dtype.kind in "iu" for v in vector)
         as_if_clear = dequantize(vector[-1:], 8.0, 2**22)[0]
-        assert not any(abs(as_if_clear[1] / as_if_clear[0] - a) < 1e-3 for a in accuracies)
+        # unmasked, the ratio gives an accuracy back to within the quantization error;
+        # 1e-5, not 1e-3: a masked ratio fell within 1e-3 of one by chance once
+        assert not any(abs(as_if_clear[1] / as_if_clear[0] - a) < 1e-5 for a in accuracies)
     # and the model is FedAvg's up to the quantization step
     for got, want in zip(parameters_to_ndarrays(secure_params),
                          parameters_to_ndarrays(plain_params)):
