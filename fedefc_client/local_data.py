@@ -135,32 +135,40 @@ def validation_positions(cfg: RunConfig, partition_id: int, m: int,
     return np.sort(perm[:count])
 
 
+def layout(cfg: RunConfig, partition_id: int, n: int, num_classes: int
+           ) -> tuple[tuple[np.ndarray, np.ndarray] | None, np.ndarray | None]:
+    """How a client's ``n`` samples divide: the federated-evaluation split of
+    :func:`held_out_positions` (None without one), then the validation share among the
+    training part (:func:`validation_positions`, positions within that part)."""
+    split = held_out_positions(cfg, partition_id, n)
+    m = n if split is None else len(split[0])
+    return split, validation_positions(cfg, partition_id, m, num_classes)
+
+
 def checked_in_partition(cfg: RunConfig, partition_id: int, n: int,
                          num_classes: int) -> np.ndarray | None:
     """The mask, over a partition's ``n`` samples, of the share :func:`verified_share`
-    gives true labels (after the federated-evaluation hold-out of
-    :func:`held_out_positions`); None unless the run has ``validation-labels =
-    "verified"`` and a share. What ``fedefc deploy export`` marks ``verified``, so that a
-    node holding the export has the simulation's share (docs/FEDEFC.md §3.7)."""
-    split = held_out_positions(cfg, partition_id, n)
-    train = np.arange(n) if split is None else split[0]
-    share = validation_positions(cfg, partition_id, len(train), num_classes)
+    gives true labels (placed by :func:`layout`); None unless the run has
+    ``validation-labels = "verified"`` and a share. What ``fedefc deploy export`` marks
+    ``verified``, so that a node holding the export has the simulation's share
+    (docs/FEDEFC.md §3.7)."""
+    split, share = layout(cfg, partition_id, n, num_classes)
     if cfg.validation_labels != "verified" or share is None:
         return None
     mask = np.zeros(n, dtype=bool)
-    mask[train[share]] = True
+    mask[(np.arange(n) if split is None else split[0])[share]] = True
     return mask
 
 
-def verified_share(cfg: RunConfig, partition_id: int, labels: np.ndarray,
+def verified_share(cfg: RunConfig, share: np.ndarray | None, labels: np.ndarray,
                    true_labels: np.ndarray | None, verified: np.ndarray | None,
-                   num_classes: int, where: str) -> tuple[np.ndarray | None, np.ndarray]:
-    """(validation positions, labels) of a client's training part (docs/FEDEFC.md §3.1,
-    §3.7). Observed labels: the seeded share, labels unchanged. Verified labels: in a
+                   where: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """(validation positions, labels) of a client's training part, given its seeded
+    ``share`` (:func:`layout`; docs/FEDEFC.md §3.1, §3.7). Observed labels: the share,
+    labels unchanged. Verified labels: in a
     partition of the run's dataset the seeded share with its true labels put in place
     of the observed ones (a simulated check of those samples); in a node's own data
     (no true labels) the samples its ``verified`` mask names, labels as stored."""
-    share = validation_positions(cfg, partition_id, len(labels), num_classes)
     if cfg.validation_labels != "verified" or share is None:
         return share, labels
     if true_labels is not None:
@@ -191,7 +199,7 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
     ``verified`` marks a node's checked samples (its own data only)."""
     device = x.device
     held = None
-    split = held_out_positions(cfg, partition_id, len(labels))
+    split, share = layout(cfg, partition_id, len(labels), data.num_classes)
     true_held = None
     if split is not None:
         train, out = split
@@ -203,8 +211,7 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
                        true_held)
         x, labels = x.index_select(0, torch.as_tensor(train, device=device)), labels[train]
         verified = None if verified is None else verified[train]
-    validation, labels = verified_share(cfg, partition_id, labels, true_labels, verified,
-                                        data.num_classes, where)
+    validation, labels = verified_share(cfg, share, labels, true_labels, verified, where)
     truth, rate = None, None
     if true_labels is not None:
         truth = empirical_transition(labels, true_labels, data.num_classes)

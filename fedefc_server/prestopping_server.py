@@ -51,10 +51,15 @@ class PrestoppingServer(MethodServer):
         self.kept: Parameters | None = None  # the guard's best model
         self.gain_used: float | None = None  # z of the last round the rule saw
 
+    @property
+    def fell_back(self) -> int | None:
+        """The round whose guard verdict sent training back to cross-entropy, if any
+        (guard-fallback = "train", docs/FEDEFC.md §3.7)."""
+        return self.guard.fell_back if self.guard is not None else None
+
     def phase(self, server_round: int) -> int:
         """The prestopping phase; 1 again after the guard fell back (§3.7)."""
-        fell_back = self.guard.fell_back if self.guard is not None else None
-        if fell_back is not None and server_round > fell_back:
+        if self.fell_back is not None and server_round > self.fell_back:
             return 1
         return self.prestopper.phase(server_round)
 
@@ -130,8 +135,7 @@ class PrestoppingServer(MethodServer):
 
     def trained_on(self) -> str:
         """What made the models the guard last judged, in words."""
-        fell_back = self.guard is not None and self.guard.fell_back is not None
-        return "cross-entropy after the fallback" if fell_back else "phase 2"
+        return "phase 2" if self.fell_back is None else "cross-entropy after the fallback"
 
     def finished(self) -> bool:
         """The guard fired: the run ends with the model it restored."""
@@ -201,15 +205,15 @@ class PrestoppingServer(MethodServer):
                 "phase_2_guard": "on" if g is not None else "off",
                 "guard_restored_round": None if g is None or g.fired is None else g.best_round,
                 "guard_ended_at": None if g is None else g.fired,
-                "guard_fell_back_at": None if g is None else g.fell_back}
+                "guard_fell_back_at": self.fell_back}
 
     def notes(self) -> list[str]:
         """A run that never left phase 1 trained as FedAvg, and a run whose guard undid
         phase 2: say so in plain words, and what to change."""
         g = self.guard
-        fell_back = [] if g is None or g.fell_back is None else [
+        fell_back = [] if self.fell_back is None else [
             f"phase 2 did not beat the best held-out accuracy in {g.patience} rounds of its "
-            f"own: the phase-2 guard restored the best model after round {g.fell_back} and "
+            f"own: the phase-2 guard restored the best model after round {self.fell_back} and "
             "training went on with cross-entropy (guard-fallback = \"train\", "
             "docs/FEDEFC.md §3.7)"]
         if self.finished():
@@ -245,8 +249,7 @@ class PrestoppingServer(MethodServer):
             guard = (f" | A(t) {record['A']:.4f}  best {self.guard.best_a:.4f} (round "
                      f"{record['guard_best_round']})  not beaten {record['guard_worse']}/"
                      f"{self.guard.patience}")
-        fell_back = self.guard.fell_back if self.guard is not None else None
-        if record["phase"] == 1 and fell_back is not None and record["round"] > fell_back:
+        if record["phase"] == 1 and self.fell_back is not None and record["round"] > self.fell_back:
             return f"{head} (the guard's fallback){guard} | {evaluation_text(record)}"
         if record["phase"] == 1:
             a = record.get("A")
