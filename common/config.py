@@ -178,6 +178,9 @@ class RunConfig(BaseModel):
     # "verified": the share's labels are checked ones, so A(t) is a clean accuracy
     # (docs/FEDEFC.md §3.7)
     validation_labels: Literal["observed", "verified"] = "observed"
+    # verified labels only: the share of the other samples kept out of training, on whose
+    # predictions Q is counted (0: Q from the samples trained on; docs/FEDEFC.md §3.7)
+    estimation_share: float = Field(0.0, ge=0.0, lt=1.0)
     # what the phase-2 guard does when it fires: end the run, or (verified labels only)
     # restore the best model and train on with cross-entropy (docs/FEDEFC.md §3.7)
     guard_fallback: Literal["end", "train"] = "end"
@@ -318,6 +321,13 @@ class RunConfig(BaseModel):
                 "the models cross-entropy trains on after the fallback fit the noise, and "
                 "nothing the guard reads tells (docs/FEDEFC.md §3.7); set "
                 "guard-fallback=\"end\"")
+        if self.estimation_share and self.validation_labels != "verified":
+            raise ValueError(
+                f"estimation-share={self.estimation_share} with validation-labels="
+                f"{self.validation_labels!r}: the estimation share is the observed-label "
+                "part beside a share of verified labels; with observed labels Q is already "
+                "counted on the validation share (validation-phase-2=\"estimate\"), so set "
+                "estimation-share=0, or validation-labels=\"verified\" (docs/FEDEFC.md §3.7)")
         if self.validation_labels == "verified" and self.validation_phase_2 == "train":
             raise ValueError(
                 "validation-labels=\"verified\" with validation-phase-2=\"train\": the "

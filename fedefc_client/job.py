@@ -95,13 +95,15 @@ class LocalJob:
     @property
     def held_back(self) -> np.ndarray | None:
         """Positions not trained on in this round: the validation share in phase 1, and
-        in phase 2 unless ``validation-phase-2 = "train"`` (docs/FEDEFC.md §3.1)."""
+        in phase 2 unless ``validation-phase-2 = "train"`` (docs/FEDEFC.md §3.1); beside
+        a verified share also the estimation share, in both phases (§3.7)."""
         val = self.local.validation
         if val is None or self.phase is None:
             return None
         if self.phase == 2 and self.cfg.validation_phase_2 == "train":
             return None
-        return val
+        est = self.local.estimation
+        return val if est is None else np.union1d(val, est)
 
     def estimation_positions(self) -> np.ndarray:
         """The samples whose predictions estimate the client's noise matrix in phase 2:
@@ -109,8 +111,11 @@ class LocalJob:
         "estimate"``: predictions the model did not fit, as cleanlab's out-of-sample
         probabilities are), else all of the client's samples (docs/FEDEFC.md §4). A
         share of verified labels is never counted: its labels carry no noise to
-        estimate, so Q comes from the samples trained on (docs/FEDEFC.md §3.7)."""
+        estimate, so Q comes from the estimation share where the run keeps one
+        (``estimation-share``), else from the samples trained on (docs/FEDEFC.md §3.7)."""
         held = self.held_back
+        if self.local.estimation is not None:
+            return self.local.estimation
         if self.cfg.validation_labels == "verified" and self.local.validation is not None:
             return np.flatnonzero(self.trainable(np.ones(len(self.labels), dtype=bool)))
         return np.arange(len(self.labels)) if held is None else held

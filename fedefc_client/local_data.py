@@ -25,7 +25,9 @@ in phase 1. It stays inside the training part, so the client's declared size, an
 count of its replies, are unchanged (``common/data_plan.py: training_size``). With
 ``validation-labels = "verified"`` (docs/FEDEFC.md §3.7) the share's labels are checked
 ones: in a partition of the run's dataset the share carries its true labels, and a node's
-own data names its checked samples in a ``verified`` array, which are then its share.
+own data names its checked samples in a ``verified`` array, which are then its share;
+``estimation-share`` then also keeps a seeded part of the other samples out of training
+(:func:`estimation_positions`), on which Q is counted.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class LocalData:
     noise_rate: float | None = None
     held_out: HeldOut | None = None
     validation: np.ndarray | None = None  # positions of the validation share in x
+    estimation: np.ndarray | None = None  # positions of the estimation share in x (§3.7)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -160,6 +163,24 @@ def checked_in_partition(cfg: RunConfig, partition_id: int, n: int,
     return mask
 
 
+def estimation_positions(cfg: RunConfig, partition_id: int, validation: np.ndarray | None,
+                         m: int) -> np.ndarray | None:
+    """The sorted positions of the estimation share among the ``m`` samples a client
+    trains on (docs/FEDEFC.md §3.7): with verified labels and ``estimation-share`` > 0,
+    round(estimation-share * r) of the r samples outside the verified share
+    ``validation`` (at least 1, at most r - 1), drawn with a generator seeded by (seed,
+    partition id); kept out of training, Q is counted on them. None otherwise."""
+    if cfg.validation_labels != "verified" or not cfg.estimation_share or validation is None:
+        return None
+    rest = np.setdiff1d(np.arange(m), validation)
+    if len(rest) < 2:
+        return None
+    count = validation_count(cfg.estimation_share, 0, len(rest))
+    perm = np.random.default_rng(derive_seed(cfg.seed, "estimation", partition_id)
+                                 ).permutation(len(rest))
+    return np.sort(rest[perm[:count]])
+
+
 def verified_share(cfg: RunConfig, share: np.ndarray | None, labels: np.ndarray,
                    true_labels: np.ndarray | None, verified: np.ndarray | None,
                    where: str) -> tuple[np.ndarray | None, np.ndarray]:
@@ -212,13 +233,14 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
         x, labels = x.index_select(0, torch.as_tensor(train, device=device)), labels[train]
         verified = None if verified is None else verified[train]
     validation, labels = verified_share(cfg, share, labels, true_labels, verified, where)
+    estimation = estimation_positions(cfg, partition_id, validation, len(labels))
     truth, rate = None, None
     if true_labels is not None:
         truth = empirical_transition(labels, true_labels, data.num_classes)
         rate = float(np.mean(labels != true_labels)) if len(labels) else 0.0
     return LocalData(x=x, y=torch.as_tensor(labels, dtype=torch.int64).to(device),
                      labels=labels, data=data, true_transition=truth, noise_rate=rate,
-                     held_out=held, validation=validation)
+                     held_out=held, validation=validation, estimation=estimation)
 
 
 _CACHE: dict[tuple, LocalData] = {}
@@ -228,7 +250,8 @@ _LOCK = threading.Lock()
 def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> LocalData:
     """Client ``partition_id`` of the run's federated data plan, cached per process."""
     key = (cfg.data_key(), cfg.evaluation_mode, cfg.local_test_fraction, validation_share(cfg),
-           cfg.validation_max_per_class, cfg.validation_labels, partition_id, str(device))
+           cfg.validation_max_per_class, cfg.validation_labels, cfg.estimation_share,
+           partition_id, str(device))
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
