@@ -70,6 +70,50 @@ def test_phase_2_counts_q_on_the_samples_trained_on_not_on_the_verified_share():
     assert torch.equal(trained.x, local.x[torch.as_tensor(rest)])
 
 
+def test_an_estimation_share_counts_q_where_the_model_did_not_train():
+    """``estimation-share = 0.3``: a seeded 30 % of the samples outside the verified
+    share, disjoint from it; Q is counted on the received model's predictions there
+    (against ``estimate_transition`` recomputed), and training leaves out both shares,
+    in phase 1 as in phase 2. The verified share and its labels are those without it."""
+    cfg = silo(**{"local-epochs": 1, "q-pooling": "none", "q-estimator": "counted",
+                  "estimation-share": 0.3})
+    local = partition_data(cfg, 1, CPU)
+    plain = partition_data(silo(), 1, CPU)
+    np.testing.assert_array_equal(local.validation, plain.validation)
+    np.testing.assert_array_equal(local.labels, plain.labels)
+    est = local.estimation
+    rest = np.setdiff1d(np.arange(len(local)), local.validation)
+    assert len(est) == round(0.3 * len(rest)) and np.all(np.isin(est, rest))
+    assert not np.array_equal(est, partition_data(cfg, 2, CPU).estimation[:len(est)])
+    trained_on = np.setdiff1d(rest, est)
+    model = initial_model(cfg, local.data.task)
+    probs = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU))
+    for phase in (1, 2):
+        job = LocalJob(cfg, local, model, phase, 3, 3)
+        assert torch.equal(job.training_set().x, local.x[torch.as_tensor(trained_on)])
+    np.testing.assert_array_equal(job.estimation_positions(), est)
+    fedefc(job)
+    np.testing.assert_allclose(job.last_q, estimate_transition(probs[est], local.labels[est]))
+
+
+def test_a_nodes_estimation_share_is_drawn_outside_its_verified_samples(tmp_path):
+    verified = np.zeros(60, dtype=bool)
+    verified[::7] = True
+    path = write_node(tmp_path, verified)
+    cfg = load_run_config({**NODE_RUN, "estimation-share": 0.5})
+    local = node_data(cfg, 1, {"data-path": str(path)}, NODE, CPU)
+    rest = np.setdiff1d(np.arange(len(local)), local.validation)
+    assert len(local.estimation) == round(0.5 * len(rest))
+    assert not np.isin(local.estimation, local.validation).any()
+
+
+def test_an_estimation_share_without_verified_labels_is_refused():
+    with pytest.raises(ValueError, match="estimation-share=0.4 with validation-labels="
+                                         "'observed'") as err:
+        silo(**{"validation-labels": "observed", "estimation-share": 0.4})
+    assert "set estimation-share=0" in str(err.value)
+
+
 def test_the_verified_accuracy_scores_the_models_own_prediction_not_q_p():
     """A phase-2 client's A_k, from predictions set by hand (right on the share's labels
     but for 10 samples): through the Q it trained with where labels are observed (a Q
