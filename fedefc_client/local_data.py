@@ -186,10 +186,10 @@ def verified_share(cfg: RunConfig, share: np.ndarray | None, labels: np.ndarray,
                    where: str) -> tuple[np.ndarray | None, np.ndarray]:
     """(validation positions, labels) of a client's training part, given its seeded
     ``share`` (:func:`layout`; docs/FEDEFC.md §3.1, §3.7). Observed labels: the share,
-    labels unchanged. Verified labels: in a
-    partition of the run's dataset the seeded share with its true labels put in place
-    of the observed ones (a simulated check of those samples); in a node's own data
-    (no true labels) the samples its ``verified`` mask names, labels as stored."""
+    labels unchanged. Verified labels: in a partition of the run's dataset the share
+    with its true labels put in place of the observed ones (a simulated check of those
+    samples); in a node's own data (no true labels) the samples its ``verified`` mask
+    names, labels as stored."""
     if cfg.validation_labels != "verified" or share is None:
         return share, labels
     if true_labels is not None:
