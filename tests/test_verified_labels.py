@@ -203,11 +203,11 @@ def test_an_exported_partition_gives_its_node_the_simulations_verified_share(tmp
                                                                              evaluation):
     """``fedefc deploy export`` with verified labels: each node's file holds the
     simulation's share with its true labels, marked verified, so the node (own data,
-    ``data-path``) trains on, holds out and is scored on exactly what the simulated
-    client is, with or without a federated-evaluation hold-out taken first."""
+    ``data-path``) trains on, holds out, counts Q on and is scored on exactly what the
+    simulated client is, with or without a federated-evaluation hold-out taken first."""
     keys = {"num-clients": 5, "fraction": 1.0, "rho": 0.4, "zeta": 0.8,
             "validation-labels": "verified", "validation-max-per-class": 5,
-            "evaluation": evaluation}
+            "estimation-share": 0.4, "evaluation": evaluation}
     assert main(["deploy", "export", str(tmp_path / "out"),
                  *(f"--set={k}={toml_value(v)}" for k, v in keys.items())]) == 0
     cfg = load_run_config(keys)
@@ -217,6 +217,8 @@ def test_an_exported_partition_gives_its_node_the_simulations_verified_share(tmp
         assert np.load(path)["verified"].sum() == len(sim.validation) == 50
         node = node_data(cfg, pid, {"data-path": str(path)}, NODE, CPU)
         np.testing.assert_array_equal(node.validation, sim.validation)
+        assert len(sim.estimation) == round(0.4 * (len(sim) - 50))
+        np.testing.assert_array_equal(node.estimation, sim.estimation)
         np.testing.assert_array_equal(node.labels, sim.labels)
         assert torch.equal(node.x, sim.x)
 
