@@ -27,7 +27,7 @@ count of its replies, are unchanged (``common/data_plan.py: training_size``). Wi
 ones: in a partition of the run's dataset the share carries its true labels, and a node's
 own data names its checked samples in a ``verified`` array, which are then its share;
 ``estimation-share`` then also keeps a seeded part of the other samples out of training
-(:func:`estimation_positions`), on which Q is counted.
+(:func:`estimation_share_positions`), on which Q is counted.
 """
 
 from __future__ import annotations
@@ -163,8 +163,9 @@ def checked_in_partition(cfg: RunConfig, partition_id: int, n: int,
     return mask
 
 
-def estimation_positions(cfg: RunConfig, partition_id: int, validation: np.ndarray | None,
-                         m: int) -> np.ndarray | None:
+def estimation_share_positions(cfg: RunConfig, partition_id: int,
+                               validation: np.ndarray | None,
+                               m: int) -> np.ndarray | None:
     """The sorted positions of the estimation share among the ``m`` samples a client
     trains on (docs/FEDEFC.md §3.7): with verified labels and ``estimation-share`` > 0,
     round(estimation-share * r) of the r samples outside the verified share
@@ -233,7 +234,7 @@ def make_local(cfg: RunConfig, partition_id: int, x: torch.Tensor, labels: np.nd
         x, labels = x.index_select(0, torch.as_tensor(train, device=device)), labels[train]
         verified = None if verified is None else verified[train]
     validation, labels = verified_share(cfg, share, labels, true_labels, verified, where)
-    estimation = estimation_positions(cfg, partition_id, validation, len(labels))
+    estimation = estimation_share_positions(cfg, partition_id, validation, len(labels))
     truth, rate = None, None
     if true_labels is not None:
         truth = empirical_transition(labels, true_labels, data.num_classes)
