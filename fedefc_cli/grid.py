@@ -15,6 +15,9 @@ A grid file (TOML, see ``configs/grids/``)::
     columns = ["(10, 0.5)"]             # optional, default every column
     seeds = [1, 2]
 
+``baseline = "FedAvg"`` (optional) names the row every other row is compared with seed
+by seed in ``paired.md`` (:mod:`.paired`).
+
 A cell's run config is pyproject defaults < grid preset < column (its own ``preset``
 first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells run in
 order through :func:`.simulation.run_simulation_job` (real ``flwr run``);
@@ -80,6 +83,7 @@ class Grid:
     columns: dict[str, dict[str, Any]]
     extra: list[dict[str, Any]] = field(default_factory=list)
     path: Path | None = None
+    baseline: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> Grid:
@@ -93,7 +97,8 @@ class Grid:
             raise ConfigError(f"grid file {path} not found") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"grid file {path} is not valid TOML: {err}") from None
-        unknown = set(raw) - {"name", "title", "preset", "seeds", "rows", "columns", "extra"}
+        unknown = set(raw) - {"name", "title", "preset", "seeds", "rows", "columns", "extra",
+                              "baseline"}
         if unknown:
             raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)}")
         for key in ("name", "rows", "columns"):
@@ -102,7 +107,11 @@ class Grid:
         grid = cls(name=raw["name"], title=raw.get("title", raw["name"]),
                    preset=raw.get("preset"), seeds=list(raw.get("seeds", [0])),
                    rows=dict(raw["rows"]), columns=dict(raw["columns"]),
-                   extra=list(raw.get("extra", [])), path=path)
+                   extra=list(raw.get("extra", [])), path=path,
+                   baseline=raw.get("baseline"))
+        if grid.baseline is not None and grid.baseline not in grid.rows:
+            raise ConfigError(f"grid file {path}: baseline = {grid.baseline!r} is not one of "
+                              f"its rows ({', '.join(grid.rows)}); name a row or drop the key")
         for block in grid.extra:
             for key, known in (("rows", grid.rows), ("columns", grid.columns)):
                 missing = set(block.get(key, [])) - set(known)

@@ -10,6 +10,8 @@ the plots' axes say which (``accuracy_source`` of each summary).
   mean +- std over the finished seeds, the best two per column in bold (rows without
   noise excluded, as in the paper), and the paper's number beside ours where the
   paper has that cell (``configs/reference/paper-results.toml``).
+- ``paired.md``: with a ``baseline`` row, every other row's runs as differences from
+  the baseline's run of the same column and seed (:mod:`.paired`).
 - ``plots/acc-<column>.png``: accuracy vs round, one line per row (first seed).
 - ``plots/fig1-<column>.png``: FedEFC's averaged client accuracy A(t) with A_max and
   T_e marked beside the accuracy (Fig. 1 left), and the clients' mean cosine
@@ -40,6 +42,7 @@ from common.training import BatchTransform, predict_proba
 from common.transition import estimate_transition
 
 from .grid import Cell, Grid, slug
+from .paired import write_paired
 from .run_configs import CONFIGS_DIR
 
 PAPER_FILE = CONFIGS_DIR / "reference" / "paper-results.toml"
@@ -145,6 +148,8 @@ def write_report(grid: Grid, results_dir: Path, overrides: list[str]) -> list[Pa
             stats["noiseless"] = bool(group) and group[0].config["rho"] == 0.0
             table[(row, col)] = stats
     written = [_write_markdown(grid, table, out), _write_csv(grid, table, out)]
+    paired = write_paired(grid, cells, out)
+    written += [paired] if paired else []
     written += write_plots(grid, cells, out)
     return written
 

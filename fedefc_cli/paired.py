@@ -1,0 +1,92 @@
+"""Every row of a grid against its baseline row, seed by seed (``paired.md``).
+
+A grid that names a ``baseline`` row (e.g. ``baseline = "FedAvg"``) gets, beside its
+table of means, the difference of each run from the baseline's run of the same column
+and seed, in percentage points of accuracy: the final round's and the mean of the last
+10 rounds' (``final_acc``, ``mean_last10_acc`` of the summaries). Per row: how many
+paired runs, the mean difference, the least, and how many runs end more than a point
+below the baseline. "Never worse than FedAvg" is a claim about every seed, and a mean
+over seeds hides the runs that break it (docs/RESULTS.md, "Full participation with the
+phase-2 guard").
+
+A row that reruns the baseline with a change no result should depend on (the grids'
+"FedAvg, learning rate 1e-6 larger") is paired like any other: its differences are what
+chance alone gives a per-seed comparison (docs/RESULTS.md, "How far apart two runs of one
+method end").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .grid import Cell, Grid
+
+BELOW = 1.0  # points: a run this far below the baseline counts as below it
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One run's difference from the baseline's run of its column and seed (points)."""
+
+    column: str
+    seed: int
+    final: float
+    last10: float
+
+
+def _accuracies(cell: Cell) -> tuple[float, float]:
+    summary = json.loads((cell.out_dir / "summary.json").read_text())
+    return 100 * summary["final_acc"], 100 * summary["mean_last10_acc"]
+
+
+def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
+    """Per row other than the baseline: its finished runs whose baseline run (same
+    column, same seed) finished too, as differences from it, in the grid's order."""
+    finished = {(c.row, c.column, c.seed): c for c in cells if c.done}
+    columns = list(grid.columns)
+    pairs: dict[str, list[Pair]] = {row: [] for row in grid.rows if row != grid.baseline}
+    for (row, col, seed), cell in sorted(finished.items(),
+                                         key=lambda k: (columns.index(k[0][1]), k[0][2])):
+        base = finished.get((grid.baseline, col, seed))
+        if row == grid.baseline or base is None:
+            continue
+        (final, last10), (b_final, b_last10) = _accuracies(cell), _accuracies(base)
+        pairs[row].append(Pair(col, seed, final - b_final, last10 - b_last10))
+    return {row: runs for row, runs in pairs.items() if runs}
+
+
+def _summary(values: list[float]) -> str:
+    below = sum(v < -BELOW for v in values)
+    return f"{np.mean(values):+.1f}, {min(values):+.1f}, {below}"
+
+
+def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
+    """``paired.md`` of a grid with a baseline row; None without one."""
+    if grid.baseline is None:
+        return None
+    pairs = paired_differences(grid, cells)
+    base = grid.baseline
+    lines = [f"### {grid.title}: every row against {base}, seed by seed", "",
+             f"Differences from {base}'s run of the same column and seed, in points of "
+             "accuracy: the final round, and the mean of the last 10 rounds.", "",
+             f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
+             f"last 10 − {base}: mean, least, runs > {BELOW:g} below |",
+             "|---|---|---|---|"]
+    for row, runs in pairs.items():
+        lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
+                     f"{_summary([p.last10 for p in runs])} |")
+    lines += ["", "Per column, per seed (final, last 10):", "",
+              "| row | column | seed: final, last 10 |", "|---|---|---|"]
+    for row, runs in pairs.items():
+        for col in grid.columns:
+            mine = [p for p in runs if p.column == col]
+            if mine:
+                lines.append(f"| {row} | {col} | " + "; ".join(
+                    f"{p.seed}: {p.final:+.1f}, {p.last10:+.1f}" for p in mine) + " |")
+    path = out / "paired.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

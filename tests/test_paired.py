@@ -1,0 +1,83 @@
+"""``paired.md``: every row of a grid against its baseline row, seed by seed, on
+finished cells whose summaries are written by hand (the differences are computed here
+from those numbers, not by the module)."""
+
+import json
+
+import pytest
+
+from common.config import ConfigError
+from fedefc_cli.grid import Grid
+from fedefc_cli.paired import paired_differences, write_paired
+from fedefc_cli.report import write_report
+
+GRID = """
+name = "pairs"
+title = "pairs"
+baseline = "FedAvg"
+seeds = [0, 1]
+[rows]
+"FedAvg" = { method = "fedavg" }
+"FedEFC" = { method = "fedefc" }
+[columns]
+"IID" = { iid = true }
+"non-IID" = { alpha-dir = 10.0, p = 0.5 }
+"""
+
+# (row, column, seed) -> (final_acc, mean_last10_acc) of a finished run; FedAvg's seed 1
+# of the non-IID column never finished, so FedEFC's run there has nothing to pair with
+FINISHED = {
+    ("FedAvg", "IID", 0): (0.800, 0.790), ("FedAvg", "IID", 1): (0.750, 0.760),
+    ("FedAvg", "non-IID", 0): (0.700, 0.710),
+    ("FedEFC", "IID", 0): (0.830, 0.800), ("FedEFC", "IID", 1): (0.735, 0.770),
+    ("FedEFC", "non-IID", 0): (0.690, 0.650), ("FedEFC", "non-IID", 1): (0.900, 0.900),
+}
+
+
+@pytest.fixture
+def grid_with_runs(tmp_path):
+    path = tmp_path / "pairs.toml"
+    path.write_text(GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    for cell in cells:
+        accs = FINISHED.get((cell.row, cell.column, cell.seed))
+        if accs is not None:
+            cell.out_dir.mkdir(parents=True)
+            (cell.out_dir / "summary.json").write_text(json.dumps(
+                {"final_acc": accs[0], "mean_last10_acc": accs[1], "best_acc": accs[0]}))
+    return grid, cells, tmp_path
+
+
+def test_each_run_is_paired_with_the_baselines_run_of_its_column_and_seed(grid_with_runs):
+    grid, cells, _ = grid_with_runs
+    pairs = paired_differences(grid, cells)
+    assert list(pairs) == ["FedEFC"]  # the baseline is not paired with itself
+    got = [(p.column, p.seed, round(p.final, 6), round(p.last10, 6)) for p in pairs["FedEFC"]]
+    assert got == [("IID", 0, 3.0, 1.0), ("IID", 1, -1.5, 1.0), ("non-IID", 0, -1.0, -6.0)]
+
+
+def test_the_paired_table_counts_the_runs_more_than_a_point_below(grid_with_runs):
+    grid, cells, tmp_path = grid_with_runs
+    text = write_paired(grid, cells, tmp_path).read_text()
+    # final: mean (3 - 1.5 - 1) / 3 = +0.17, least -1.5, one run below -1 (-1.0 is not);
+    # last 10: mean (1 + 1 - 6) / 3 = -1.33, least -6.0, one run below
+    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 |" in text
+    assert "| FedEFC | non-IID | 0: -1.0, -6.0 |" in text
+    assert "1:" not in text.split("| FedEFC | non-IID |")[1]  # unpaired seed 1 left out
+
+
+def test_the_report_writes_it_only_for_a_grid_with_a_baseline(grid_with_runs):
+    grid, _, tmp_path = grid_with_runs
+    results = tmp_path / "results"
+    assert results / "pairs" / "paired.md" in write_report(grid, results, [])
+    grid.baseline = None
+    assert write_paired(grid, grid.cells(results, []), tmp_path) is None
+
+
+def test_a_baseline_that_is_not_a_row_is_refused(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(GRID.replace('baseline = "FedAvg"', 'baseline = "FedProx"'))
+    with pytest.raises(ConfigError, match=r"baseline = 'FedProx' is not one of its rows "
+                                          r"\(FedAvg, FedEFC\)"):
+        Grid.load(path)
