@@ -309,7 +309,8 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
     it: ``sleep``), once both nodes have their round-2 message in full. A SuperLink
     killed so can lose a message it was handing over (CI, 2026-11-28: node 1 never got
     its round-2 message, and the run waited an hour for its reply): the ServerApp must
-    stop the run as interrupted rather than wait (fedefc_server/link_watch.py)."""
+    stop the run as interrupted rather than wait (fedefc_server/link_watch.py), unless
+    every reply came through the restart."""
     out = tmp_path / "out"
     extra = {"faults": '"sleep=15@1@2"'} if crash == "flower-superlink" else {}
     cfg = small_job(tiny_mnist_dir, out, **{"num-clients": SUPERVISED_NODES, "rounds": 3,
@@ -338,11 +339,19 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
     summary = json.loads((out / "summary.json").read_text())
     recs = records(out)
     assert f"{crash} exited with code -9" in supervised.output("superlink")
-    # A SuperExec takes its ServerApp with it (Flower's parent-process watch); a
-    # ServerApp whose round was out when the SuperLink went stops the run itself.
-    assert code == 0 and "resuming it from its checkpoint" in said, said[-4000:]
     if crash == "flower-superlink":
-        assert "RUN INTERRUPTED: round 2: the link to the SuperLink failed" in said, said[-4000:]
+        # A ServerApp whose replies were still out when its link came back stops the run
+        # itself, and submit resumes it. Whether one was still out depends on how long
+        # the restart took against node 1's 15 s (the suite, 2026-11-29: 22 s, both replies
+        # were waiting when the link came back: none lost, the round went on). Both end
+        # with every round trained by both nodes (asserted below); the interruption
+        # itself is tests/test_link_watch.py's.
+        interrupted = "RUN INTERRUPTED: round 2: the link to the SuperLink failed" in said
+        assert code == 0 and (not interrupted or "resuming it from its checkpoint" in said), \
+            said[-4000:]
+        assert interrupted or "Connection successful after" in said, said[-4000:]
+    else:  # a SuperExec takes its ServerApp with it (Flower's parent-process watch)
+        assert code == 0 and "resuming it from its checkpoint" in said, said[-4000:]
     assert summary["status"] == "completed", said[-4000:]
     assert sorted({r["round"] for r in recs}) == [0, 1, 2, 3]
     assert all(r["n_clients"] == SUPERVISED_NODES for r in recs if r["round"] > 0), recs
