@@ -16,7 +16,9 @@ A grid file (TOML, see ``configs/grids/``)::
     seeds = [1, 2]
 
 ``baseline = "FedAvg"`` (optional) names the row every other row is compared with seed
-by seed in ``paired.md`` (:mod:`.paired`).
+by seed in ``paired.md`` (:mod:`.paired`); ``chance = "..."`` (optional, with a baseline)
+names the row that reruns the baseline with a change no result should depend on, whose
+differences bound what chance alone does to a per-seed comparison.
 
 A cell's run config is pyproject defaults < grid preset < column (its own ``preset``
 first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells run in
@@ -84,6 +86,7 @@ class Grid:
     extra: list[dict[str, Any]] = field(default_factory=list)
     path: Path | None = None
     baseline: str | None = None
+    chance: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> Grid:
@@ -98,7 +101,7 @@ class Grid:
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"grid file {path} is not valid TOML: {err}") from None
         unknown = set(raw) - {"name", "title", "preset", "seeds", "rows", "columns", "extra",
-                              "baseline"}
+                              "baseline", "chance"}
         if unknown:
             raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)}")
         for key in ("name", "rows", "columns"):
@@ -108,10 +111,16 @@ class Grid:
                    preset=raw.get("preset"), seeds=list(raw.get("seeds", [0])),
                    rows=dict(raw["rows"]), columns=dict(raw["columns"]),
                    extra=list(raw.get("extra", [])), path=path,
-                   baseline=raw.get("baseline"))
+                   baseline=raw.get("baseline"), chance=raw.get("chance"))
         if grid.baseline is not None and grid.baseline not in grid.rows:
             raise ConfigError(f"grid file {path}: baseline = {grid.baseline!r} is not one of "
                               f"its rows ({', '.join(grid.rows)}); name a row or drop the key")
+        if grid.chance is not None and (grid.chance not in grid.rows or grid.baseline is None
+                                        or grid.chance == grid.baseline):
+            raise ConfigError(f"grid file {path}: chance = {grid.chance!r} must name a row other "
+                              f"than the baseline (rows: {', '.join(grid.rows)}; baseline: "
+                              f"{grid.baseline!r}); name the row that reruns the baseline with a "
+                              "change no result should depend on, or drop the key")
         for block in grid.extra:
             for key, known in (("rows", grid.rows), ("columns", grid.columns)):
                 missing = set(block.get(key, [])) - set(known)

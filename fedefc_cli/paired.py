@@ -12,7 +12,10 @@ phase-2 guard").
 A row that reruns the baseline with a change no result should depend on (the grids'
 "FedAvg, learning rate 1e-6 larger") is paired like any other: its differences are what
 chance alone gives a per-seed comparison (docs/RESULTS.md, "How far apart two runs of one
-method end").
+method end"). A grid that names it (``chance = "..."``) gets one more count per row: the
+runs *beyond chance*, whose final difference is below the least final difference of that
+row, or whose last-10 difference is below its least last-10 difference. A run inside
+that envelope is not evidence that a method is worse than the baseline; one beyond it is.
 """
 
 from __future__ import annotations
@@ -59,6 +62,28 @@ def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
     return {row: runs for row, runs in pairs.items() if runs}
 
 
+@dataclass(frozen=True)
+class Envelope:
+    """The least differences the chance row reached (points), over its paired runs."""
+
+    final: float
+    last10: float
+    runs: int
+
+    def beyond(self, runs: list[Pair]) -> int:
+        """How many of ``runs`` end below the envelope on the final round or the last 10."""
+        return sum(p.final < self.final or p.last10 < self.last10 for p in runs)
+
+
+def chance_envelope(grid: Grid, pairs: dict[str, list[Pair]]) -> Envelope | None:
+    """The chance row's envelope; None when the grid names no chance row or it has no
+    paired run yet."""
+    runs = pairs.get(grid.chance) if grid.chance is not None else None
+    if not runs:
+        return None
+    return Envelope(min(p.final for p in runs), min(p.last10 for p in runs), len(runs))
+
+
 def _summary(values: list[float]) -> str:
     below = sum(v < -BELOW for v in values)
     return f"{np.mean(values):+.1f}, {min(values):+.1f}, {below}"
@@ -69,16 +94,24 @@ def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
     if grid.baseline is None:
         return None
     pairs = paired_differences(grid, cells)
+    envelope = chance_envelope(grid, pairs)
     base = grid.baseline
     lines = [f"### {grid.title}: every row against {base}, seed by seed", "",
              f"Differences from {base}'s run of the same column and seed, in points of "
-             "accuracy: the final round, and the mean of the last 10 rounds.", "",
-             f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
-             f"last 10 − {base}: mean, least, runs > {BELOW:g} below |",
-             "|---|---|---|---|"]
+             "accuracy: the final round, and the mean of the last 10 rounds."]
+    if envelope is not None:
+        lines += ["", f"Chance: \"{grid.chance}\" reruns {base} with a change no result should "
+                  f"depend on; over its {envelope.runs} runs its least differences were "
+                  f"{envelope.final:+.1f} (final) and {envelope.last10:+.1f} (last 10). A run "
+                  "below either is *beyond chance*."]
+    extra_head = " runs beyond chance |" if envelope is not None else ""
+    lines += ["", f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
+              f"last 10 − {base}: mean, least, runs > {BELOW:g} below |{extra_head}",
+              "|---|---|---|---|" + ("---|" if envelope is not None else "")]
     for row, runs in pairs.items():
+        beyond = f" {envelope.beyond(runs)} |" if envelope is not None else ""
         lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
-                     f"{_summary([p.last10 for p in runs])} |")
+                     f"{_summary([p.last10 for p in runs])} |{beyond}")
     lines += ["", "Per column, per seed (final, last 10):", "",
               "| row | column | seed: final, last 10 |", "|---|---|---|"]
     for row, runs in pairs.items():

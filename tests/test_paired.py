@@ -81,3 +81,47 @@ def test_a_baseline_that_is_not_a_row_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"baseline = 'FedProx' is not one of its rows "
                                           r"\(FedAvg, FedEFC\)"):
         Grid.load(path)
+
+
+CHANCE_GRID = GRID.replace('"FedEFC" = { method = "fedefc" }',
+                           '"FedEFC" = { method = "fedefc" }\n'
+                           '"FedAvg again" = { method = "fedavg", lr = 0.03000003 }'
+                           ).replace('baseline = "FedAvg"',
+                                     'baseline = "FedAvg"\nchance = "FedAvg again"')
+
+
+def test_runs_beyond_the_chance_rows_envelope_are_counted(tmp_path):
+    # FedAvg again - FedAvg: IID 0 (-1.0, -0.5), IID 1 (+2.0, -0.5), non-IID 0 (-1.0, -1.0),
+    # so the envelope is -1.0 on both; FedEFC's IID 1 (-1.5 final) and non-IID 0 (-6.0
+    # last 10) fall below it, its IID 0 (+3.0, +1.0) does not
+    again = {("FedAvg again", "IID", 0): (0.790, 0.785),
+             ("FedAvg again", "IID", 1): (0.770, 0.755),
+             ("FedAvg again", "non-IID", 0): (0.690, 0.700)}
+    path = tmp_path / "pairs.toml"
+    path.write_text(CHANCE_GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    for cell in cells:
+        accs = {**FINISHED, **again}.get((cell.row, cell.column, cell.seed))
+        if accs is not None:
+            cell.out_dir.mkdir(parents=True)
+            (cell.out_dir / "summary.json").write_text(json.dumps(
+                {"final_acc": accs[0], "mean_last10_acc": accs[1], "best_acc": accs[0]}))
+    text = write_paired(grid, cells, tmp_path).read_text()
+    assert "over its 3 runs its least differences were -1.0 (final) and -1.0 (last 10)" in text
+    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 2 |" in text
+    assert "| FedAvg again | 3 | +0.0, -1.0, 0 | -0.7, -1.0, 0 | 0 |" in text
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda g: g.replace('chance = "FedAvg again"', 'chance = "FedAvg twice"'), "FedAvg twice"),
+    (lambda g: g.replace('chance = "FedAvg again"', 'chance = "FedAvg"'), "FedAvg"),
+    (lambda g: g.replace('baseline = "FedAvg"\n', ''), "FedAvg again"),
+])
+def test_a_chance_row_that_is_not_another_row_beside_a_baseline_is_refused(tmp_path, edit,
+                                                                            named):
+    path = tmp_path / "bad.toml"
+    path.write_text(edit(CHANCE_GRID))
+    with pytest.raises(ConfigError, match=rf"chance = '{named}' must name a row other than "
+                                          r"the baseline"):
+        Grid.load(path)
