@@ -67,6 +67,22 @@ def test_the_paired_table_counts_the_runs_more_than_a_point_below(grid_with_runs
     assert "1:" not in text.split("| FedEFC | non-IID |")[1]  # unpaired seed 1 left out
 
 
+def test_the_mean_over_the_runs_where_the_baseline_memorized_is_reported(grid_with_runs):
+    grid, cells, tmp_path = grid_with_runs
+    # FedAvg's best: IID 0 at 83.5 (3.5 above its final 80.0: fell), IID 1 at 77.5 (2.5
+    # above 75.0: did not), non-IID 0 at 74.0 (4.0 above 70.0: fell); FedEFC's final
+    # differences there: +3.0 and -1.0, mean +1.0 over 2 runs
+    bests = {("IID", 0): 0.835, ("IID", 1): 0.775, ("non-IID", 0): 0.740}
+    for cell in cells:
+        if cell.row == "FedAvg" and cell.done:
+            summary = json.loads((cell.out_dir / "summary.json").read_text())
+            summary["best_acc"] = bests[(cell.column, cell.seed)]
+            (cell.out_dir / "summary.json").write_text(json.dumps(summary))
+    text = write_paired(grid, cells, tmp_path).read_text()
+    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 2, +1.0 |" in text
+    assert "where FedAvg fell ≥ 3 from its best" in text
+
+
 def test_the_report_writes_it_only_for_a_grid_with_a_baseline(grid_with_runs):
     grid, _, tmp_path = grid_with_runs
     results = tmp_path / "results"
@@ -109,8 +125,8 @@ def test_runs_beyond_the_chance_rows_envelope_are_counted(tmp_path):
                 {"final_acc": accs[0], "mean_last10_acc": accs[1], "best_acc": accs[0]}))
     text = write_paired(grid, cells, tmp_path).read_text()
     assert "over its 3 runs its least differences were -1.0 (final) and -1.0 (last 10)" in text
-    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 2 |" in text
-    assert "| FedAvg again | 3 | +0.0, -1.0, 0 | -0.7, -1.0, 0 | 0 |" in text
+    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 | 2 |" in text
+    assert "| FedAvg again | 3 | +0.0, -1.0, 0 | -0.7, -1.0, 0 | 0 | 0 |" in text
 
 
 @pytest.mark.parametrize("edit, named", [
