@@ -123,6 +123,23 @@ def accuracy_stats(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
             "mean_last10_rounds": len(accs[-10:])}
 
 
+def mean_last10_held(rounds: list[dict[str, Any]], key: str, planned: int) -> float:
+    """The mean accuracy over the last 10 of the ``planned`` rounds, a round the run did
+    not train (the phase-2 guard ended it: docs/FEDEFC.md §3.4) counting the model it
+    delivered, its last recorded round's. The window is then the same rounds as a run
+    that trained them all, so two runs' last-10 means compare (docs/RESULTS.md, "How
+    far apart two runs of one method end"); for a run that trained every planned round it
+    is ``mean_last10_acc``."""
+    done = {r["round"]: r[key] for r in rounds if r.get("round", 0) > 0
+            and r.get(key) is not None}
+    if not done:
+        raise ValueError(f"no round records {key!r}")
+    last = max(done)
+    held = [done[t] if t in done else done[last] if t > last else None
+            for t in range(max(1, planned - 9), max(planned, last) + 1)][-10:]
+    return float(np.mean([a for a in held if a is not None]))
+
+
 class RunRecorder:
     """Writes one run's output folder."""
 

@@ -2,13 +2,14 @@
 
 A grid that names a ``baseline`` row (e.g. ``baseline = "FedAvg"``) gets, beside its
 table of means, the difference of each run from the baseline's run of the same column
-and seed, in percentage points of accuracy: the final round's and the mean of the last
-10 rounds' (``final_acc``, ``mean_last10_acc`` of the summaries). Per row: how many
-paired runs, the mean difference, the least, how many runs end more than a point
-below the baseline, and over the runs whose baseline ended 3 points or more below its
-own best (it memorized the noise) the mean final difference. "Never worse than FedAvg"
-is a claim about every seed, and a mean over seeds hides the runs that break it
-(docs/RESULTS.md, "Full participation with the phase-2 guard").
+and seed, in percentage points of accuracy: the final round's (``final_acc``) and the
+mean of the last 10 planned rounds', in which a run the phase-2 guard ended early holds
+the model it delivered (:func:`common.results.mean_last10_held`: the same rounds for both
+runs of a pair). Per row: how many paired runs, the mean difference, the least, how many
+runs end more than a point below the baseline, and over the runs whose baseline ended 3
+points or more below its own best (it memorized the noise) the mean final difference.
+"Never worse than FedAvg" is a claim about every seed, and a mean over seeds hides the
+runs that break it (docs/RESULTS.md, "Full participation with the phase-2 guard").
 
 A row that reruns the baseline with a change no result should depend on (the grids'
 "FedAvg, learning rate 1e-6 larger") is paired like any other: its differences are what
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from common.results import mean_last10_held
 
 from .grid import Cell, Grid
 
@@ -45,9 +48,15 @@ class Pair:
 
 
 def _accuracies(cell: Cell) -> tuple[float, float, float]:
+    """Final, last-10 (over the planned rounds: :func:`mean_last10_held`) and best
+    accuracy of a finished cell, in points."""
     summary = json.loads((cell.out_dir / "summary.json").read_text())
-    return (100 * summary["final_acc"], 100 * summary["mean_last10_acc"],
-            100 * summary["best_acc"])
+    key = ("federated_acc" if summary.get("accuracy_source") == "federated held-out data"
+           else "test_acc")
+    rounds = [json.loads(line) for line in
+              (cell.out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last10 = mean_last10_held(rounds, key, int(cell.config["rounds"]))
+    return 100 * summary["final_acc"], 100 * last10, 100 * summary["best_acc"]
 
 
 def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
@@ -110,7 +119,9 @@ def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
     base = grid.baseline
     lines = [f"### {grid.title}: every row against {base}, seed by seed", "",
              f"Differences from {base}'s run of the same column and seed, in points of "
-             "accuracy: the final round, and the mean of the last 10 rounds."]
+             "accuracy: the final round, and the mean of the last 10 planned rounds (a run "
+             "the phase-2 guard ended early holds the model it delivered in the rounds it "
+             "did not train, so both runs of a pair are read on the same rounds)."]
     if envelope is not None:
         lines += ["", f"Chance: \"{grid.chance}\" reruns {base} with a change no result should "
                   f"depend on; over its {envelope.runs} runs its least differences were "

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from common.config import ConfigError
+from common.results import mean_last10_held
 from fedefc_cli.grid import Grid
 from fedefc_cli.paired import paired_differences, write_paired
 from fedefc_cli.report import write_report
@@ -34,6 +35,20 @@ FINISHED = {
 }
 
 
+def write_run(cell, final, last10, best=None):
+    """A finished cell whose last round is at ``final`` and whose last 10 planned rounds
+    average ``last10``: the 9 before the last at (10 last10 - final) / 9."""
+    rounds = int(cell.config["rounds"])
+    before = (10 * last10 - final) / 9
+    metrics = [{"round": t, "test_acc": before} for t in range(1, rounds)]
+    metrics.append({"round": rounds, "test_acc": final})
+    cell.out_dir.mkdir(parents=True)
+    (cell.out_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (cell.out_dir / "summary.json").write_text(json.dumps(
+        {"final_acc": final, "mean_last10_acc": last10,
+         "best_acc": final if best is None else best, "accuracy_source": "server test set"}))
+
+
 @pytest.fixture
 def grid_with_runs(tmp_path):
     path = tmp_path / "pairs.toml"
@@ -43,9 +58,7 @@ def grid_with_runs(tmp_path):
     for cell in cells:
         accs = FINISHED.get((cell.row, cell.column, cell.seed))
         if accs is not None:
-            cell.out_dir.mkdir(parents=True)
-            (cell.out_dir / "summary.json").write_text(json.dumps(
-                {"final_acc": accs[0], "mean_last10_acc": accs[1], "best_acc": accs[0]}))
+            write_run(cell, *accs)
     return grid, cells, tmp_path
 
 
@@ -120,9 +133,7 @@ def test_runs_beyond_the_chance_rows_envelope_are_counted(tmp_path):
     for cell in cells:
         accs = {**FINISHED, **again}.get((cell.row, cell.column, cell.seed))
         if accs is not None:
-            cell.out_dir.mkdir(parents=True)
-            (cell.out_dir / "summary.json").write_text(json.dumps(
-                {"final_acc": accs[0], "mean_last10_acc": accs[1], "best_acc": accs[0]}))
+            write_run(cell, *accs)
     text = write_paired(grid, cells, tmp_path).read_text()
     assert "over its 3 runs its least differences were -1.0 (final) and -1.0 (last 10)" in text
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 | 2 |" in text
@@ -141,3 +152,46 @@ def test_a_chance_row_that_is_not_another_row_beside_a_baseline_is_refused(tmp_p
     with pytest.raises(ConfigError, match=rf"chance = '{named}' must name a row other than "
                                           r"the baseline"):
         Grid.load(path)
+
+
+def test_a_run_the_guard_ended_is_read_on_the_baselines_rounds(tmp_path):
+    # FedAvg trains all 40 planned rounds (last 10: rounds 31-40 at 0.80); FedEFC's guard
+    # ended its run at round 35 with a delivered model at 0.83, its rounds 26-34 at 0.70.
+    # Over the rounds it trained last (26-35) it averages 0.713; over the planned rounds
+    # 31-40, holding its delivered model in 36-40: (4 x 0.70 + 6 x 0.83) / 10 = 0.778
+    path = tmp_path / "pairs.toml"
+    path.write_text(GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    fedavg, fedefc = (next(c for c in cells if (c.row, c.column, c.seed) == (row, "IID", 0))
+                      for row in ("FedAvg", "FedEFC"))
+    assert int(fedavg.config["rounds"]) == 40
+    write_run(fedavg, 0.80, 0.80)
+    fedefc.out_dir.mkdir(parents=True)
+    metrics = [{"round": t, "test_acc": 0.70} for t in range(1, 35)]
+    metrics.append({"round": 35, "test_acc": 0.83})
+    (fedefc.out_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps(m) + "\n" for m in metrics))
+    (fedefc.out_dir / "summary.json").write_text(json.dumps(
+        {"final_acc": 0.83, "mean_last10_acc": 0.713, "best_acc": 0.83,
+         "accuracy_source": "server test set", "guard_ended_at": 35}))
+    [pair] = paired_differences(grid, cells)["FedEFC"]
+    assert pair.final == pytest.approx(3.0)
+    assert pair.last10 == pytest.approx(77.8 - 80.0)
+
+
+@pytest.mark.parametrize("recorded, planned, expected", [
+    # every planned round trained: the plain mean of the last 10
+    ({t: t / 100 for t in range(1, 26)}, 25, sum(range(16, 26)) / 1000),
+    # ended at round 22 of 25: rounds 16-22, then round 22's model for 23-25
+    ({t: t / 100 for t in range(1, 23)}, 25, (sum(range(16, 23)) + 3 * 22) / 1000),
+    # fewer rounds than 10 planned, ended at 5 of 8: rounds 1-5, then round 5's for 6-8
+    ({t: t / 100 for t in range(1, 6)}, 8, (1 + 2 + 3 + 4 + 5 + 3 * 5) / 800),
+    # a round without an evaluation is left out, not counted as the delivered model
+    ({**{t: t / 100 for t in range(1, 21) if t != 18}}, 20,
+     (sum(range(11, 21)) - 18) / 900),
+])
+def test_mean_last10_held_by_hand(recorded, planned, expected):
+    rounds = [{"round": 0, "test_acc": 0.1}] + [{"round": t, "test_acc": a}
+                                                  for t, a in recorded.items()]
+    assert mean_last10_held(rounds, "test_acc", planned) == pytest.approx(expected)
