@@ -123,13 +123,27 @@ def accuracy_stats(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
             "mean_last10_rounds": len(accs[-10:])}
 
 
+def read_records(out_dir: Path) -> list[dict[str, Any]]:
+    """A finished run's ``metrics.jsonl``, one dict per round; [] when it has none."""
+    path = out_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def accuracy_key(records: list[dict[str, Any]]) -> tuple[str, str]:
+    """The record field a run's accuracy curve uses, and its label: the server's test
+    set when the run has one, else the federated evaluation."""
+    if any(r.get("test_acc") is not None for r in records):
+        return "test_acc", "test accuracy"
+    return "federated_acc", "federated accuracy (held-out)"
+
+
 def mean_last10_held(rounds: list[dict[str, Any]], key: str, planned: int) -> float:
     """The mean accuracy over the last 10 of the ``planned`` rounds, a round the run did
     not train (the phase-2 guard ended it: docs/FEDEFC.md §3.4) counting the model it
     delivered, its last recorded round's. The window is then the same rounds as a run
     that trained them all, so two runs' last-10 means compare (docs/RESULTS.md, "How
-    far apart two runs of one method end"); for a run that trained every planned round it
-    is ``mean_last10_acc``."""
+    far apart two runs of one method end"); for a run that trained and evaluated every
+    planned round it is ``mean_last10_acc``."""
     done = {r["round"]: r[key] for r in rounds if r.get("round", 0) > 0
             and r.get(key) is not None}
     if not done:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.results import mean_last10_held
+from common.results import accuracy_key, mean_last10_held, read_records
 
 from .grid import Cell, Grid
 
@@ -51,10 +51,8 @@ def _accuracies(cell: Cell) -> tuple[float, float, float]:
     """Final, last-10 (over the planned rounds: :func:`mean_last10_held`) and best
     accuracy of a finished cell, in points."""
     summary = json.loads((cell.out_dir / "summary.json").read_text())
-    key = ("federated_acc" if summary.get("accuracy_source") == "federated held-out data"
-           else "test_acc")
-    rounds = [json.loads(line) for line in
-              (cell.out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rounds = read_records(cell.out_dir)
+    key, _ = accuracy_key(rounds)
     last10 = mean_last10_held(rounds, key, int(cell.config["rounds"]))
     return 100 * summary["final_acc"], 100 * last10, 100 * summary["best_acc"]
 
@@ -62,15 +60,15 @@ def _accuracies(cell: Cell) -> tuple[float, float, float]:
 def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
     """Per row other than the baseline: its finished runs whose baseline run (same
     column, same seed) finished too, as differences from it, in the grid's order."""
-    finished = {(c.row, c.column, c.seed): c for c in cells if c.done}
+    finished = {(c.row, c.column, c.seed): _accuracies(c) for c in cells if c.done}
     columns = list(grid.columns)
     pairs: dict[str, list[Pair]] = {row: [] for row in grid.rows if row != grid.baseline}
-    for (row, col, seed), cell in sorted(finished.items(),
-                                         key=lambda k: (columns.index(k[0][1]), k[0][2])):
+    for (row, col, seed), (final, last10, _) in sorted(
+            finished.items(), key=lambda k: (columns.index(k[0][1]), k[0][2])):
         base = finished.get((grid.baseline, col, seed))
         if row == grid.baseline or base is None:
             continue
-        (final, last10, _), (b_final, b_last10, b_best) = _accuracies(cell), _accuracies(base)
+        b_final, b_last10, b_best = base
         pairs[row].append(Pair(col, seed, final - b_final, last10 - b_last10,
                                b_best - b_final))
     return {row: runs for row, runs in pairs.items() if runs}

@@ -37,6 +37,7 @@ from common.data_plan import data_plan
 from common.datasets import DatasetError
 from common.methods import default_config, load_run_config
 from common.named_datasets import DATASETS
+from common.results import accuracy_key, read_records
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import estimate_transition
@@ -88,19 +89,6 @@ def load_paper_numbers(path: Path = PAPER_FILE) -> dict[tuple, tuple[float, floa
         entries = tomllib.load(fh)["entry"]
     return {(e["dataset"], e["alpha-dir"], e["p"], e["rho"], e["zeta"], e["method"]):
             (e["mean"], e["std"]) for e in entries}
-
-
-def read_records(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def accuracy_key(records: list[dict[str, Any]]) -> tuple[str, str]:
-    """The record field a run's accuracy curve uses, and its label: the server's test
-    set when the run has one, else the federated evaluation."""
-    if any(r.get("test_acc") is not None for r in records):
-        return "test_acc", "test accuracy"
-    return "federated_acc", "federated accuracy (held-out)"
 
 
 def cell_stats(cells: list[Cell]) -> dict[str, Any]:
