@@ -91,8 +91,8 @@ RECONNECT_S = 600.0
 LOST_LINE = "SuperLink is unavailable"  # flwr's words when its connection is gone
 
 
-def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> str:
-    """The run's status as ``flwr ls`` reports it, e.g. ``finished:completed``;
+def run_row(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """The run's row of ``flwr ls --run-id`` (its ``status``, ``status-details``, ...);
     :class:`SuperLinkGone` when the SuperLink does not answer."""
     res = flwr_json(["ls", connection, "--run-id", run_id], env, cwd)
     if not res.get("success", True) and \
@@ -101,7 +101,26 @@ def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> 
     runs = res.get("runs") or []
     if not runs:
         raise LaunchError(f"flwr ls knows no run {run_id}: {res}")
-    return str(runs[0]["status"])
+    return runs[0]
+
+
+def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> str:
+    """The run's status as ``flwr ls`` reports it, e.g. ``finished:completed``;
+    :class:`SuperLinkGone` when the SuperLink does not answer."""
+    return str(run_row(connection, run_id, env, cwd)["status"])
+
+
+def flower_reason(connection: str, run_id: str, env: dict[str, str], cwd: Path
+                  ) -> str | None:
+    """Why Flower says the run ended (its status details, e.g. ``No heartbeat received
+    from the task``: a SuperLink that was away longer than the ServerApp's heartbeat
+    patience ends its run so, and the ServerApp's last lines are then refused), or None
+    when it says nothing or cannot be asked. For a failed run whose log names no reason."""
+    try:
+        details = str(run_row(connection, run_id, env, cwd).get("status-details") or "")
+    except LaunchError:  # SuperLinkGone too
+        return None
+    return f"Flower says: {details.strip()}" if details.strip() else None
 
 
 def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[str, str]]:
@@ -130,7 +149,9 @@ class RunOutcome:
 
     run_id: str
     status: str  # as ``flwr ls`` reports it
-    failure: str | None  # the last ``RUN FAILED:`` line's reason, else the last error line
+    # the last ``RUN FAILED:`` line's reason, else (a run that did not complete) its
+    # ``RUN INTERRUPTED:`` reason, the last error line, or Flower's status details
+    failure: str | None
     degradation: str | None = None  # the ``RUN DEGRADED:`` line's reason
     superlink_lost: str | None = None  # when the SuperLink was seen not answering, if it was
     last_round: int = 0  # the last round its log reports recorded (0: none)
@@ -298,8 +319,11 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
             status, again = final_status(connection, run_id, env, cwd, reconnect_s)
             cut = (bool(again or stream_lost(lines)) and not finished
                    and time.monotonic() < deadline)
-    return RunOutcome(run_id, status, failure_reason(lines, status), degradation_reason(lines),
-                      lost, last_round(lines), any(FAILED_LINE.search(line) for line in lines))
+    failure = failure_reason(lines, status)
+    if failure is None and status != "finished:completed":
+        failure = flower_reason(connection, run_id, env, cwd)
+    return RunOutcome(run_id, status, failure, degradation_reason(lines), lost,
+                      last_round(lines), any(FAILED_LINE.search(line) for line in lines))
 
 
 def stream_lost(lines: list[str]) -> str | None:

@@ -340,16 +340,19 @@ def test_a_crash_mid_run_is_restarted_and_the_run_resumes_itself(supervised, tmp
     recs = records(out)
     assert f"{crash} exited with code -9" in supervised.output("superlink")
     if crash == "flower-superlink":
-        # A ServerApp whose replies were still out when its link came back stops the run
-        # itself, and submit resumes it. Whether one was still out depends on how long
-        # the restart took against node 1's 15 s (the suite, 2026-11-29: 22 s, both replies
-        # were waiting when the link came back: none lost, the round went on). Both end
-        # with every round trained by both nodes (asserted below); the interruption
-        # itself is tests/test_link_watch.py's.
-        interrupted = "RUN INTERRUPTED: round 2: the link to the SuperLink failed" in said
-        assert code == 0 and (not interrupted or "resuming it from its checkpoint" in said), \
-            said[-4000:]
-        assert interrupted or "Connection successful after" in said, said[-4000:]
+        # Three ways end with every round trained by both nodes (asserted below), and
+        # which one depends on how long the restart took. Both replies waiting when the
+        # link came back: none lost, the round goes on (the suite, 2026-11-29: 22 s).
+        # Replies still out: the ServerApp stops the run itself (RUN INTERRUPTED). Away
+        # longer than the ServerApp's heartbeat patience: the SuperLink ends the run and
+        # refuses the ServerApp's last lines (CI, 2026-11-29), and submit names Flower's
+        # reason. The last two are resumed from the checkpoint of round 1; the
+        # interruption itself is tests/test_link_watch.py's.
+        stopped = re.search(r"stopped unfinished after round 1 \((.*)\); resuming it from "
+                            r"its checkpoint", said)
+        assert code == 0, said[-4000:]
+        assert (stopped and stopped.group(1) != "its log names no reason"
+                or "Connection successful after" in said), said[-4000:]
     else:  # a SuperExec takes its ServerApp with it (Flower's parent-process watch)
         assert code == 0 and "resuming it from its checkpoint" in said, said[-4000:]
     assert summary["status"] == "completed", said[-4000:]

@@ -602,6 +602,36 @@ def test_a_run_that_stopped_itself_to_be_resumed_is_resumed_with_its_reason():
     assert flower.failure_reason(lines, "finished:completed") is None
 
 
+def test_a_failed_run_whose_log_names_no_reason_gets_flowers(monkeypatch, tmp_path):
+    """CI, 2026-11-29: a SuperLink killed mid-round came back after its ServerApp's
+    heartbeat patience, so it ended the run itself and refused the ServerApp's last
+    lines; submit resumed the run but said "its log names no reason". Flower's own
+    status details are that reason now; a completed run, or one whose log has a
+    reason, is not asked."""
+    asked: list = []
+
+    def flwr(args, env, cwd):
+        asked.append(args[0])
+        if args[0] == "run":
+            return {"success": True, "run-id": 12}
+        return {"success": True, "runs": [{"run-id": "12", "status": "finished:failed",
+                                           "status-details": "No heartbeat received"}]}
+
+    monkeypatch.setattr(flower, "flwr_json", flwr)
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: ["INFO : [round 1/3] acc 0.3"])
+    monkeypatch.setattr(flower, "final_status", lambda *a: ("finished:failed", None))
+    outcome = flower.submit_run("fedefc", {"out-dir": str(tmp_path)}, {}, tmp_path)
+    assert outcome.failure == "Flower says: No heartbeat received" and outcome.interrupted
+    assert asked == ["run", "ls"]
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: [
+        "INFO : [round 1/3] acc 0.3", "ERROR : RUN INTERRUPTED: round 2: the link failed"])
+    assert flower.submit_run("fedefc", {"out-dir": str(tmp_path)}, {},
+                             tmp_path).failure == "round 2: the link failed"
+    monkeypatch.setattr(flower, "final_status", lambda *a: ("finished:completed", None))
+    assert flower.submit_run("fedefc", {"out-dir": str(tmp_path)}, {}, tmp_path).completed
+    assert asked == ["run", "ls", "run", "run"]
+
+
 def test_the_last_recorded_round_is_read_from_the_log():
     lines = ["INFO : [round 0/3] acc 0.1", "INFO : [round 2/3] acc 0.5",
              "WARNING : [round 2/3] missed by partition 1", "Task stopped by user."]
