@@ -184,6 +184,10 @@ class RunConfig(BaseModel):
     # what the phase-2 guard does when it fires: end the run, or (verified labels only)
     # restore the best model and train on with cross-entropy (docs/FEDEFC.md §3.7)
     guard_fallback: Literal["end", "train"] = "end"
+    # how the phase-2 guard reads a model on observed labels: through the Q the client
+    # trained with last round, or through a Q counted on the other half of the share
+    # (docs/FEDEFC.md §3.4)
+    guard_score: Literal["prior-q", "cross-fit"] = "prior-q"
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
     phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]
@@ -321,6 +325,14 @@ class RunConfig(BaseModel):
                 "the models cross-entropy trains on after the fallback fit the noise, and "
                 "nothing the guard reads tells (docs/FEDEFC.md §3.7); set "
                 "guard-fallback=\"end\"")
+        if self.guard_score == "cross-fit" and not (self.guarded and
+                                                     self.validation_labels == "observed"):
+            raise ValueError(
+                "guard-score=\"cross-fit\" needs the phase-2 guard reading observed labels "
+                f"(the guard is {'on' if self.guarded else 'off'}, validation-labels="
+                f"{self.validation_labels!r}): it is how the guard reads a model on observed "
+                "labels (docs/FEDEFC.md §3.4); set guard-score=\"prior-q\", or turn the "
+                "guard on (every client in every round, phase-2-guard=\"auto\")")
         if self.estimation_share and self.validation_labels != "verified":
             raise ValueError(
                 f"estimation-share={self.estimation_share} with validation-labels="

@@ -124,6 +124,33 @@ def shrink_to_identity(q: np.ndarray, evidence: np.ndarray) -> np.ndarray:
     return lam * eye + (1.0 - lam) * q
 
 
+def cross_fitted_accuracy(probs: np.ndarray, labels: np.ndarray, rule: str = "cleanlab",
+                          weighting: str = "none", shrunk: bool = True) -> float:
+    """The phase-2 guard's score with ``guard-score = "cross-fit"`` (docs/FEDEFC.md §3.4):
+    how well a model's predictions tell the observed labels, read through a Q counted on
+    OTHER samples. The samples split in two halves (even and odd positions); each half is
+    read through the Q counted on the other half's predictions and labels as phase 2
+    counts it (paper eqs. (4)-(6); each column shrunk towards the identity by its
+    evidence when ``shrunk``, §4.8), a sample's predicted observed label being the argmax
+    of ``Q p`` (eq. (12)'s implied P(noisy | x)). The fraction of all samples predicted
+    right; with fewer than two samples, the plain accuracy. The same score for a model
+    trained with cross-entropy or with the correction, so the two compare."""
+    probs = np.asarray(probs, dtype=float)
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    if n < 2:
+        return float(np.mean(probs.argmax(axis=1) == labels)) if n else 0.0
+    halves = (np.arange(0, n, 2), np.arange(1, n, 2))
+    right = 0
+    for scored, counted in (halves, halves[::-1]):
+        counts = count_matrix(probs[counted], labels[counted], rule)
+        q = transition_from_counts(counts, labels[counted], weighting)
+        if shrunk:
+            q = shrink_to_identity(q, counts.sum(axis=0))
+        right += int(np.sum((probs[scored] @ q.T).argmax(axis=1) == labels[scored]))
+    return right / n
+
+
 def matrix_agreement(estimate: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
     """Cosine similarity of the flattened matrices and their L1 distance (docs/FEDEFC.md §5)."""
     a, b = np.ravel(estimate), np.ravel(truth)

@@ -24,6 +24,7 @@ from common.training import (
     train,
     train_batches,
 )
+from common.transition import cross_fitted_accuracy
 
 from .baselines.label_state import load_vector
 from .local_data import LocalData
@@ -140,16 +141,23 @@ class LocalJob:
         gives :meth:`global_accuracy`. In phase 2 (the phase-2 guard's signal,
         docs/FEDEFC.md §3.4) the model's prediction of an observed label is the argmax of
         ``Q p``, through the Q the client trained with in its previous round
-        (:attr:`prior_q`; p itself after a round of cross-entropy). Verified labels
-        (docs/FEDEFC.md §3.7) are true labels: the model's own argmax is scored."""
+        (:attr:`prior_q`; p itself after a round of cross-entropy), or with
+        ``guard-score = "cross-fit"`` through a Q counted on the other half of the share
+        from the same predictions (:func:`common.transition.cross_fitted_accuracy`).
+        Verified labels (docs/FEDEFC.md §3.7) are true labels: the model's own argmax is
+        scored."""
         val = self.local.validation
         if val is None:
             return self.global_accuracy()
         probs = self.probs[val]
         # verified labels are true labels: the model is scored as it is (§3.7)
-        if self.phase == 2 and self.prior_q is not None and \
-                self.cfg.validation_labels == "observed":
-            probs = probs @ self.prior_q.T
+        if self.phase == 2 and self.cfg.validation_labels == "observed":
+            if self.cfg.guard_score == "cross-fit":
+                return cross_fitted_accuracy(probs, self.labels[val], self.cfg.count_rule,
+                                             self.cfg.weighting,
+                                             self.cfg.q_estimator_mode == "shrunk")
+            if self.prior_q is not None:
+                probs = probs @ self.prior_q.T
         return float(np.mean(probs.argmax(1) == self.labels[val]))
 
     def anchor(self, model: nn.Module | None = None) -> list[torch.Tensor]:

@@ -38,16 +38,19 @@ class Phase2Guard:
     fallback: bool = False  # guard-fallback = "train": the first verdict trains on
     fell_back: int | None = None  # the round whose verdict went back to cross-entropy
 
-    def observe(self, server_round: int, accuracy: float, phase_2_model: bool) -> str:
+    def observe(self, server_round: int, accuracy: float, phase_2_model: bool,
+                rebase: bool = False) -> str:
         """Feed A(t); returns ``"best"`` (the round's received model is the new best:
         keep it), ``"fell back"`` (restore the best model and train on with
         cross-entropy), ``"fired"`` (restore the best model and end the run), or ``""``.
         ``phase_2_model``: a model trained after T_e (by phase 2, or after falling back);
         the restored model itself, measured again by the round after the fallback, is
-        not counted."""
+        not counted. ``rebase``: A(t) is read on a new scale from this round on
+        (``guard-score = "cross-fit"`` at round T_e + 1), so the round's received model is
+        the new best whatever the best of the old scale was."""
         if self.fired is not None or server_round <= self.start_round:
             return ""
-        if accuracy > self.best_a:
+        if rebase or accuracy > self.best_a:
             self.best_a, self.best_round, self.worse = float(accuracy), server_round, 0
             return "best"
         if not phase_2_model or server_round == (self.fell_back or -1) + 1:

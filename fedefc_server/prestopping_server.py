@@ -115,7 +115,12 @@ class PrestoppingServer(MethodServer):
         if self.guard is None:
             return result.parameters
         t = result.round
-        verdict = self.guard.observe(t, a_t, phase_2_model=self.prestopper.phase(t - 1) == 2)
+        # guard-score = "cross-fit" reads phase 2's received models on a scale of its own
+        # from round T_e + 1, whose model phase 1 made (docs/FEDEFC.md §3.4)
+        rebase = (self.cfg.guard_score == "cross-fit" and self.prestopper.t_e is not None
+                  and t == self.prestopper.t_e + 1)
+        verdict = self.guard.observe(t, a_t, phase_2_model=self.prestopper.phase(t - 1) == 2,
+                                     rebase=rebase)
         if verdict == "best":
             self.kept = result.received
         elif verdict == "fell back":

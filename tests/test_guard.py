@@ -20,10 +20,12 @@ from common.methods import load_run_config, short_run_warning, shortest_useful_r
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
+from common.transition import cross_fitted_accuracy
 from fedefc_cli import deployment
 from fedefc_cli.errors import UsageError
 from fedefc_cli.main import main
 from fedefc_client.client import MethodClient
+from fedefc_client.job import LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_server import checkpoint, evaluation
 from fedefc_server.checkpoint import CheckpointError
@@ -70,6 +72,26 @@ def test_with_the_fallback_the_first_verdict_trains_on_and_the_second_ends():
     )]
     assert seen == ["best", "", "fell back", "", "", "best", "", "fired"]
     assert (guard.fell_back, guard.best_round, guard.fired) == (5, 8, 10)
+
+
+def test_a_cross_fit_guard_starts_its_scale_at_the_first_phase_2_round():
+    """``guard-score = "cross-fit"``: at round T_e + 1 A(t) is read on a new scale, so the
+    model that round received (the last phase-1 model) is the best whatever phase 1's
+    best was, and phase-2 models must beat it on the same scale."""
+    def run(rebase_at):
+        guard = Phase2Guard(start_round=2, patience=2)
+        return guard, [guard.observe(t, a, p2, rebase=t == rebase_at) for t, a, p2 in (
+            (3, 0.7, False),   # phase 1's best, on phase 1's scale
+            (4, 0.6, False),   # T_e + 1: the last phase-1 model, on the new scale
+            (5, 0.65, True),   # a phase-2 model beats it
+            (6, 0.64, True), (7, 0.65, True),  # 2 misses: fired
+        )]
+    guard, seen = run(rebase_at=4)
+    assert seen == ["best", "best", "best", "", "fired"]
+    assert (guard.best_round, guard.best_a, guard.fired) == (5, 0.65, 7)
+    guard, seen = run(rebase_at=None)  # prior-q: one scale, phase 1's best stands
+    assert seen == ["best", "", "", "fired", ""]
+    assert (guard.best_round, guard.fired) == (3, 6)
 
 
 def test_a_phase_2_that_keeps_beating_the_best_never_fires():
@@ -163,6 +185,48 @@ def test_the_guard_restores_the_best_model_and_ends_the_run(tmp_path, caplog):
         type(make_pipeline(cfg).server).check_checkpoint(ckpt.strategy, cfg)
 
 
+class RescaledNode(HeldOutNode):
+    """T_e = 4 as above; from round 5 the clients read A_k on a lower scale (the
+    cross-fitted score of the model phase 1 made, then of phase 2's)."""
+
+    script = {**{t: GUARDED[t] for t in range(1, 5)},
+              5: 0.5, 6: 0.52, 7: 0.51, 8: 0.51, 9: 0.9, 10: 0.9, 11: 0.9, 12: 0.9}
+
+
+@pytest.mark.parametrize("score, best, ended", [("prior-q", [2, 2, 2, 2, 2, 2], 7),
+                                                ("cross-fit", [2, 2, 2, 5, 6, 6, 6], 8)])
+def test_a_cross_fit_guard_judges_phase_2_against_the_model_phase_1_made(tmp_path, score,
+                                                                         best, ended):
+    """The same A(t) to round 4 (T_e), then lower: read on one scale (prior-q) no
+    phase-2 model reaches phase 1's best and the guard restores round 2's model after
+    gamma-thr = 2 rounds; with ``guard-score = "cross-fit"`` round 5's A(t) starts the
+    new scale, round 6's phase-2 model beats it, and the guard restores that one."""
+    guarded_loop(tmp_path, node=RescaledNode, **{"guard-score": score})
+    recs = records(tmp_path)
+    assert [r["guard_best_round"] for r in recs[2:]] == best
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["t_e"] == 4
+    assert (summary["guard_restored_round"], summary["guard_ended_at"]) == (best[-1], ended)
+
+
+@pytest.mark.parametrize("phase", [1, 2])
+def test_a_cross_fit_client_scores_its_share_through_the_other_halfs_q(phase):
+    """A client of a run with ``guard-score = "cross-fit"``: in phase 2 its A_k is the
+    cross-fitted score of the received model's predictions on its share, whatever Q it
+    trained with (here one that would turn every prediction wrong); in phase 1 the
+    plain accuracy on the share, as without it."""
+    cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "guard-score": "cross-fit"})
+    local = partition_data(cfg, 0, CPU)
+    job = LocalJob(cfg, local, initial_model(cfg, local.data.task), phase, 8, 8)
+    probs = np.random.default_rng(1).dirichlet(np.ones(10), len(local.labels))
+    job._probs = probs
+    job.prior_q = np.roll(np.eye(10), 1, axis=0)
+    share = local.validation
+    expected = (cross_fitted_accuracy(probs[share], local.labels[share]) if phase == 2
+                else np.mean(probs[share].argmax(1) == local.labels[share]))
+    assert len(share) > 20 and job.validation_accuracy() == pytest.approx(expected)
+
+
 # guard-fallback = "train": the guard falls back in round 9 as above (restoring the
 # model round 7 received); round 10 measures that model again (not counted), round 11's
 # model (cross-entropy from it) is the new best, rounds 12 and 13 miss: the run ends
@@ -199,6 +263,17 @@ def test_the_fallback_trains_on_with_cross_entropy_from_the_restored_model(tmp_p
     assert "went on with cross-entropy" in summary["notes"][0]
     assert "cross-entropy after the fallback did not beat" in summary["notes"][1]
     assert "after round 13 of 16" in summary["notes"][1]
+
+
+def test_a_cross_fit_guard_needs_the_guard_reading_observed_labels():
+    for keys, state in (({}, "the guard is off"),
+                        ({"num-clients": 4, "fraction": 1.0, "validation-labels": "verified",
+                          "validation-max-per-class": 5}, "validation-labels='verified'")):
+        with pytest.raises(ValueError, match=state) as err:
+            load_run_config({"guard-score": "cross-fit", **keys})
+        assert 'set guard-score="prior-q"' in str(err.value)
+    assert load_run_config({"guard-score": "cross-fit", "num-clients": 4,
+                            "fraction": 1.0}).guarded
 
 
 def test_the_fallback_needs_the_guard_reading_verified_labels():
