@@ -174,7 +174,10 @@ class RunConfig(BaseModel):
     accuracy_signal: Literal[ACCURACY_SIGNALS] = "auto"  # type: ignore[valid-type]
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
-    validation_phase_2: Literal["estimate", "train"] = "estimate"
+    # in phase 2 the share stays out of training ("estimate"), is trained on ("train"),
+    # or is trained on but for a guard slice, its half that only the guard reads
+    # ("guard-slice"; docs/FEDEFC.md §3.6)
+    validation_phase_2: Literal["estimate", "train", "guard-slice"] = "estimate"
     # "verified": the share's labels are checked ones, so A(t) is a clean accuracy
     # (docs/FEDEFC.md §3.7)
     validation_labels: Literal["observed", "verified"] = "observed"
@@ -340,12 +343,18 @@ class RunConfig(BaseModel):
                 "part beside a share of verified labels; with observed labels Q is already "
                 "counted on the validation share (validation-phase-2=\"estimate\"), so set "
                 "estimation-share=0, or validation-labels=\"verified\" (docs/FEDEFC.md §3.7)")
-        if self.validation_labels == "verified" and self.validation_phase_2 == "train":
+        if self.validation_labels == "verified" and self.validation_phase_2 != "estimate":
             raise ValueError(
-                "validation-labels=\"verified\" with validation-phase-2=\"train\": the "
-                "verified share must stay out of training, or the phase-2 guard would read "
-                "a training accuracy; set validation-phase-2=\"estimate\" (docs/FEDEFC.md "
-                "§3.7)")
+                "validation-labels=\"verified\" with validation-phase-2="
+                f"{self.validation_phase_2!r}: the verified share must stay out of training, "
+                "or the phase-2 guard would read a training accuracy; set "
+                "validation-phase-2=\"estimate\" (docs/FEDEFC.md §3.7)")
+        if self.validation_phase_2 == "guard-slice" and not self.guarded:
+            raise ValueError(
+                "validation-phase-2=\"guard-slice\" with the phase-2 guard off: the slice "
+                "is kept out of training only for the guard to read, and nothing would read "
+                "it; set validation-phase-2=\"train\" (or \"estimate\"), or turn the guard "
+                "on (every client in every round, phase-2-guard=\"auto\"; docs/FEDEFC.md §3.6)")
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "

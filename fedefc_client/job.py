@@ -27,7 +27,7 @@ from common.training import (
 from common.transition import cross_fitted_accuracy
 
 from .baselines.label_state import load_vector
-from .local_data import LocalData
+from .local_data import LocalData, guard_slice
 
 NOISE_MODEL = "noise-model"  # context.state: the Q this client trained with last (guarded runs)
 
@@ -94,11 +94,26 @@ class LocalJob:
                            c.precision)
 
     @property
+    def slicing(self) -> bool:
+        """Phase 2 of a run with ``validation-phase-2 = "guard-slice"``: half the share is
+        trained on, the other half (:func:`local_data.guard_slice`) read by the guard
+        alone (docs/FEDEFC.md §3.6)."""
+        return self.phase == 2 and self.cfg.validation_phase_2 == "guard-slice"
+
+    @property
+    def guard_positions(self) -> np.ndarray | None:
+        """The samples A_k is read on: the validation share, or its guard slice while
+        :attr:`slicing`; None without a share."""
+        val = self.local.validation
+        return guard_slice(val) if val is not None and self.slicing else val
+
+    @property
     def held_back(self) -> np.ndarray | None:
         """Positions not trained on in this round: the validation share in phase 1, and
-        in phase 2 unless ``validation-phase-2 = "train"`` (docs/FEDEFC.md §3.1); beside
-        a verified share also the estimation share, in both phases (§3.7)."""
-        val = self.local.validation
+        in phase 2 unless ``validation-phase-2 = "train"`` (docs/FEDEFC.md §3.1), or only
+        its guard slice with ``"guard-slice"`` (§3.6); beside a verified share also the
+        estimation share, in both phases (§3.7)."""
+        val = self.guard_positions
         if val is None or self.phase is None:
             return None
         if self.phase == 2 and self.cfg.validation_phase_2 == "train":
@@ -119,7 +134,10 @@ class LocalJob:
             return self.local.estimation
         if self.cfg.validation_labels == "verified" and self.local.validation is not None:
             return np.flatnonzero(self.trainable(np.ones(len(self.labels), dtype=bool)))
-        return np.arange(len(self.labels)) if held is None else held
+        if held is None:
+            return np.arange(len(self.labels))
+        # the guard slice is the guard's alone; Q comes from the samples trained on (§3.6)
+        return np.setdiff1d(np.arange(len(self.labels)), held) if self.slicing else held
 
     def trainable(self, keep: np.ndarray | None = None) -> np.ndarray | None:
         """The mask of the samples trained on: ``keep`` (all when None) less
@@ -137,7 +155,8 @@ class LocalJob:
 
     def validation_accuracy(self) -> float:
         """Accuracy of the received global model on the validation share's observed
-        labels (the ``held-out`` signal); a client too small for a share (one sample)
+        labels (the ``held-out`` signal; in phase 2 with ``validation-phase-2 =
+        "guard-slice"`` on its guard slice, docs/FEDEFC.md §3.6); a client too small for a share (one sample)
         gives :meth:`global_accuracy`. In phase 2 (the phase-2 guard's signal,
         docs/FEDEFC.md §3.4) the model's prediction of an observed label is the argmax of
         ``Q p``, through the Q the client trained with in its previous round
@@ -146,7 +165,7 @@ class LocalJob:
         from the same predictions (:func:`common.transition.cross_fitted_accuracy`).
         Verified labels (docs/FEDEFC.md §3.7) are true labels: the model's own argmax is
         scored."""
-        val = self.local.validation
+        val = self.guard_positions
         if val is None:
             return self.global_accuracy()
         probs = self.probs[val]

@@ -138,6 +138,14 @@ def validation_positions(cfg: RunConfig, partition_id: int, m: int,
     return np.sort(perm[:count])
 
 
+def guard_slice(validation: np.ndarray) -> np.ndarray:
+    """The half of a validation share (sorted positions) that stays out of training in
+    phase 2 with ``validation-phase-2 = "guard-slice"``, for the phase-2 guard alone
+    (docs/FEDEFC.md §3.6): every second position, the first included (the share itself
+    is a seeded draw, so its every second position is one too); all of a 1-sample share."""
+    return validation[::2]
+
+
 def layout(cfg: RunConfig, partition_id: int, n: int, num_classes: int
            ) -> tuple[tuple[np.ndarray, np.ndarray] | None, np.ndarray | None]:
     """How a client's ``n`` samples divide: the federated-evaluation split of

@@ -46,7 +46,8 @@ class Phase2Guard:
         ``phase_2_model``: a model trained after T_e (by phase 2, or after falling back);
         the restored model itself, measured again by the round after the fallback, is
         not counted. ``rebase``: A(t) is read on a new scale from this round on
-        (``guard-score = "cross-fit"`` at round T_e + 1), so the round's received model is
+        (``guard-score = "cross-fit"`` or ``validation-phase-2 = "guard-slice"`` at round
+        T_e + 1), so the round's received model is
         the new best whatever the best of the old scale was."""
         if self.fired is not None or server_round <= self.start_round:
             return ""

@@ -115,10 +115,12 @@ class PrestoppingServer(MethodServer):
         if self.guard is None:
             return result.parameters
         t = result.round
-        # guard-score = "cross-fit" reads phase 2's received models on a scale of its own
-        # from round T_e + 1, whose model phase 1 made (docs/FEDEFC.md §3.4)
-        rebase = (self.cfg.guard_score == "cross-fit" and self.prestopper.t_e is not None
-                  and t == self.prestopper.t_e + 1)
+        # guard-score = "cross-fit" and validation-phase-2 = "guard-slice" read phase 2's
+        # received models on a scale of their own from round T_e + 1, whose model phase 1
+        # made (docs/FEDEFC.md §3.4, §3.6)
+        rebase = ((self.cfg.guard_score == "cross-fit"
+                   or self.cfg.validation_phase_2 == "guard-slice")
+                  and self.prestopper.t_e is not None and t == self.prestopper.t_e + 1)
         verdict = self.guard.observe(t, a_t, phase_2_model=self.prestopper.phase(t - 1) == 2,
                                      rebase=rebase)
         if verdict == "best":

@@ -430,10 +430,12 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
     """The failure no signal on noisy labels can see (docs/FEDEFC.md §3.4, §3.7): every
     phase-2 Q is the same derangement (true j observed as j + 1), so the corrected loss
     teaches the model to predict j - 1 for an observed j. The test accuracy collapses;
-    through that Q the model predicts the observed labels as well as before, so the
-    guard reading observed labels takes a relabelled model for its best and ends the
-    run with it, while on a share of verified labels (5 per class and client) the guard
-    sees the fall and restores the best phase-1 model."""
+    through that Q the model predicts the observed labels about as well as before, so
+    the A(t) the guard reads on observed labels stays level with phase 1's best (whether
+    a relabelled model then beats it by a sample, and is kept, or ties it is the last
+    bits of the machine's float sums), while on a share of verified labels (5 per class
+    and client) A(t) falls with the test accuracy and the guard restores the best
+    phase-1 model."""
     def shifted(counts, labels, weighting):
         return np.roll(np.eye(counts.shape[0]), 1, axis=0)  # Q[(j + 1) % K, j] = 1
 
@@ -445,10 +447,13 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
     hurt = [r["test_acc"] for r in recs if r["phase"] == 2 and t_e + 1 < r["round"]
             and r["round"] != summary["guard_ended_at"]]
     assert max(hurt) < best_phase_1 - 0.3  # the relabelling hurt
+    # A(t) of round t reads the model round t - 1 made: from T_e + 2 on a relabelled one
+    best_a = max(r["A"] for r in recs if r["phase"] == 1 and r["round"] > 0)
+    relabelled_a = [r["A"] for r in recs if r["round"] >= t_e + 2]
     if labels == "observed":
-        assert summary["guard_restored_round"] > t_e + 2  # a relabelled model
-        assert summary["final_acc"] < best_phase_1 - 0.3
+        assert max(relabelled_a) > best_a - 0.05  # blind to the collapse
     else:
+        assert max(relabelled_a) < best_a - 0.3  # the verified share sees it
         assert summary["guard_ended_at"] == t_e + 1 + 2 < 14
         assert summary["final_acc"] == pytest.approx(
             recs[summary["guard_restored_round"] - 1]["test_acc"])
