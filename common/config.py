@@ -175,8 +175,8 @@ class RunConfig(BaseModel):
     validation_fraction: float = Field(0.4, gt=0.0, lt=1.0)
     validation_max_per_class: int = Field(0, ge=0, le=1_000_000)  # 0: no cap
     # in phase 2 the share stays out of training ("estimate"), is trained on ("train"),
-    # or is trained on but for a guard slice, its half that only the guard reads
-    # ("guard-slice"; docs/FEDEFC.md §3.6)
+    # or is trained on but for a guard slice, its half that the guard reads and Q is
+    # counted on ("guard-slice"; docs/FEDEFC.md §3.6)
     validation_phase_2: Literal["estimate", "train", "guard-slice"] = "estimate"
     # "verified": the share's labels are checked ones, so A(t) is a clean accuracy
     # (docs/FEDEFC.md §3.7)
@@ -352,8 +352,8 @@ class RunConfig(BaseModel):
         if self.validation_phase_2 == "guard-slice" and not self.guarded:
             raise ValueError(
                 "validation-phase-2=\"guard-slice\" with the phase-2 guard off: the slice "
-                "is kept out of training only for the guard to read, and nothing would read "
-                "it; set validation-phase-2=\"train\" (or \"estimate\"), or turn the guard "
+                "is kept out of training for the guard to read, and without it Q is better "
+                "counted on the whole share; set validation-phase-2=\"train\" (or \"estimate\"), or turn the guard "
                 "on (every client in every round, phase-2-guard=\"auto\"; docs/FEDEFC.md §3.6)")
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(

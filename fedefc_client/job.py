@@ -96,8 +96,8 @@ class LocalJob:
     @property
     def slicing(self) -> bool:
         """Phase 2 of a run with ``validation-phase-2 = "guard-slice"``: half the share is
-        trained on, the other half (:func:`local_data.guard_slice`) read by the guard
-        alone (docs/FEDEFC.md §3.6)."""
+        trained on, the other half (:func:`local_data.guard_slice`) kept out, for the
+        guard and Q alone (docs/FEDEFC.md §3.6)."""
         return self.phase == 2 and self.cfg.validation_phase_2 == "guard-slice"
 
     @property
@@ -125,7 +125,8 @@ class LocalJob:
         """The samples whose predictions estimate the client's noise matrix in phase 2:
         the validation share while it is kept out of training (``validation-phase-2 =
         "estimate"``: predictions the model did not fit, as cleanlab's out-of-sample
-        probabilities are), else all of the client's samples (docs/FEDEFC.md §4). A
+        probabilities are), its guard slice with ``"guard-slice"`` (§3.6), else all of
+        the client's samples (docs/FEDEFC.md §4). A
         share of verified labels is never counted: its labels carry no noise to
         estimate, so Q comes from the estimation share where the run keeps one
         (``estimation-share``), else from the samples trained on (docs/FEDEFC.md §3.7)."""
@@ -134,10 +135,7 @@ class LocalJob:
             return self.local.estimation
         if self.cfg.validation_labels == "verified" and self.local.validation is not None:
             return np.flatnonzero(self.trainable(np.ones(len(self.labels), dtype=bool)))
-        if held is None:
-            return np.arange(len(self.labels))
-        # the guard slice is the guard's alone; Q comes from the samples trained on (§3.6)
-        return np.setdiff1d(np.arange(len(self.labels)), held) if self.slicing else held
+        return np.arange(len(self.labels)) if held is None else held
 
     def trainable(self, keep: np.ndarray | None = None) -> np.ndarray | None:
         """The mask of the samples trained on: ``keep`` (all when None) less

@@ -20,7 +20,8 @@ from common.methods import load_run_config, short_run_warning, shortest_useful_r
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
-from common.transition import cross_fitted_accuracy
+from common.training import BatchTransform, predict_proba
+from common.transition import cross_fitted_accuracy, estimate_transition
 from fedefc_cli import deployment
 from fedefc_cli.errors import UsageError
 from fedefc_cli.main import main
@@ -193,15 +194,19 @@ class RescaledNode(HeldOutNode):
               5: 0.5, 6: 0.52, 7: 0.51, 8: 0.51, 9: 0.9, 10: 0.9, 11: 0.9, 12: 0.9}
 
 
-@pytest.mark.parametrize("score, best, ended", [("prior-q", [2, 2, 2, 2, 2, 2], 7),
-                                                ("cross-fit", [2, 2, 2, 5, 6, 6, 6], 8)])
-def test_a_cross_fit_guard_judges_phase_2_against_the_model_phase_1_made(tmp_path, score,
-                                                                         best, ended):
-    """The same A(t) to round 4 (T_e), then lower: read on one scale (prior-q) no
-    phase-2 model reaches phase 1's best and the guard restores round 2's model after
-    gamma-thr = 2 rounds; with ``guard-score = "cross-fit"`` round 5's A(t) starts the
-    new scale, round 6's phase-2 model beats it, and the guard restores that one."""
-    guarded_loop(tmp_path, node=RescaledNode, **{"guard-score": score})
+@pytest.mark.parametrize("keys, best, ended", [
+    ({}, [2, 2, 2, 2, 2, 2], 7),
+    ({"guard-score": "cross-fit"}, [2, 2, 2, 5, 6, 6, 6], 8),
+    ({"validation-phase-2": "guard-slice"}, [2, 2, 2, 5, 6, 6, 6], 8)])
+def test_a_rescaled_guard_judges_phase_2_against_the_model_phase_1_made(tmp_path, keys,
+                                                                        best, ended):
+    """The same A(t) to round 4 (T_e), then lower: read on one scale (prior-q on the
+    whole share) no phase-2 model reaches phase 1's best and the guard restores round 2's
+    model after gamma-thr = 2 rounds; with ``guard-score = "cross-fit"`` (another score)
+    or ``validation-phase-2 = "guard-slice"`` (other samples: half the share) round 5's
+    A(t) starts the new scale, round 6's phase-2 model beats it, and the guard restores
+    that one."""
+    guarded_loop(tmp_path, node=RescaledNode, **keys)
     recs = records(tmp_path)
     assert [r["guard_best_round"] for r in recs[2:]] == best
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -263,6 +268,54 @@ def test_the_fallback_trains_on_with_cross_entropy_from_the_restored_model(tmp_p
     assert "went on with cross-entropy" in summary["notes"][0]
     assert "cross-entropy after the fallback did not beat" in summary["notes"][1]
     assert "after round 13 of 16" in summary["notes"][1]
+
+
+@pytest.mark.parametrize("phase", [1, 2])
+def test_a_guard_slice_client_reads_half_its_share_and_trains_on_the_rest(phase):
+    """``validation-phase-2 = "guard-slice"``: in phase 1 the whole share is held out and
+    A_k read on it; in phase 2 only its guard slice (every second position) is, A_k is
+    read on the slice (through the Q the client trained with), the client trains on
+    every other sample, and Q is counted on the slice (predictions out of sample)."""
+    cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "q-pooling": "none",
+                           "q-estimator": "counted", "validation-phase-2": "guard-slice"})
+    local = partition_data(cfg, 0, CPU)
+    share = local.validation
+    probs = np.random.default_rng(1).dirichlet(np.ones(10), len(local.labels))
+    job = LocalJob(cfg, local, initial_model(cfg, local.data.task), phase, 8, 8)
+    job._probs = probs
+    job.prior_q = np.roll(np.eye(10), 1, axis=0)
+    read = share if phase == 1 else share[::2]
+    through = probs if phase == 1 else probs @ job.prior_q.T
+    expected = np.mean(through[read].argmax(1) == local.labels[read])
+    assert len(read) > 20 and job.validation_accuracy() == pytest.approx(expected)
+    held = np.zeros(len(local), dtype=bool)
+    held[read] = True
+    trained = job.training_set()
+    assert torch.equal(trained.x, local.x[torch.as_tensor(np.flatnonzero(~held))])
+    if phase == 2:
+        np.testing.assert_array_equal(job.estimation_positions(), read)
+        job._probs = None  # the update reads the received model's own predictions
+        local_update.fedefc(job)
+        model_probs = predict_proba(initial_model(cfg, local.data.task), local.x,
+                                    BatchTransform.of(local.spec, CPU))
+        np.testing.assert_allclose(job.last_q, estimate_transition(
+            model_probs[read], local.labels[read]), atol=1e-6)
+
+
+def test_a_guard_slice_needs_the_guard_and_observed_labels():
+    """The slice is kept out of training only for the guard: refused where no guard reads
+    it, and beside verified labels (whose share never joins training)."""
+    with pytest.raises(ValueError, match="guard off") as err:
+        load_run_config({"validation-phase-2": "guard-slice", "num-clients": 4,
+                         "fraction": 1.0, "phase-2-guard": "off"})
+    assert 'set validation-phase-2="train"' in str(err.value)
+    with pytest.raises(ValueError, match="verified share must stay out") as err:
+        load_run_config({"validation-phase-2": "guard-slice", "num-clients": 4,
+                         "fraction": 1.0, "validation-labels": "verified",
+                         "validation-max-per-class": 5})
+    assert "'guard-slice'" in str(err.value)
+    assert load_run_config({"validation-phase-2": "guard-slice", "num-clients": 4,
+                            "fraction": 1.0}).guarded
 
 
 def test_a_cross_fit_guard_needs_the_guard_reading_observed_labels():
