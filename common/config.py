@@ -353,8 +353,9 @@ class RunConfig(BaseModel):
             raise ValueError(
                 "validation-phase-2=\"guard-slice\" with the phase-2 guard off: the slice "
                 "is kept out of training for the guard to read, and without it Q is better "
-                "counted on the whole share; set validation-phase-2=\"train\" (or \"estimate\"), or turn the guard "
-                "on (every client in every round, phase-2-guard=\"auto\"; docs/FEDEFC.md §3.6)")
+                "counted on the whole share; set validation-phase-2=\"estimate\" (or "
+                "\"train\"), or turn the guard on (every client in every round, "
+                "phase-2-guard=\"auto\"; docs/FEDEFC.md §3.6)")
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "

@@ -154,10 +154,10 @@ class LocalJob:
     def validation_accuracy(self) -> float:
         """Accuracy of the received global model on the validation share's observed
         labels (the ``held-out`` signal; in phase 2 with ``validation-phase-2 =
-        "guard-slice"`` on its guard slice, docs/FEDEFC.md §3.6); a client too small for a share (one sample)
-        gives :meth:`global_accuracy`. In phase 2 (the phase-2 guard's signal,
-        docs/FEDEFC.md §3.4) the model's prediction of an observed label is the argmax of
-        ``Q p``, through the Q the client trained with in its previous round
+        "guard-slice"`` on its guard slice, docs/FEDEFC.md §3.6); a client too small for
+        a share (one sample) gives :meth:`global_accuracy`. In phase 2 (the phase-2
+        guard's signal, docs/FEDEFC.md §3.4) the model's prediction of an observed label
+        is the argmax of ``Q p``, through the Q the client trained with in its previous round
         (:attr:`prior_q`; p itself after a round of cross-entropy), or with
         ``guard-score = "cross-fit"`` through a Q counted on the other half of the share
         from the same predictions (:func:`common.transition.cross_fitted_accuracy`).

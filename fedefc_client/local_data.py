@@ -141,8 +141,9 @@ def validation_positions(cfg: RunConfig, partition_id: int, m: int,
 def guard_slice(validation: np.ndarray) -> np.ndarray:
     """The half of a validation share (sorted positions) that stays out of training in
     phase 2 with ``validation-phase-2 = "guard-slice"``: the phase-2 guard reads it and
-    Q is counted on it (docs/FEDEFC.md §3.6): every second position, the first included (the share itself
-    is a seeded draw, so its every second position is one too); all of a 1-sample share."""
+    Q is counted on it (docs/FEDEFC.md §3.6): every second position, the first included
+    (the share itself is a seeded draw, so its every second position is one too); all of a
+    1-sample share."""
     return validation[::2]
 
 

@@ -308,7 +308,7 @@ def test_a_guard_slice_needs_the_guard_and_observed_labels():
     with pytest.raises(ValueError, match="guard off") as err:
         load_run_config({"validation-phase-2": "guard-slice", "num-clients": 4,
                          "fraction": 1.0, "phase-2-guard": "off"})
-    assert 'set validation-phase-2="train"' in str(err.value)
+    assert 'set validation-phase-2="estimate"' in str(err.value)
     with pytest.raises(ValueError, match="verified share must stay out") as err:
         load_run_config({"validation-phase-2": "guard-slice", "num-clients": 4,
                          "fraction": 1.0, "validation-labels": "verified",
