@@ -126,10 +126,10 @@ class LocalJob:
         the validation share while it is kept out of training (``validation-phase-2 =
         "estimate"``: predictions the model did not fit, as cleanlab's out-of-sample
         probabilities are), its guard slice with ``"guard-slice"`` (§3.6), else all of
-        the client's samples (docs/FEDEFC.md §4). A
-        share of verified labels is never counted: its labels carry no noise to
-        estimate, so Q comes from the estimation share where the run keeps one
-        (``estimation-share``), else from the samples trained on (docs/FEDEFC.md §3.7)."""
+        the client's samples (docs/FEDEFC.md §4). A share of verified labels is never
+        counted: its labels carry no noise to estimate, so Q comes from the estimation
+        share where the run keeps one (``estimation-share``), else from the samples
+        trained on (docs/FEDEFC.md §3.7)."""
         held = self.held_back
         if self.local.estimation is not None:
             return self.local.estimation
@@ -157,8 +157,8 @@ class LocalJob:
         "guard-slice"`` on its guard slice, docs/FEDEFC.md §3.6); a client too small for
         a share (one sample) gives :meth:`global_accuracy`. In phase 2 (the phase-2
         guard's signal, docs/FEDEFC.md §3.4) the model's prediction of an observed label
-        is the argmax of ``Q p``, through the Q the client trained with in its previous round
-        (:attr:`prior_q`; p itself after a round of cross-entropy), or with
+        is the argmax of ``Q p``, through the Q the client trained with in its previous
+        round (:attr:`prior_q`; p itself after a round of cross-entropy), or with
         ``guard-score = "cross-fit"`` through a Q counted on the other half of the share
         from the same predictions (:func:`common.transition.cross_fitted_accuracy`).
         Verified labels (docs/FEDEFC.md §3.7) are true labels: the model's own argmax is

@@ -47,8 +47,8 @@ class Phase2Guard:
         the restored model itself, measured again by the round after the fallback, is
         not counted. ``rebase``: A(t) is read on a new scale from this round on
         (``guard-score = "cross-fit"`` or ``validation-phase-2 = "guard-slice"`` at round
-        T_e + 1), so the round's received model is
-        the new best whatever the best of the old scale was."""
+        T_e + 1), so the round's received model is the new best whatever the best of the
+        old scale was."""
         if self.fired is not None or server_round <= self.start_round:
             return ""
         if rebase or accuracy > self.best_a:

@@ -504,7 +504,7 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
     best_a = max(r["A"] for r in recs if r["phase"] == 1 and r["round"] > 0)
     relabelled_a = [r["A"] for r in recs if r["round"] >= t_e + 2]
     if labels == "observed":
-        assert max(relabelled_a) > best_a - 0.05  # blind to the collapse
+        assert max(relabelled_a) > best_a - 0.1  # blind to the collapse
     else:
         assert max(relabelled_a) < best_a - 0.3  # the verified share sees it
         assert summary["guard_ended_at"] == t_e + 1 + 2 < 14
