@@ -5,7 +5,8 @@ Layout (all under an absolute ``out-dir``)::
     config.json     the resolved run config (every key, defaults filled in)
     metrics.jsonl   one JSON object per round (round 0 = the initial model)
     summary.json    final / best / mean-of-last-10 accuracy (server test set or federated
-                    evaluation, ``accuracy_source``), T_e, wall time
+                    evaluation, ``accuracy_source``), T_e, wall time, the machine
+                    (:func:`machine_record`)
     model.pt        the final global model's state dict (torch.save)
 
 Files are written atomically (temp file + rename), so a crash never leaves a
@@ -19,6 +20,7 @@ import io
 import json
 import math
 import os
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -121,6 +123,29 @@ def accuracy_stats(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return {"final_acc": accs[-1], "best_acc": accs[best], "best_round": done[best]["round"],
             "mean_last10_acc": float(np.mean(accs[-10:])),
             "mean_last10_rounds": len(accs[-10:])}
+
+
+def machine_record() -> dict[str, str]:
+    """What fixes a run's floating-point arithmetic besides its config and seed, on the
+    machine that writes its summary (in a simulation the clients' too; in a deployment
+    the ServerApp's only): the CPU model and the vector instructions PyTorch's kernels
+    chose on it, the PyTorch and NumPy builds, the GPU. Runs of
+    one config on machines whose records differ sum floats in another order, part from
+    round 1 and may end points apart, as far as seeds do (docs/RESULTS.md, "How far apart
+    two runs of one method end"); ``fedefc grid report`` says where a pair of runs it
+    compares differs here (:mod:`fedefc_cli.paired`)."""
+    import torch  # here, not at the top: the grid reports read this module without it
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {"cpu": cpu, "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "numpy": np.__version__, "gpu": gpu}
 
 
 def read_records(out_dir: Path) -> list[dict[str, Any]]:

@@ -18,6 +18,11 @@ method end"). A grid that names it (``chance = "..."``) gets one more count per 
 runs *beyond chance*, whose final difference is below the least final difference of that
 row, or whose last-10 difference is below its least last-10 difference. A run inside
 that envelope is not evidence that a method is worse than the baseline; one beyond it is.
+
+Runs of one config on two machines differ by as much (another CPU's kernels sum floats in
+another order): a pair whose summaries record different machines
+(:func:`common.results.machine_record`) is counted and named above the tables, so that
+no such difference is read as the method's.
 """
 
 from __future__ import annotations
@@ -45,16 +50,19 @@ class Pair:
     final: float
     last10: float
     baseline_drop: float  # the baseline run's best accuracy less its final one
+    other_machine: bool = False  # both runs record their machine, and they differ
 
 
-def _accuracies(cell: Cell) -> tuple[float, float, float]:
+def _accuracies(cell: Cell) -> tuple[float, float, float, dict | None]:
     """Final, last-10 (over the planned rounds: :func:`mean_last10_held`) and best
-    accuracy of a finished cell, in points."""
+    accuracy of a finished cell, in points, and the machine it ran on (None where its
+    summary predates the record)."""
     summary = json.loads((cell.out_dir / "summary.json").read_text())
     rounds = read_records(cell.out_dir)
     key, _ = accuracy_key(rounds)
     last10 = mean_last10_held(rounds, key, int(cell.config["rounds"]))
-    return 100 * summary["final_acc"], 100 * last10, 100 * summary["best_acc"]
+    return (100 * summary["final_acc"], 100 * last10, 100 * summary["best_acc"],
+            summary.get("machine"))
 
 
 def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
@@ -63,14 +71,15 @@ def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
     finished = {(c.row, c.column, c.seed): _accuracies(c) for c in cells if c.done}
     columns = list(grid.columns)
     pairs: dict[str, list[Pair]] = {row: [] for row in grid.rows if row != grid.baseline}
-    for (row, col, seed), (final, last10, _) in sorted(
+    for (row, col, seed), (final, last10, _, machine) in sorted(
             finished.items(), key=lambda k: (columns.index(k[0][1]), k[0][2])):
         base = finished.get((grid.baseline, col, seed))
         if row == grid.baseline or base is None:
             continue
-        b_final, b_last10, b_best = base
+        b_final, b_last10, b_best, b_machine = base
         pairs[row].append(Pair(col, seed, final - b_final, last10 - b_last10,
-                               b_best - b_final))
+                               b_best - b_final,
+                               None not in (machine, b_machine) and machine != b_machine))
     return {row: runs for row, runs in pairs.items() if runs}
 
 
@@ -108,6 +117,20 @@ def _where_baseline_fell(runs: list[Pair]) -> str:
     return f"{len(fell)}, {np.mean(fell):+.1f}" if fell else "0"
 
 
+def _other_machines(pairs: dict[str, list[Pair]], base: str) -> list[str]:
+    """The warning above the tables where some pairs ran on two machines; none else."""
+    apart = {row: sum(p.other_machine for p in runs) for row, runs in pairs.items()}
+    apart = {row: n for row, n in apart.items() if n}
+    if not apart:
+        return []
+    named = "; ".join(f"{row}: {n} of {len(pairs[row])}" for row, n in apart.items())
+    return ["", f"**Machines differ** ({named}): these runs and {base}'s of the same "
+            "column and seed record different machines (`machine` in their summaries), "
+            "whose arithmetic alone moves a final accuracy by points, so their differences "
+            f"are not the row's alone; run {base} again on the row's machine "
+            "(docs/RESULTS.md, \"How far apart two runs of one method end\")."]
+
+
 def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
     """``paired.md`` of a grid with a baseline row; None without one."""
     if grid.baseline is None:
@@ -120,6 +143,7 @@ def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
              "accuracy: the final round, and the mean of the last 10 planned rounds (a run "
              "the phase-2 guard ended early holds the model it delivered in the rounds it "
              "did not train, so both runs of a pair are read on the same rounds)."]
+    lines += _other_machines(pairs, base)
     if envelope is not None:
         lines += ["", f"Chance: \"{grid.chance}\" reruns {base} with a change no result should "
                   f"depend on; over its {envelope.runs} runs its least differences were "

@@ -31,6 +31,7 @@ from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.dp_accounting import run_guarantee
+from common.results import machine_record
 
 from .attendance import degradation, last_reasons, missed_by_partition
 
@@ -82,6 +83,7 @@ def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
         "federated_rejected": count(rounds, "federated_rejected"),
         "missed_evaluations": missed_by_partition(rounds, "federated_missing"),
         "wall_time_s": facts.wall_time_s,
+        "machine": machine_record(),
     }
 
 

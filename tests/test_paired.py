@@ -35,9 +35,10 @@ FINISHED = {
 }
 
 
-def write_run(cell, final, last10, best=None):
+def write_run(cell, final, last10, best=None, machine=None):
     """A finished cell whose last round is at ``final`` and whose last 10 planned rounds
-    average ``last10``: the 9 before the last at (10 last10 - final) / 9."""
+    average ``last10``: the 9 before the last at (10 last10 - final) / 9; ``machine``:
+    its summary's record of the machine (none: a summary that predates it)."""
     rounds = int(cell.config["rounds"])
     before = (10 * last10 - final) / 9
     metrics = [{"round": t, "test_acc": before} for t in range(1, rounds)]
@@ -46,7 +47,8 @@ def write_run(cell, final, last10, best=None):
     (cell.out_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (cell.out_dir / "summary.json").write_text(json.dumps(
         {"final_acc": final, "mean_last10_acc": last10,
-         "best_acc": final if best is None else best, "accuracy_source": "server test set"}))
+         "best_acc": final if best is None else best, "accuracy_source": "server test set",
+         **({"machine": machine} if machine else {})}))
 
 
 @pytest.fixture
@@ -78,6 +80,34 @@ def test_the_paired_table_counts_the_runs_more_than_a_point_below(grid_with_runs
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 |" in text
     assert "| FedEFC | non-IID | 0: -1.0, -6.0 |" in text
     assert "1:" not in text.split("| FedEFC | non-IID |")[1]  # unpaired seed 1 left out
+
+
+def test_pairs_run_on_two_machines_are_named(tmp_path):
+    """A pair whose summaries record different machines is counted above the tables; a
+    pair on one machine, or one whose baseline predates the record, is not."""
+    path = tmp_path / "pairs.toml"
+    path.write_text(GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    here = {"cpu": "AMD EPYC", "cpu_kernels": "AVX512", "torch": "2.14.1", "gpu": "none"}
+    there = {**here, "cpu_kernels": "AVX2"}
+    machines = {("FedAvg", "IID", 0): here, ("FedEFC", "IID", 0): there,
+                ("FedAvg", "IID", 1): here, ("FedEFC", "IID", 1): here,
+                ("FedEFC", "non-IID", 0): there}  # its baseline run records none
+    for cell in cells:
+        accs = FINISHED.get((cell.row, cell.column, cell.seed))
+        if accs is not None:
+            write_run(cell, *accs, machine=machines.get((cell.row, cell.column, cell.seed)))
+    pairs = paired_differences(grid, cells)["FedEFC"]
+    assert [p.other_machine for p in pairs] == [True, False, False]
+    text = write_paired(grid, cells, tmp_path).read_text()
+    assert "**Machines differ** (FedEFC: 1 of 3)" in text
+    for cell in cells:  # every run on one machine: no warning
+        if (cell.out_dir / "summary.json").exists():
+            summary = json.loads((cell.out_dir / "summary.json").read_text())
+            summary["machine"] = here
+            (cell.out_dir / "summary.json").write_text(json.dumps(summary))
+    assert "Machines differ" not in write_paired(grid, cells, tmp_path).read_text()
 
 
 def test_the_mean_over_the_runs_where_the_baseline_memorized_is_reported(grid_with_runs):

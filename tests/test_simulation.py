@@ -74,6 +74,11 @@ def test_run_passes_through_phase_2_with_forward_corrected_clients(two_runs):
         else:
             assert "A" not in r and 0 < r["q_cos"] <= 1.0
     assert {"final_acc", "best_acc", "mean_last10_acc", "wall_time_s"} <= set(summary)
+    # the machine whose arithmetic made the run (fedefc grid report compares it)
+    assert summary["machine"]["torch"] == torch.__version__
+    assert summary["machine"]["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert summary["machine"]["gpu"] == (torch.cuda.get_device_name(0)
+                                         if torch.cuda.is_available() else "none")
     # every client in every round: phase 2 pools each client's counts in its node state
     assert summary["q_pooling"] == "cumulative"
     config = json.loads((out / "config.json").read_text())
