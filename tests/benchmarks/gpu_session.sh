@@ -10,6 +10,8 @@
 #   capture      bench_step_capture.py: one client's local update with its step replayed
 #                from a CUDA graph against the eager loop (cnn9, resnet18, resnet34):
 #                ms/step, speed-up, the weights' largest difference;
+#   stacked      bench_stacked.py: 10 clients' local updates stepped together against one
+#                after another (lenet, cnn9, resnet18): seconds, speed-up, samples/s;
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
 #                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
 #   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 5)
@@ -77,7 +79,7 @@ run_cell() {  # NAME ARGS...: one `fedefc run`, cut at the budget
   for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/$name-$f" 2>/dev/null; done
 }
 
-for step in ${PLAN:-capture overhead bench cell:fedefc cell:fedavg}; do
+for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
   [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
   case $step in
     bench) rm -rf /tmp/bench-gpu  # a warm machine keeps the last call's runs
@@ -87,6 +89,9 @@ for step in ${PLAN:-capture overhead bench cell:fedefc cell:fedavg}; do
     capture) if [ "${TINY:-0}" = 1 ]; then capture=(--tiny); else capture=(); fi
              timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_step_capture.py \
                  "${capture[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
+    stacked) if [ "${TINY:-0}" = 1 ]; then stacked=(--tiny); else stacked=(); fi
+             timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_stacked.py \
+                 "${stacked[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
     overhead) device=cuda; [ "${TINY:-0}" = 1 ] && device=cpu
               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
                   --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
