@@ -102,6 +102,34 @@ def accuracy_signal_mode(signal: str, num_clients: int, fraction: float,
     return "held-out" if every_round and prestopping else "global"
 
 
+# the methods whose clients keep nothing in the node's state between rounds (FedEFC's
+# only with neither pooled counts nor the phase-2 guard), so that a node may serve them
+# for another partition in one message
+STATELESS_CLIENTS = ("fedavg", "fedprox", "fedefc", "forward-correction",
+                     "confident-learning", "fednoro", "rofl")
+
+
+def stacked_obstacle(cfg: RunConfig) -> str:
+    """Why this run's clients cannot be grouped into one message ('' when they can)."""
+    if cfg.method not in STATELESS_CLIENTS:
+        return (f"method {cfg.method!r} keeps each client's own state in its node between "
+                f"rounds, which a group served by one node would not; only "
+                f"{', '.join(STATELESS_CLIENTS)} are grouped")
+    if cfg.method == "fedefc" and (cfg.q_pooling_mode == "cumulative" or cfg.guarded):
+        return ("FedEFC with pooled counts or the phase-2 guard (every client in every "
+                "round, docs/FEDEFC.md §3.4, §4.7) keeps each client's counts and Q in its "
+                "node between rounds, which a group served by one node would not")
+    if cfg.secure_aggregation or cfg.dp_clip > 0:
+        return ("secure aggregation and differential privacy mask, clip and noise one "
+                "update per message, not per client of a group")
+    if cfg.faults:
+        return "faults= makes nodes lie for their own partition, one message each"
+    if cfg.step_capture != "off":
+        return (f"step-capture={cfg.step_capture!r} replays one client's step; a group's "
+                "clients are stepped together instead")
+    return ""
+
+
 def q_pooling_mode(pooling: str, num_clients: int, fraction: float) -> str:
     """``none`` (each phase-2 round's counts alone: the paper) or ``cumulative`` (the
     client's counts summed over its phase-2 rounds); ``auto`` is ``cumulative`` when every
@@ -201,6 +229,9 @@ class RunConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     step_capture: Literal["off", "cuda-graph"] = "off"  # common/step_capture.py
+    # a simulation's sampled clients sent G to a message and stepped together
+    # (fedefc_server/client_groups.py, common/stacked_training.py); 0: one message each
+    stacked_clients: int = Field(0, ge=0, le=1024)
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
@@ -356,12 +387,26 @@ class RunConfig(BaseModel):
                 "counted on the whole share; set validation-phase-2=\"estimate\" (or "
                 "\"train\"), or turn the guard on (every client in every round, "
                 "phase-2-guard=\"auto\"; docs/FEDEFC.md §3.6)")
+        self._check_stacked()
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
                 "prestopping could never trigger; lower start-round or set prestopping=false"
             )
         return self
+
+    def _check_stacked(self) -> None:
+        """``stacked-clients``: what a group of clients in one message cannot have
+        (docs/BENCHMARKS.md, "Several clients stepped together")."""
+        g = self.stacked_clients
+        if g == 0:
+            return
+        if g == 1:
+            raise ValueError("stacked-clients=1 groups nothing; set 0 (one message per "
+                             "client) or a group size of 2 or more")
+        why = stacked_obstacle(self)
+        if why:
+            raise ValueError(f"stacked-clients={g}: {why}; set stacked-clients=0")
 
     def _check_own_data(self) -> None:
         """The keys of docs/OWN-DATA.md: paths, shapes, model, evaluation."""

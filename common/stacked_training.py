@@ -20,8 +20,9 @@ Clients whose batches differ in size at a step (an epoch's last batch, a client 
 fewer samples) step in one call per size; a client whose epochs are done stops. The
 update is the lone one up to floating-point summation order (a vmapped convolution or
 matrix product sums in another order): tests/test_stacked_training.py states the
-tolerance. On the CPU it is slower than the clients one after another
-(docs/BENCHMARKS.md), so the CPU's path stays the lone loop.
+tolerance. A simulation's node serves it a group of clients with ``stacked-clients``
+(:mod:`fedefc_client.client_group`). On the CPU it is slower than the clients one
+after another (docs/BENCHMARKS.md), so that is 0, one client per message, by default.
 """
 
 from __future__ import annotations

@@ -28,13 +28,14 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common.logger import log
 
-from common.config import RunConfig
+from common.config import ConfigError, RunConfig
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
 from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
 
+from .client_group import fit_group
 from .job import LocalJob
 from .local_data import LocalData, partition_sizes
 from .local_update import Update
@@ -66,6 +67,11 @@ class MethodClient(NumPyClient):
         self._load = load
         self._local: LocalData | None = None
         self.state = state
+        # stacked-clients (.client_group): the client of another partition, for a group
+        # message; and the group's meeting point while this client is a member
+        self.member: Callable[[int], MethodClient] | None = None
+        self.trainer: Callable | None = None
+        self.slot = "main"  # the process's model instance it trains (a member: its own)
 
     # The registry asks every node once which partition it serves and how many samples
     # it trains on and holds out (docs/PRIVACY.md, "Weights bound to facts"); the sizes
@@ -94,17 +100,19 @@ class MethodClient(NumPyClient):
         return get_weights(model_for(self.cfg, local.data.task, local.x.device))
 
     def fit(self, parameters, config):
+        if FitConfig.GROUP in config:
+            return self.fit_group(parameters, config)
         server_round = int(config[FitConfig.ROUND])
         local = self.local  # loaded (or read from the cache) before the clock starts
         start = time.perf_counter()
-        model = model_for(self.cfg, local.data.task, local.x.device)
+        model = model_for(self.cfg, local.data.task, local.x.device, self.slot)
         set_weights(model, parameters)
         metrics: dict = {FitReply.PARTITION_ID: self.partition_id}
         if len(local) == 0:
             return get_weights(model), 0, metrics
         phase = int(config[FitConfig.PHASE]) if FitConfig.PHASE in config else None
         job = LocalJob(self.cfg, local, model, phase, server_round,
-                       int(config[FitConfig.SEED]), self.state, dict(config))
+                       int(config[FitConfig.SEED]), self.state, dict(config), self.trainer)
         carries = carries_accuracy(job.phase, self.cfg.guarded)
         received = received_model_accuracy(job) if carries else None
         num_examples, extra, stats = self.local_update(job)
@@ -119,6 +127,15 @@ class MethodClient(NumPyClient):
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return get_weights(model), num_examples, metrics
+
+    def fit_group(self, parameters, config):
+        """A simulation's group of clients in one message (:mod:`.client_group`); a node
+        with its own data, or one built without :attr:`member`, refuses it."""
+        if self.private_data or self.member is None:
+            raise ConfigError(
+                "the server sent this node a group of clients (stacked-clients); a node "
+                "with its own data trains only that: set stacked-clients=0")
+        return fit_group(self.member, parameters, config)
 
     def evaluate(self, parameters, config):
         """The received global model's (loss, accuracy) on the held-out samples, weighted

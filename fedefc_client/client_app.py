@@ -15,6 +15,7 @@ Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md).
 
 from __future__ import annotations
 
+from flwr.app import RecordDict
 from flwr.client import ClientApp
 from flwr.common import Context
 
@@ -35,9 +36,17 @@ def method_client(context: Context) -> MethodClient:
     node = f"node {context.node_id} (partition-id {pid})"
     node_config = dict(context.node_config)
     check_node_config(node_config, node)
-    return MethodClient(
-        cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
-        context.state, private_data=DATA_PATH_KEY in node_config)
+
+    def client_for(partition: int, state) -> MethodClient:
+        return MethodClient(
+            cfg, partition,
+            lambda: node_data(cfg, partition, node_config, node, pick_device(cfg.device)),
+            state, private_data=DATA_PATH_KEY in node_config)
+
+    client = client_for(pid, context.state)
+    # a simulation's group message (stacked-clients): its members keep no node state
+    client.member = lambda partition: client_for(partition, RecordDict())
+    return client
 
 
 # the attacker modes of ``faults`` beside the honest client and mods (.attacker): they

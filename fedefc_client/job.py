@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,6 +11,7 @@ from torch import nn
 
 from common.config import RunConfig
 from common.losses import cross_entropy
+from common.stacked_training import ClientRun
 from common.step_capture import train_captured
 from common.training import (
     BatchLoss,
@@ -49,6 +51,9 @@ class LocalJob:
     seed: int
     state: object = None  # the node's persistent context.state (a RecordDict)
     config: dict = field(default_factory=dict)  # the round config the server sent
+    # a group's meeting point (stacked-clients, .client_group.TrainGather): trains this
+    # job's run with the other members'; None: the job trains alone
+    trainer: Callable[[ClientRun, SGDSettings], TrainStats] | None = None
     transform: BatchTransform = field(init=False)
     generator: torch.Generator = field(init=False)
     _probs: np.ndarray | None = field(init=False, default=None)
@@ -198,8 +203,12 @@ class LocalJob:
               labels: np.ndarray | None = None) -> TrainStats:
         """Local SGD with ``loss_fn`` (+ ``regularizer``) on :meth:`training_set`; its step
         replayed from a CUDA graph with ``step-capture = "cuda-graph"``
-        (:mod:`common.step_capture`)."""
+        (:mod:`common.step_capture`); in a group (:attr:`trainer`) the received model's
+        training without a regularizer is stepped together with the other members'."""
         self._trained = self._trained or model is None or model is self.model
+        if self.trainer is not None and regularizer is None and model in (None, self.model):
+            return self.trainer(ClientRun(self.model, self.training_set(labels, keep), loss_fn,
+                                          self.generator, self.seed), self.settings())
         loop = train_captured if self.cfg.step_capture == "cuda-graph" else train
         return loop(model or self.model, self.training_set(labels, keep), loss_fn,
                     self.settings(), self.generator, regularizer)

@@ -124,6 +124,11 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
                 num_classes=task.num_classes)
     simulation = is_simulation(grid)
+    if cfg.stacked_clients and not simulation:
+        raise ConfigError(
+            f"stacked-clients={cfg.stacked_clients} sends a simulation's clients to one node "
+            "in groups; in a deployment each node holds its own data and trains it alone: "
+            "set stacked-clients=0")
     if (simulation and rule.max_private is None and not coordinator_test_set_only(cfg)):
         # Flower's simulated nodes serve partitions of the run's data: the plan bounds them
         rule = SizeRule.for_run(cfg, data_plan(cfg))

@@ -5,9 +5,11 @@ Tolerance: the stacked step sums convolutions and matrix products in another ord
 (``vmap`` batches them), so a parameter differs from the lone update's by float32
 rounding carried through the steps. Models without BatchNorm are compared to 1e-6
 absolute over 2 epochs of ragged batches; BatchNorm models, whose updates amplify a
-rounding difference more, by the distance of all parameters (and of all running
-statistics) to the lone ones: below 1e-4 of the lone update's own change. A wrong mask,
-batch or statistic moves them by a large part of the change.
+rounding difference more, by the distance of all parameters to the lone ones: below
+1e-2 of the lone update's own change (measured: up to 3.2e-4, the 9-conv CNN's second
+client on one thread; 4e-7 on two), and of all running statistics, below 1e-3
+(measured: up to 3.5e-7). Dropout masks drawn from another seed move the parameters by
+1.4 times the change; a BatchNorm momentum off by 10 % moves the statistics by 0.1.
 """
 
 import copy
@@ -106,8 +108,8 @@ def test_batchnorm_dropout_and_augmentation_follow_each_client(name, sizes):
         assert counted and all(torch.equal(have[k], want[k]) for k in counted)
         running = [k for k in want if "running_" in k]
         params = [k for k in want if k not in counted and k not in running]
-        assert relative_distance(have, want, before, params) < 1e-4
-        assert relative_distance(have, want, before, running) < 1e-4
+        assert relative_distance(have, want, before, params) < 1e-2
+        assert relative_distance(have, want, before, running) < 1e-3
         assert got.mean_accuracy == stats.mean_accuracy
         assert got.mean_loss == pytest.approx(stats.mean_loss, rel=1e-5)
 
