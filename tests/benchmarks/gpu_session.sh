@@ -7,6 +7,9 @@
 #                (every client in every round: the cross-silo run of docs/FEDEFC.md §3.1),
 #                seed 0;
 #   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS;
+#   bench-groups the same sweep with the clients sent in groups of GROUP_SIZE (default 5:
+#                --set stacked-clients=5, and q-pooling="none", which groups need and the
+#                paper's cells use), into bench-groups-results.json;
 #   capture      bench_step_capture.py: one client's local update with its step replayed
 #                from a CUDA graph against the eager loop (cnn9, resnet18, resnet34):
 #                ms/step, speed-up, the weights' largest difference;
@@ -20,8 +23,8 @@
 #                .authors/FedEFC, carried uncommitted) on preset P (mnist, cifar10, cifar100),
 #                AUTHORS_ROUNDS rounds (default 5), synthetic data of P's shape.
 # Results go to $OUT, at most 8 files (the device tool's limit): bench.log (environment and
-# sweep and the overhead table), bench-results.json, cells.log (exit codes and each cell
-# log's tail), and each cell's summary.json and metrics.jsonl.
+# sweep and the overhead table), bench-results.json, bench-groups-results.json, cells.log
+# (exit codes and each cell log's tail), and each cell's summary.json and metrics.jsonl.
 #
 #   OUT=/abs/out MNIST_DIR=/abs/dir-with-MNIST/raw [MNIST_GZ=folder-of-the-4-.gz] \
 #       [BUDGET_S=540] [PLAN="cell:fedefc bench cell:fedavg"] \
@@ -89,6 +92,11 @@ for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
     capture) if [ "${TINY:-0}" = 1 ]; then capture=(--tiny); else capture=(); fi
              timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_step_capture.py \
                  "${capture[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
+    bench-groups) rm -rf /tmp/bench-gpu-groups
+           timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
+               --set "stacked-clients=${GROUP_SIZE:-5}" --set 'q-pooling="none"' \
+               --out /tmp/bench-gpu-groups 2>&1 | tee -a "$OUT/bench.log"
+           cp /tmp/bench-gpu-groups/results.json "$OUT/bench-groups-results.json" 2>/dev/null ;;
     stacked) if [ "${TINY:-0}" = 1 ]; then stacked=(--tiny); else stacked=(); fi
              timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_stacked.py \
                  "${stacked[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
