@@ -130,11 +130,13 @@ class MethodClient(NumPyClient):
 
     def fit_group(self, parameters, config):
         """A simulation's group of clients in one message (:mod:`.client_group`); a node
-        with its own data, or one built without :attr:`member`, refuses it."""
+        with its own data, or an operator's node (built without :attr:`member`:
+        ``client_app.OPERATOR_KEYS``), refuses it."""
         if self.private_data or self.member is None:
             raise ConfigError(
-                "the server sent this node a group of clients (stacked-clients); a node "
-                "with its own data trains only that: set stacked-clients=0")
+                "the server sent this node a group of clients (stacked-clients), which "
+                "only a simulation's nodes serve; this node trains its own partition "
+                "alone: set stacked-clients=0")
         return fit_group(self.member, parameters, config)
 
     def evaluate(self, parameters, config):

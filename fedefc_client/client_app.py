@@ -24,9 +24,14 @@ from common.training import pick_device
 
 from .attacker import lying, with_attacker
 from .client import MethodClient
-from .local_data import DATA_PATH_KEY, check_node_config, node_data
+from .local_data import CACHE_DIR_KEY, DATA_PATH_KEY, check_node_config, node_data
 from .mods import MODS
 from .node import partition_of
+from .policy import POLICY_KEY
+
+# node config keys only an operator's SuperNode has: a node with any of them trains its
+# own partition alone, whatever a server asks (a group is a simulation's)
+OPERATOR_KEYS = frozenset({DATA_PATH_KEY, CACHE_DIR_KEY, POLICY_KEY})
 
 
 def method_client(context: Context) -> MethodClient:
@@ -44,8 +49,9 @@ def method_client(context: Context) -> MethodClient:
             state, private_data=DATA_PATH_KEY in node_config)
 
     client = client_for(pid, context.state)
-    # a simulation's group message (stacked-clients): its members keep no node state
-    client.member = lambda partition: client_for(partition, RecordDict())
+    if not OPERATOR_KEYS & set(node_config):  # a simulated node serves a group message
+        # (stacked-clients); its members keep no node state
+        client.member = lambda partition: client_for(partition, RecordDict())
     return client
 
 

@@ -36,6 +36,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from fedefc_client.client import MethodClient
+from fedefc_client.client_app import method_client
 from fedefc_client.local_data import partition_data
 from fedefc_server import server_app
 from fedefc_server.client_groups import group_instructions, ungroup
@@ -112,6 +113,22 @@ def test_a_node_with_its_own_data_refuses_a_group():
     client.member = lambda p: client
     with pytest.raises(ConfigError, match="stacked-clients=0"):
         client.fit([], {**round_config(cfg, 0, 1), FitConfig.GROUP: "[[0, {}], [1, {}]]"})
+
+
+def test_only_a_simulated_node_serves_a_group(tmp_path):
+    """A node whose config holds only its partition (Flower's simulated nodes) serves a
+    group; an operator's node (here with a cache-dir) refuses one, whatever the server
+    sends."""
+    run_config = load_run_config({"num-clients": 4, "fraction": 0.5}).to_flat()
+    ids = {"partition-id": 0, "num-partitions": 4}
+    simulated = method_client(Context(1, 5, ids, RecordDict(), run_config))
+    assert simulated.member is not None and simulated.member(2).partition_id == 2
+    operator = method_client(Context(1, 5, {**ids, "cache-dir": str(tmp_path)}, RecordDict(),
+                                     run_config))
+    cfg = load_run_config(run_config)
+    group = group_dumps([[0, round_config(cfg, 0, 1)], [1, round_config(cfg, 1, 1)]])
+    with pytest.raises(ConfigError, match="only a simulation's nodes serve"):
+        operator.fit([], {**round_config(cfg, 0, 1), FitConfig.GROUP: group})
 
 
 def fit_ins(pid: int) -> FitIns:
