@@ -8,7 +8,7 @@ Each client keeps everything that makes its update its own:
 
 - its batches and augmentation, drawn from its own generator in the order
   :func:`common.training.run_steps` draws them (a client's stream of batches,
-  :func:`_batch_stream`);
+  :func:`common.training.batch_stream`);
 - its dropout masks, drawn from a generator seeded as the lone path seeds the global one
   (``LocalJob`` calls ``torch.manual_seed(seed)``), in the order the forward pass uses them;
 - its BatchNorm running statistics, updated outside the vmapped call from the batch
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +36,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, replace_all_batch_norm_modules_, vmap
 
-from .training import LossFn, SGDSettings, TrainingSet, TrainStats, batches
+from .training import LossFn, SGDSettings, TrainingSet, TrainStats, batch_stream
 
 _DROPOUTS = (nn.Dropout, nn.Dropout2d)
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
@@ -160,6 +159,10 @@ class _StackedModel:
         self.order = order
         return [(len(x),) + masked[n].mask_shape(shapes[n])[1:] for n in order]
 
+    def dropout_p(self, i: int) -> float:
+        """The probability of the ``i``-th dropout layer a forward pass calls."""
+        return dict(self.dropouts)[self.order[i]].p
+
     def loss(self, loss_of, params, masks, x, y, extra):
         """One client's loss and (loss, correct count, batch statistics): the function
         ``vmap(grad(..., has_aux=True))`` maps over the clients."""
@@ -171,16 +174,6 @@ class _StackedModel:
         stats = tuple(t for n, _ in self.norms for t in self._sink[n])
         self._sink.clear()
         return loss, (loss.detach(), correct, stats)
-
-
-def _batch_stream(data: TrainingSet, settings: SGDSettings, generator: torch.Generator
-                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-    """(epoch, normalized batch, labels) in the order and with the draws of
-    :func:`common.training.run_steps`."""
-    for epoch in range(settings.epochs):
-        for idx in batches(len(data.y), settings.batch_size, generator, data.x.device):
-            xb = data.transform(data.x.index_select(0, idx), data.augment, generator)
-            yield epoch, xb, data.y.index_select(0, idx)
 
 
 def _check(runs: list[ClientRun], settings: SGDSettings) -> tuple[object, list[str]]:
@@ -215,7 +208,7 @@ def train_stacked(runs: list[ClientRun], settings: SGDSettings) -> list[TrainSta
     started = torch.zeros(g, dtype=torch.bool, device=device)
     mask_gens = [torch.Generator(device=device).manual_seed(r.dropout_seed) for r in runs]
     step_fn = vmap(grad(functools.partial(stacked.loss, loss_of), has_aux=True))
-    streams = [_batch_stream(r.data, settings, r.generator) for r in runs]
+    streams = [batch_stream(r.data, settings, r.generator) for r in runs]
     loss_sums = torch.zeros(g, device=device)
     steps = [0] * g
     correct = torch.zeros((g, settings.epochs), dtype=torch.long, device=device)
@@ -235,7 +228,7 @@ def train_stacked(runs: list[ClientRun], settings: SGDSettings) -> list[TrainSta
         for size, group in by_size.items():
             if size not in shapes:
                 shapes[size] = stacked.shapes(runs[0].model, pending[group[0]][1])
-            masks = [torch.stack([_mask(shape, runs[c].model, stacked, i, mask_gens[c])
+            masks = [torch.stack([_mask(shape, stacked.dropout_p(i), mask_gens[c])
                                   for c in group]) for i, shape in enumerate(shapes[size])]
             sel = torch.as_tensor(group, device=device)
             whole = len(group) == g
@@ -261,10 +254,8 @@ def train_stacked(runs: list[ClientRun], settings: SGDSettings) -> list[TrainSta
     return out
 
 
-def _mask(shape: tuple[int, ...], model: nn.Module, stacked: _StackedModel, i: int,
-          generator: torch.Generator) -> torch.Tensor:
+def _mask(shape: tuple[int, ...], p: float, generator: torch.Generator) -> torch.Tensor:
     """The client's next dropout mask, drawn as PyTorch's dropout draws its noise."""
-    p = dict(stacked.dropouts)[stacked.order[i]].p
     return torch.empty(shape, device=generator.device).bernoulli_(
         1 - p, generator=generator).div_(1 - p)
 

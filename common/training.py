@@ -9,7 +9,7 @@ every round: :class:`SGD`, PyTorch's update without ``torch.optim`` (see there w
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -207,32 +207,46 @@ class Step(Protocol):
     def __call__(self, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> None: ...
 
 
-def run_steps(model: nn.Module, data: TrainingSet, settings: SGDSettings,
-              generator: torch.Generator, make_step: Callable[[torch.Tensor], Step]
-              ) -> TrainStats:
-    """``settings.epochs`` passes over ``data`` in shuffled batches of
-    ``settings.batch_size`` (``generator`` fixes the order and the augmentation), one
-    step per batch; the step is made from the first batch (:class:`EagerStep`, or the
-    captured step of ``common/step_capture.py``)."""
-    model.train()
+def batch_stream(data: TrainingSet, settings: SGDSettings, generator: torch.Generator
+                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(epoch, normalized batch, labels, sample indices): ``settings.epochs`` passes over
+    ``data`` in shuffled batches of ``settings.batch_size``, ``generator`` fixing the
+    order and the augmentation; the draws every local loop makes, in its order (one
+    client alone: :func:`run_steps`; clients stepped together:
+    ``common/stacked_training.py``)."""
     x, y = data.x, data.y
-    step: Step | None = None
-    steps, epoch_accs = 0, []
-    for _ in range(settings.epochs):
-        seen = 0
+    for epoch in range(settings.epochs):
         for idx in batches(len(y), settings.batch_size, generator, x.device):
             # index_select: advanced indexing x[idx] of a uint8 batch takes 7x as long on
             # CPU (docs/BENCHMARKS.md, "Planning a round"), the same rows
             xb = data.transform(x.index_select(0, idx), data.augment, generator)
-            yb = y.index_select(0, idx)
-            if step is None:
-                step = make_step(xb)
-            step(xb, yb, idx)
-            steps += 1
-            seen += len(yb)
+            yield epoch, xb, y.index_select(0, idx), idx
+
+
+def run_steps(model: nn.Module, data: TrainingSet, settings: SGDSettings,
+              generator: torch.Generator, make_step: Callable[[torch.Tensor], Step]
+              ) -> TrainStats:
+    """One step per batch of :func:`batch_stream`; the step is made from the first batch
+    (:class:`EagerStep`, or the captured step of ``common/step_capture.py``)."""
+    model.train()
+    step: Step | None = None
+    steps, epoch_accs, seen, current = 0, [], 0, 0
+
+    def close_epoch() -> None:  # the training accuracy of the epoch that ended
         if seen:
             epoch_accs.append(int(step.correct) / seen)
             step.correct.zero_()
+
+    for epoch, xb, yb, idx in batch_stream(data, settings, generator):
+        if epoch != current:
+            close_epoch()
+            current, seen = epoch, 0
+        if step is None:
+            step = make_step(xb)
+        step(xb, yb, idx)
+        steps += 1
+        seen += len(yb)
+    close_epoch()
     total = 0.0 if step is None else float(step.loss_sum)
     return TrainStats(mean_loss=total / max(steps, 1),
                       mean_accuracy=float(np.mean(epoch_accs)) if epoch_accs else 0.0)
