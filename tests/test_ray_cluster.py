@@ -1,17 +1,19 @@
 """A simulation whose clients run on the nodes of a Ray cluster (docs/BENCHMARKS.md, "Past
 one box: a Ray cluster"): a two-node cluster started on loopback, each node a raylet of
 its own with its own address (127.0.0.2, 127.0.0.3), as ``ray start`` starts them on two
-machines. The test sees where Flower's client actors ran from the raylet that started
-each one, and checks the run's model against the same job on a private Ray."""
+machines. The test reads where Flower's client actors ran from the cluster's own actor
+table (its GCS: each actor's node, by actor id, so that a worker process Ray replaced while
+it created an actor is still the one actor), and checks the run's model against the same
+job on a private Ray."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ import torch
 
 from fedefc_cli.flower import free_port
 from fedefc_cli.main import main
-from fedefc_cli.procs import Processes, descendants, wait_for_port
+from fedefc_cli.procs import Processes, wait_for_port
 from fedefc_cli.simulation import run_simulation_job
 
 from .helpers import patience, records, small_job
@@ -36,6 +38,15 @@ while sum(n["Alive"] for n in ray.nodes()) < 2:
         sys.exit("the Ray cluster has fewer than 2 live nodes: " + repr(ray.nodes()))
     time.sleep(0.5)
 """
+# Every ClientAppActor the cluster's GCS knows (alive or dead) as JSON: actor id -> its
+# node's address, its worker's pid and how often Ray restarted it
+CLIENT_ACTORS = """
+import json, sys, ray
+from ray._private import state
+ray.init(address=sys.argv[1], logging_level="ERROR")
+print(json.dumps({a["ActorID"]: [a["Address"]["IPAddress"], a["Pid"], a["NumRestarts"]]
+                  for a in state.actors().values() if a["ActorClassName"] == "ClientAppActor"}))
+"""
 
 
 def _ray_start(procs: Processes, name: str, args: list[str], temp: Path) -> None:
@@ -48,10 +59,9 @@ def _ray_start(procs: Processes, name: str, args: list[str], temp: Path) -> None
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """The address of a running two-node Ray cluster, and its nodes (node address ->
-    its ``ray start`` process). Its temp dir is a short private path: Ray's socket paths
-    must fit 107 bytes, and a private one keeps this cluster out of every other
-    ``ray.init()`` on the machine."""
+    """The address of a running two-node Ray cluster. Its temp dir is a short private
+    path: Ray's socket paths must fit 107 bytes, and a private one keeps this cluster out
+    of every other ``ray.init()`` on the machine."""
     temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     port = free_port()
     address = f"{HEAD}:{port}"
@@ -69,39 +79,20 @@ def ray_cluster():
                                 timeout=patience(400))
         assert waited.returncode == 0, waited.stderr[-3000:] + "".join(
             p.read_text(errors="replace")[-2000:] for p in temp.glob("*.log"))
-        yield address, {HEAD: procs.running[0][1], WORKER: procs.running[1][1]}
+        yield address
     finally:
         procs.stop()
         shutil.rmtree(temp, ignore_errors=True)
 
 
-class ActorWatch:
-    """Where Flower's client actors run: every ``ray::ClientAppActor`` process among the
-    descendants of a node's ``ray start`` (its raylet starts them), by that node's
-    address; sampled until stopped."""
-
-    def __init__(self, nodes: dict[str, subprocess.Popen]):
-        self.nodes, self.seen = nodes, {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-    def _watch(self) -> None:
-        while not self.stop.wait(0.2):
-            for node, proc in self.nodes.items():
-                for pid in descendants(proc.pid):
-                    try:
-                        if _cmdline(pid).startswith("ray::ClientAppActor"):
-                            self.seen[pid] = node
-                    except OSError:
-                        continue
+def client_actors(address: str) -> dict[str, list]:
+    """Ray's actor table of the cluster at ``address``: every ``ClientAppActor`` by actor
+    id -> [node address, pid, restarts] (read in a process of its own: this one never
+    joins the cluster)."""
+    read = subprocess.run([sys.executable, "-c", CLIENT_ACTORS, address],
+                          capture_output=True, text=True, timeout=patience(300))
+    assert read.returncode == 0, read.stderr[-3000:]
+    return json.loads(read.stdout.strip().splitlines()[-1])
 
 
 def job(data_dir: Path, out: Path) -> dict:
@@ -109,36 +100,30 @@ def job(data_dir: Path, out: Path) -> dict:
                                        "faults": '"acc=0.0@0-3@2"'})
 
 
-def _cmdline(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-        return fh.read().replace(b"\0", b" ").decode(errors="replace")
-
-
 @pytest.fixture(scope="module")
 def cluster_and_local_runs(ray_cluster, tiny_mnist_dir, tmp_path_factory):
     """The same FedEFC job run on the cluster, one CPU per client, and on a private Ray;
-    (outs, summaries, actors seen). 4 clients, 4 rounds; every client reports accuracy 0
-    in round 2 (an ``acc=0.0`` fault), which makes round 2 the prestopping point, so
-    rounds 3 and 4 run phase 2."""
-    address, nodes = ray_cluster
+    (outs, summaries, the cluster's client actors). 4 clients, 4 rounds; every client
+    reports accuracy 0 in round 2 (an ``acc=0.0`` fault), which makes round 2 the
+    prestopping point, so rounds 3 and 4 run phase 2."""
+    address = ray_cluster
     root = tmp_path_factory.mktemp("ray-cluster")
     outs = {"cluster": root / "cluster", "local": root / "local"}
-    summaries = {}
-    with ActorWatch(nodes) as watch:
-        summaries["cluster"] = run_simulation_job(
-            job(tiny_mnist_dir, outs["cluster"]), client_cpus=1,
-            ray_address=address)
+    summaries = {"cluster": run_simulation_job(job(tiny_mnist_dir, outs["cluster"]),
+                                               client_cpus=1, ray_address=address)}
+    actors = client_actors(address)
     summaries["local"] = run_simulation_job(job(tiny_mnist_dir, outs["local"]), client_cpus=1)
-    return outs, summaries, watch.seen
+    return outs, summaries, actors
 
 
 @pytest.mark.flower
 def test_a_simulation_on_a_two_node_ray_cluster_serves_clients_on_both_nodes(
         cluster_and_local_runs):
-    outs, summaries, seen = cluster_and_local_runs
+    outs, summaries, actors = cluster_and_local_runs
     # Flower sizes its actor pool from the whole cluster: one actor per CPU of each node
-    assert sorted(seen.values()).count(HEAD) == CPUS_PER_NODE, seen
-    assert sorted(seen.values()).count(WORKER) == CPUS_PER_NODE, seen
+    nodes = [node for node, _, _ in actors.values()]
+    assert nodes.count(HEAD) == CPUS_PER_NODE, actors
+    assert nodes.count(WORKER) == CPUS_PER_NODE, actors
     recs = records(outs["cluster"])
     assert [r["round"] for r in recs] == list(range(5))
     assert summaries["cluster"]["t_e"] == 2
