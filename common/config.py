@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
+import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -109,16 +110,74 @@ STATELESS_CLIENTS = ("fedavg", "fedprox", "fedefc", "forward-correction",
                      "confident-learning", "fednoro", "rofl")
 
 
+# the group size of stacked-clients = "auto" where it groups: a paper cell's 10 clients a
+# round in two messages, each stepping 5 clients together in one GPU worker (a step there
+# is bound by launching kernels, docs/BENCHMARKS.md, "GPU"), while the members' own work
+# besides training (their prediction pass, Q) runs in turn within a group
+AUTO_GROUP = 5
+
+
+def trains_on_cuda(device: str) -> bool:
+    """Whether a run's clients train on a GPU: ``device = "cuda"``, or ``auto`` where this
+    machine sees one (as ``common.training.pick_device`` decides for the client)."""
+    if device != "auto":
+        return device == "cuda"
+    return torch.cuda.is_available()
+
+
+def group_size(cfg: RunConfig, simulation: bool = True) -> int:
+    """``stacked-clients`` as a number: the clients of one message, 0 for one message per
+    client. ``auto`` is :data:`AUTO_GROUP` in a simulation whose clients train on a GPU
+    and that groups can serve (:func:`stacked_obstacle`), else 0: on the CPU a stacked
+    step is slower (docs/BENCHMARKS.md, "Several clients stepped together")."""
+    if cfg.stacked_clients != "auto":
+        return cfg.stacked_clients
+    servable = simulation and not stacked_obstacle(cfg) and trains_on_cuda(cfg.device)
+    return AUTO_GROUP if servable else 0
+
+
+TWIN_MODELS = ("auto", "on", "off")
+
+
+def twin_obstacle(cfg: RunConfig) -> str:
+    """Why this run cannot train a twin (docs/FEDEFC.md §3.8; '' when it can)."""
+    if cfg.method != "fedefc":
+        return (f"the twin trains FedEFC's phase 2 with each client's Q, and method "
+                f"{cfg.method!r} has no such phase")
+    if cfg.accuracy_signal_mode != "held-out":
+        return (f"the twin is trained on the validation share that the held-out signal "
+                f"keeps out of training, and accuracy-signal={cfg.accuracy_signal!r} "
+                f"(here {cfg.accuracy_signal_mode!r}) keeps none")
+    if not cfg.prestopping:
+        return "prestopping=false never reaches phase 2, where the twin differs from FedAvg"
+    if cfg.dp_clip > 0 or cfg.max_update_norm > 0:
+        return ("dp-clip and max-update-norm bound one model's update, and a client with a "
+                "twin sends two")
+    return ""
+
+
+def twin_mode(cfg: RunConfig) -> str:
+    """``on`` or ``off``; ``auto`` is ``on`` where a twin can be trained (every client in
+    every round: the held-out signal) and the share's labels are the observed ones
+    (docs/FEDEFC.md §3.8)."""
+    if cfg.twin_model != "auto":
+        return cfg.twin_model
+    usable = not twin_obstacle(cfg) and cfg.validation_labels == "observed"
+    return "on" if usable else "off"
+
+
 def stacked_obstacle(cfg: RunConfig) -> str:
     """Why this run's clients cannot be grouped into one message ('' when they can)."""
     if cfg.method not in STATELESS_CLIENTS:
         return (f"method {cfg.method!r} keeps each client's own state in its node between "
                 f"rounds, which a group served by one node would not; only "
                 f"{', '.join(STATELESS_CLIENTS)} are grouped")
-    if cfg.method == "fedefc" and (cfg.q_pooling_mode == "cumulative" or cfg.guarded):
-        return ("FedEFC with pooled counts or the phase-2 guard (every client in every "
-                "round, docs/FEDEFC.md §3.4, §4.7) keeps each client's counts and Q in its "
-                "node between rounds, which a group served by one node would not")
+    if cfg.method == "fedefc" and (cfg.q_pooling_mode == "cumulative" or cfg.guarded
+                                   or cfg.twinned):
+        return ("FedEFC with pooled counts, the phase-2 guard or a twin (every client in "
+                "every round, docs/FEDEFC.md §3.4, §3.8, §4.7) keeps each client's counts "
+                "and Q in its node between rounds, which a group served by one node would "
+                "not")
     if cfg.secure_aggregation or cfg.dp_clip > 0:
         return ("secure aggregation and differential privacy mask, clip and noise one "
                 "update per message, not per client of a group")
@@ -222,6 +281,9 @@ class RunConfig(BaseModel):
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
     phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]
+    # FedEFC's clients also train a twin of the global model on all their data, the model
+    # the run delivers (docs/FEDEFC.md §3.8); "auto": where the held-out signal keeps a share
+    twin_model: Literal[TWIN_MODELS] = "auto"  # type: ignore[valid-type]
     count_rule: Literal["cleanlab", "cleanlab-present", "masked", "paper"] = "cleanlab"
     weighting: Literal["none", "label-prior"] = "none"
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -230,8 +292,9 @@ class RunConfig(BaseModel):
     precision: Literal["fp32", "bf16"] = "fp32"
     step_capture: Literal["off", "cuda-graph"] = "off"  # common/step_capture.py
     # a simulation's sampled clients sent G to a message and stepped together
-    # (fedefc_server/client_groups.py, common/stacked_training.py); 0: one message each
-    stacked_clients: int = Field(0, ge=0, le=1024)
+    # (fedefc_server/client_groups.py, common/stacked_training.py); 0: one message each;
+    # "auto": AUTO_GROUP where the clients train on a GPU and can be grouped, else 0
+    stacked_clients: int | Literal["auto"] = "auto"
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
@@ -281,6 +344,16 @@ class RunConfig(BaseModel):
             raise ValueError("give \"auto\" (the default) or a number of standard errors from "
                              "0 (the paper's rule) to 10")
         return gain
+
+    @field_validator("stacked_clients", mode="before")
+    @classmethod
+    def _group_size(cls, value: Any) -> int | str:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
+            raise ValueError("give \"auto\" (the default), 0 (one message per client) or a "
+                             "group size from 2 to 1024")
+        return value
 
     @field_validator("dataset")
     @classmethod
@@ -388,6 +461,9 @@ class RunConfig(BaseModel):
                 "\"train\"), or turn the guard on (every client in every round, "
                 "phase-2-guard=\"auto\"; docs/FEDEFC.md §3.6)")
         self._check_stacked()
+        why = twin_obstacle(self)
+        if self.twin_model == "on" and why:
+            raise ValueError(f"twin-model=\"on\": {why}; set twin-model=\"auto\" or \"off\"")
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
@@ -399,7 +475,7 @@ class RunConfig(BaseModel):
         """``stacked-clients``: what a group of clients in one message cannot have
         (docs/BENCHMARKS.md, "Several clients stepped together")."""
         g = self.stacked_clients
-        if g == 0:
+        if g in (0, "auto"):  # auto groups only where nothing stands in the way
             return
         if g == 1:
             raise ValueError("stacked-clients=1 groups nothing; set 0 (one message per "
@@ -509,6 +585,11 @@ class RunConfig(BaseModel):
         """``prestopping-min-gain`` where the run keeps validation shares (the held-out
         signal), else 0: the paper's rule (docs/FEDEFC.md §3.3)."""
         return self.prestopping_min_gain if self.accuracy_signal_mode == "held-out" else 0.0
+
+    @property
+    def twinned(self) -> bool:
+        """Whether FedEFC's clients train a twin on all their data (docs/FEDEFC.md §3.8)."""
+        return twin_mode(self) == "on"
 
     @property
     def guarded(self) -> bool:

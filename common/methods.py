@@ -35,10 +35,12 @@ from .config import (
     RunConfig,
     accuracy_signal_mode,
     config_differences,
+    group_size,
     parse_run_config,
     phase_2_guard_mode,
     q_estimator_mode,
     q_pooling_mode,
+    twin_mode,
 )
 from .messages import ReplyMetric
 
@@ -265,7 +267,7 @@ def default_config() -> dict[str, Any]:
 # What a stored run without a key did: the behaviour from before the key existed.
 BEFORE_THE_KEY = {"accuracy-signal": "global", "q-pooling": "none", "q-estimator": "counted",
                   "phase-2-guard": "off", "validation-max-per-class": 0,
-                  "prestopping-min-gain": 0.0}
+                  "prestopping-min-gain": 0.0, "stacked-clients": 0, "twin-model": "off"}
 
 
 def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
@@ -282,7 +284,10 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     (0 wherever no share is kept), so a changed default orphans only the runs that kept
     one; ``prestopping-min-gain`` by its setting where a share is kept (0 without one;
     a recorded run whose T_e another setting leaves unchanged is that setting's run too,
-    which only its records can tell: ``fedefc_server/prestopping_replay.py``)."""
+    which only its records can tell: ``fedefc_server/prestopping_replay.py``);
+    ``stacked-clients`` by the group size it gives a simulation on this machine (a run
+    records the number: ``fedefc_server/server_app.py``); ``twin-model`` by whether the
+    clients trained a twin (docs/FEDEFC.md §3.8)."""
     defaults = default_config()
     return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
                               _resolved(wanted, defaults, defaults), defaults, ignore)
@@ -306,7 +311,13 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
     guard = phase_2_guard_mode(given("phase-2-guard"), signal)
     kept = keeps_share(method, signal)
     entry = METHODS.get(method)
+    groups, twin = given("stacked-clients"), given("twin-model")
+    if "auto" in (groups, twin):  # read, not validated: a stored config is compared as is
+        cfg = RunConfig.model_construct(**{k.replace("-", "_"): v for k, v in {
+            **defaults, **config, "stacked-clients": groups, "twin-model": twin}.items()})
+        groups, twin = group_size(cfg), twin_mode(cfg)
     return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
+            "stacked-clients": int(groups), "twin-model": twin,
             "q-pooling": pooling_used(method, pooling),
             "q-estimator": estimator_used(method, estimator),
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from logging import INFO
 
 import numpy as np
@@ -34,11 +35,12 @@ from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
 from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
+from common.twin import halves, paired
 
 from .client_group import fit_group
 from .job import LocalJob
 from .local_data import LocalData, partition_sizes
-from .local_update import Update
+from .local_update import Update, twin
 
 
 def received_model_accuracy(job: LocalJob) -> float | None:
@@ -97,19 +99,31 @@ class MethodClient(NumPyClient):
 
     def get_parameters(self, config):
         local = self.local
-        return get_weights(model_for(self.cfg, local.data.task, local.x.device))
+        weights = get_weights(model_for(self.cfg, local.data.task, local.x.device))
+        return paired(weights) if self.cfg.twinned else weights
 
     def fit(self, parameters, config):
         if FitConfig.GROUP in config:
             return self.fit_group(parameters, config)
-        server_round = int(config[FitConfig.ROUND])
-        local = self.local  # loaded (or read from the cache) before the clock starts
+        _ = self.local  # loaded (or read from the cache) before the clock starts
         start = time.perf_counter()
+        twin_weights, parameters = halves(parameters) if self.cfg.twinned else ([], parameters)
+        weights, num_examples, metrics, job = self.fit_model(parameters, config)
+        if self.cfg.twinned:  # the twin (docs/FEDEFC.md §3.8), after its probe
+            weights = [*self.fit_twin(twin_weights, job), *weights]
+        metrics[FitReply.FIT_S] = time.perf_counter() - start  # local compute, everywhere alike
+        return weights, num_examples, metrics
+
+    def fit_model(self, parameters, config) -> tuple[list, int, dict, LocalJob | None]:
+        """The method's local update of the received model: (weights, count, metrics,
+        the job; None for a client without samples)."""
+        server_round = int(config[FitConfig.ROUND])
+        local = self.local
         model = model_for(self.cfg, local.data.task, local.x.device, self.slot)
         set_weights(model, parameters)
         metrics: dict = {FitReply.PARTITION_ID: self.partition_id}
         if len(local) == 0:
-            return get_weights(model), 0, metrics
+            return get_weights(model), 0, metrics, None
         phase = int(config[FitConfig.PHASE]) if FitConfig.PHASE in config else None
         job = LocalJob(self.cfg, local, model, phase, server_round,
                        int(config[FitConfig.SEED]), self.state, dict(config), self.trainer)
@@ -122,11 +136,25 @@ class MethodClient(NumPyClient):
         metrics[FitReply.TRAIN_LOSS] = stats.mean_loss
         if self.cfg.diagnostics and local.noise_rate is not None:
             metrics[FitReply.NOISE_RATE] = local.noise_rate
-        metrics[FitReply.FIT_S] = time.perf_counter() - start  # local compute, everywhere alike
         if job.last_q is not None and self.cfg.diagnostics:  # a simulation's instrument
             log(INFO, "client %d round %d: noise matrix diagonal %s", self.partition_id,
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
-        return get_weights(model), num_examples, metrics
+        return get_weights(model), num_examples, metrics, job
+
+    def fit_twin(self, weights, probe: LocalJob | None) -> list:
+        """The twin's local update on all of the client's data, the validation share
+        included, with the Q its probe's update trained with (:func:`.local_update.twin`);
+        its seed is the probe's, so that in phase 1 it is FedAvg's client update."""
+        local = self.local
+        model = model_for(self.cfg, local.data.task, local.x.device, f"{self.slot}-twin")
+        set_weights(model, weights)
+        if probe is None:  # no samples
+            return get_weights(model)
+        everything = replace(local, validation=None, estimation=None)
+        job = LocalJob(self.cfg, everything, model, probe.phase, probe.server_round,
+                       probe.seed, config=probe.config)
+        twin(job, probe.last_q)
+        return get_weights(model)
 
     def fit_group(self, parameters, config):
         """A simulation's group of clients in one message (:mod:`.client_group`); a node

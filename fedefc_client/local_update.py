@@ -73,6 +73,16 @@ def fedefc(job: LocalJob) -> Update:
     return train_forward_corrected(job, q)
 
 
+def twin(job: LocalJob, q: np.ndarray | None) -> TrainStats:
+    """The twin's local update (docs/FEDEFC.md §3.8), on all of the client's data:
+    cross-entropy where the client's probe trained with it (``q`` None: phase 1, FedAvg's
+    update), else the forward-corrected loss with the probe's Q of this round."""
+    if q is None:
+        return job.train()
+    q_t = torch.as_tensor(q, dtype=torch.float32, device=job.device)
+    return job.train(partial(forward_corrected_loss, q=q_t))
+
+
 def pooled_counts(state, counts: np.ndarray) -> np.ndarray:
     """``q-pooling = "cumulative"`` (docs/FEDEFC.md §4.7): this round's count matrix plus
     the sum of the client's earlier phase-2 rounds', kept in the node's ``context.state``

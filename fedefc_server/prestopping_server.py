@@ -24,7 +24,7 @@ from typing import Any
 from flwr.common import Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 
-from common.config import RunConfig
+from common.config import RunConfig, twin_mode
 from common.data_plan import validation_count
 from common.messages import FitConfig, FitReply, carries_accuracy
 from common.methods import counts_pooling, q_estimator_used, validation_share
@@ -199,8 +199,8 @@ class PrestoppingServer(MethodServer):
         """T_e, A_max, the minimum gain of the rule (the setting, and the standard errors
         it asked for in the last round the rule saw), the accuracy signal the run used
         with the share it kept, how its clients pooled their counts and estimated Q, and
-        the phase-2 guard (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4, §4.7,
-        §4.8)."""
+        the phase-2 guard and the twin (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4,
+        §3.8, §4.7, §4.8)."""
         g = self.guard
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
                 "prestopping_min_gain": self.cfg.prestopping_min_gain,
@@ -210,6 +210,7 @@ class PrestoppingServer(MethodServer):
                 "q_pooling": counts_pooling(self.cfg),
                 "q_estimator": q_estimator_used(self.cfg),
                 "phase_2_guard": "on" if g is not None else "off",
+                "twin_model": twin_mode(self.cfg),
                 "guard_restored_round": None if g is None or g.fired is None else g.best_round,
                 "guard_ended_at": None if g is None else g.fired,
                 "guard_fell_back_at": self.fell_back}

@@ -16,13 +16,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.common import EvaluateIns, EvaluateRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy.aggregate import weighted_loss_avg
 
 from common.config import RunConfig
 from common.messages import EvaluateReply, FitConfig
+from common.twin import delivered, halves
 
 from .attendance import absent_among
 from .failures import attributed_failures, describe_failures
@@ -68,10 +76,11 @@ class RoundEvaluation:
         self.evaluator = evaluator
 
     def central(self, parameters: Parameters) -> tuple[float, float] | None:
-        """The global model's (loss, accuracy) on the server's test set, if any."""
+        """The global model's (loss, accuracy) on the server's test set, if any: with a
+        twin, the twin's (docs/FEDEFC.md §3.8)."""
         if self.evaluator is None:
             return None
-        return self.evaluator(parameters_to_ndarrays(parameters))
+        return self.evaluator(delivered(parameters_to_ndarrays(parameters), self.cfg.twinned))
 
     def plan(self, server_round: int, parameters: Parameters,
              client_manager: ClientManager) -> EvaluationPlan | None:
@@ -82,6 +91,8 @@ class RoundEvaluation:
         serving = self.registry.serving(client_manager, server_round)
         serving = {pid: serving[pid]
                    for pid in self.registry.declare(list(serving), server_round)}
+        if self.cfg.twinned:  # the nodes evaluate the model the run delivers (§3.8)
+            parameters = ndarrays_to_parameters(halves(parameters_to_ndarrays(parameters))[0])
         ins = EvaluateIns(parameters, {FitConfig.ROUND: server_round})
         return EvaluationPlan(server_round, [(serving[pid], ins) for pid in sorted(serving)],
                               frozenset(serving))

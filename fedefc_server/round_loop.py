@@ -39,6 +39,7 @@ from torch import nn
 from common.config import RunConfig
 from common.params import state_dict_of
 from common.results import RunRecorder
+from common.twin import delivered
 
 from . import checkpoint
 from .attendance import describe, missed_training
@@ -217,7 +218,8 @@ class RoundLoop(Server):
         a partition missed more rounds than ``max-missed-share`` allows ends
         ``degraded``; a failed run (``failure``) writes no model."""
         if failure is None:
-            self.recorder.write_model(state_dict_of(self.model, weights))
+            self.recorder.write_model(state_dict_of(self.model,
+                                                    delivered(weights, self.cfg.twinned)))
         facts = RunFacts(self.run_info, self.pipeline.server.summary_fields(),
                          [] if failure else self.pipeline.notes(), self.elapsed(), failure)
         summary = self.recorder.write_summary(

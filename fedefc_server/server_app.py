@@ -43,7 +43,7 @@ from flwr.server.compat import start_grid
 from flwr.serverapp.grid import Grid
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from common.config import OWN_DATASETS, ConfigError, RunConfig
+from common.config import OWN_DATASETS, ConfigError, RunConfig, group_size
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
@@ -53,6 +53,7 @@ from common.params import get_weights
 from common.results import RunRecorder, atomic_write_json, run_folder
 from common.runtime import initial_model
 from common.training import configure_threads
+from common.twin import paired
 
 from . import checkpoint
 from .allowlist import Allowlist
@@ -124,17 +125,19 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
                 num_classes=task.num_classes)
     simulation = is_simulation(grid)
-    if cfg.stacked_clients and not simulation:
+    if cfg.stacked_clients not in (0, "auto") and not simulation:
         raise ConfigError(
             f"stacked-clients={cfg.stacked_clients} sends a simulation's clients to one node "
             "in groups; in a deployment each node holds its own data and trains it alone: "
             "set stacked-clients=0")
+    # from here on the group size is a number (what config.json and a checkpoint hold)
+    cfg = cfg.model_copy(update={"stacked_clients": group_size(cfg, simulation)})
     if (simulation and rule.max_private is None and not coordinator_test_set_only(cfg)):
         # Flower's simulated nodes serve partitions of the run's data: the plan bounds them
         rule = SizeRule.for_run(cfg, data_plan(cfg))
     admitted = admission(cfg, simulation, rule)
     model = initial_model(cfg, task)
-    init = get_weights(model)
+    init = paired(get_weights(model)) if cfg.twinned else get_weights(model)
     ckpt = None
     if cfg.resume_from:
         ckpt = checkpoint.load(cfg.resume_from)
@@ -152,6 +155,13 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
         "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
     log(INFO, "%s", admission_text(admitted))
+    if cfg.stacked_clients:
+        log(INFO, "the sampled clients go %d to a message, stepped together "
+            "(stacked-clients; 0 sends one message per client)", cfg.stacked_clients)
+    if cfg.twinned:
+        log(INFO, "each client also trains a twin of the global model on all its data, the "
+            "validation share included: the model the run delivers (twin-model; "
+            "docs/FEDEFC.md §3.8)")
     short = short_run_warning(cfg)
     if short:
         log(WARNING, "%s", short)

@@ -32,6 +32,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from common.config import group_size
 from common.messages import FitReply
 
 from .client_groups import Member, group_instructions, ungroup
@@ -75,10 +76,10 @@ class RoundStrategy(Strategy):
         if self.pipeline.secure:
             return list(self.plan.instructions)
         instructions = self.attributed(self.plan.instructions)
-        if self.pipeline.cfg.stacked_clients:
+        size = group_size(self.pipeline.cfg)  # a number once server_app.build resolved it
+        if size:
             instructions, self.groups = group_instructions(
-                instructions, self.pipeline.cfg.stacked_clients,
-                self.pipeline.registry.partition_of)
+                instructions, size, self.pipeline.registry.partition_of)
         return instructions
 
     def attributed(self, instructions: list[tuple[ClientProxy, Any]]

@@ -54,9 +54,9 @@ NODE = "node 9 (partition-id 2)"
 
 def silo(**keys):
     """A cross-silo run on the embedded data: 5 clients, all of them every round, with
-    the held-out signal."""
+    the held-out signal; one model (the twin is tests/test_twin.py's)."""
     return load_run_config({"num-clients": 5, "fraction": 1.0, "accuracy-signal": "held-out",
-                            **keys})
+                            "twin-model": "off", **keys})
 
 
 def rows_of(x: torch.Tensor) -> set[bytes]:
@@ -458,7 +458,8 @@ def test_the_methods_with_a_share_are_the_ones_with_fedefcs_server():
 def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path):
     """The shipped cross-device grids run the paper's signal and its prestopping rule
     (no minimum gain), train on all their data, count each phase-2 round anew with the
-    paper's estimator and run to the last round without the phase-2 guard."""
+    paper's estimator and run to the last round without the phase-2 guard, one model
+    (no twin)."""
     for cell in Grid.load(name).cells(tmp_path, ["data-dir=/data"]):
         cfg = load_run_config(cell.config)
         assert cfg.accuracy_signal_mode in ("global", "local-train"), cell
@@ -467,3 +468,4 @@ def test_every_paper_and_mnist_lite_cell_keeps_the_papers_signal(name, tmp_path)
         assert q_estimator_used(cfg) == "counted", cell
         assert not cfg.guarded, cell
         assert cfg.min_gain_setting == 0.0, cell
+        assert not cfg.twinned and cfg.stacked_clients in ("auto", 0), cell  # one model

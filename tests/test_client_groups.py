@@ -30,7 +30,8 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from common.config import ConfigError
+from common import config
+from common.config import AUTO_GROUP, ConfigError, group_size, trains_on_cuda
 from common.messages import FitConfig, FitReply, group_dumps, group_loads
 from common.methods import load_run_config
 from common.params import get_weights
@@ -180,6 +181,44 @@ def test_the_server_cuts_a_round_into_groups_and_puts_their_replies_back():
 def test_what_a_group_cannot_hold_is_refused(keys, names):
     with pytest.raises(ConfigError, match=names):
         load_run_config(keys)
+
+
+def test_auto_groups_only_a_simulation_on_a_gpu_that_groups_can_serve(monkeypatch):
+    """``stacked-clients = "auto"`` (the default): groups of AUTO_GROUP where the clients
+    train on a GPU, none on the CPU (where a stacked step is slower), none where a group
+    cannot be served or in a deployment; a number is taken as given."""
+    assert load_run_config({}).stacked_clients == "auto"
+    assert trains_on_cuda("auto") == torch.cuda.is_available()
+    assert trains_on_cuda("cuda") and not trains_on_cuda("cpu")
+    monkeypatch.setattr(config, "trains_on_cuda", lambda device: False)
+    assert group_size(load_run_config({})) == 0
+    monkeypatch.setattr(config, "trains_on_cuda", lambda device: device != "cpu")
+    assert group_size(load_run_config({})) == AUTO_GROUP  # the paper's sampling
+    assert group_size(load_run_config({}), simulation=False) == 0
+    assert group_size(load_run_config({"device": "cpu"})) == 0
+    for keys in ({"method": "fedditto"}, {"num-clients": 4, "fraction": 1.0},
+                 {"secure-aggregation": True}, {"step-capture": "cuda-graph"}):
+        assert group_size(load_run_config(keys)) == 0, keys  # each an obstacle above
+    assert group_size(load_run_config({"stacked-clients": 3}), simulation=False) == 3
+    assert group_size(load_run_config({"stacked-clients": 0})) == 0
+
+
+@pytest.mark.parametrize("bad", [1.5, -1, 2000, "five", True])
+def test_a_group_size_that_is_neither_auto_nor_a_count_is_refused_naming_it(bad):
+    with pytest.raises(ConfigError, match=r"'stacked-clients' = .*give \"auto\""):
+        load_run_config({"stacked-clients": bad})
+
+
+def test_a_run_records_the_group_size_auto_gave_it(micro_mnist_dir, tmp_path, monkeypatch):
+    """What ``auto`` resolved to is what config.json (and a checkpoint) holds: a
+    deployment never groups, even where the clients would train on a GPU."""
+    monkeypatch.setattr(config, "trains_on_cuda", lambda device: True)
+    flat = load_run_config({"dataset": "mnist", "data-dir": str(micro_mnist_dir),
+                            "model": "lenet", "num-clients": 4, "out-dir": str(tmp_path),
+                            "open-deployment": True}).to_flat()
+    loop, _ = server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
+    assert loop.cfg.stacked_clients == 0
+    assert json.loads((tmp_path / "config.json").read_text())["stacked-clients"] == 0
 
 
 def test_a_deployment_refuses_groups(micro_mnist_dir, tmp_path):

@@ -22,6 +22,7 @@ from common.results import RunRecorder
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import cross_fitted_accuracy, estimate_transition
+from common.twin import paired
 from fedefc_cli import deployment
 from fedefc_cli.errors import UsageError
 from fedefc_cli.main import main
@@ -133,9 +134,11 @@ class RisingNode(HeldOutNode):
 
 
 def guarded_loop(tmp_path, node=HeldOutNode, rounds=12, **keys):
+    """The scripted loop of one model (``twin-model = "off"``; with a twin:
+    tests/test_twin.py)."""
     cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 2, "out-dir": str(tmp_path),
-                           **keys})
+                           "twin-model": "off", **keys})
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 3)
     init = get_weights(model)
@@ -346,7 +349,8 @@ def test_a_guarded_run_resumes_with_the_model_its_guard_kept(tmp_path):
     ckpt = checkpoint.load(tmp_path / "part")
     assert ckpt.strategy["guard"]["best_round"] == 7 and "guard-best" in ckpt.models
     cfg = load_run_config({"num-clients": 4, "fraction": 1.0, "rounds": 12,
-                           "start-round": 1, "gamma-thr": 2, "out-dir": str(tmp_path / "part")})
+                           "start-round": 1, "gamma-thr": 2, "out-dir": str(tmp_path / "part"),
+                           "twin-model": "off"})
     pipeline = make_pipeline(cfg, max_private=10**8,
                              evaluator=lambda weights: (1.0, float(weights[1][0])))
     pipeline.load_state(ckpt.strategy)
@@ -438,9 +442,11 @@ def hurt_run(tmp_path, monkeypatch, transition, **keys):
     manager = SimpleClientManager()
     for pid in range(3):
         manager.register(ClientNode(f"node-{pid}", pid, cfg))
+    init = get_weights(model)  # with the twin (the default here): the pair, twin first
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,
-                     parameters=ndarrays_to_parameters(get_weights(model)), cfg=cfg,
-                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
+                     parameters=ndarrays_to_parameters(paired(init) if cfg.twinned else init),
+                     cfg=cfg, recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
+                     run_info={})
     loop.set_max_workers(1)
     loop.fit(cfg.rounds, None)
     return records(tmp_path), json.loads((tmp_path / "summary.json").read_text())

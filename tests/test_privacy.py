@@ -36,6 +36,7 @@ from common.results import RunRecorder
 from common.runtime import initial_model
 from common.secure_means import SLOTS, decode_tail, encode_tail, tail_scale
 from common.training import BatchTransform, predict_proba
+from common.twin import paired
 from fedefc_client.baselines.label_state import save_vector
 from fedefc_client.client_app import app as client_app
 from fedefc_client.job import NOISE_MODEL, LocalJob
@@ -373,7 +374,8 @@ def test_the_held_out_signal_travels_inside_the_secure_sum(micro_mnist_dir, tmp_
     model = initial_model(cfg, clients[0].data.task)
     for k, local in enumerate(clients):  # a received model that has learnt something
         LocalJob(cfg, local, model, None, 1, k).train()
-    weights = get_weights(model)
+    assert cfg.twinned  # every client, every round: the pair travels inside the sum too
+    weights = paired(get_weights(model))
     held_out, on_all = [], []
     for local in clients:
         pred = predict_proba(model, local.x, BatchTransform.of(local.spec, CPU)).argmax(1)
@@ -405,7 +407,8 @@ def test_the_phase_2_guards_signal_travels_inside_the_secure_sum(micro_mnist_dir
     model = initial_model(cfg, clients[0].data.task)
     for k, local in enumerate(clients):  # a received model that has learnt something
         LocalJob(cfg, local, model, None, 1, k).train()
-    weights = get_weights(model)
+    assert cfg.twinned  # every client, every round: the pair travels inside the sum too
+    weights = paired(get_weights(model))
     rng = np.random.default_rng(3)
     noise = [0.5 * np.eye(10) + 0.5 * rng.dirichlet(np.ones(10), size=10).T for _ in clients]
     through_q, plain_acc = [], []

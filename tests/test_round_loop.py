@@ -78,6 +78,7 @@ def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_c
     cfg = load_run_config({"method": method,
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
+                           "twin-model": "off",  # one model: the loop, not the twin
                            **keys})
     model = torch.nn.Linear(2, 3)
     init = get_weights(model)

@@ -8,6 +8,12 @@ start, imports and data loading included), alternating A B A B, and the script p
 the wall times, their ratio (target: Flower <= 1.3x the plain loop on 2 cores) and both
 final accuracies.
 
+Every side reports the peak memory of all its processes (the sum of their proportional
+set sizes, sampled twice a second: bench_gpu.py's sampler). The side ``flower-ungrouped``
+is the Flower run with ``stacked-clients = 0`` (one message per client), beside ``flower``
+with the default (``auto``: groups where the clients train on a GPU, so on the CPU the
+two are the same run).
+
 It also times Flower's floor: a no-op Flower app (FedAvg over 10 of 100 simulated nodes,
 one-element weights, clients that return what they get, no torch, no data) for the same
 number of rounds, through the same launcher. No FL app can run faster through Flower's
@@ -15,11 +21,12 @@ simulation engine, so ``(floor + the plain loop's time in rounds) / plain`` is a
 bound on the ratio that any implementation of the job could reach.
 
     python tests/benchmarks/bench_simulation.py --data-dir /abs/path/to/data [--rounds 10]
-        [--preset mnist-lite] [--set KEY=VALUE ...] [--sides flower,plain,floor]
+        [--preset mnist-lite] [--set KEY=VALUE ...]
+        [--sides flower,plain,floor[,flower-ungrouped]]
 
-``--preset mnist --set device="cuda" --sides plain,flower`` is the GPU session's pair
-(tests/benchmarks/gpu_session.sh, step ``floor``): the paper's MNIST preset as a plain
-loop on the device and through Flower, on the same data.
+``--preset mnist --set device="cuda" --sides plain,flower,flower-ungrouped`` is the GPU
+session's set (tests/benchmarks/gpu_session.sh, step ``floor``): the paper's MNIST preset
+as a plain loop on the device and through Flower, grouped and not, on the same data.
 """
 
 from __future__ import annotations
@@ -27,13 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_gpu import run_and_sample
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
@@ -143,12 +150,13 @@ def noop_flower_run(app_dir: Path, rounds: int) -> None:
         raise SystemExit(f"the no-op Flower app ended {status!r}")
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
-    start = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"{cmd} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return time.monotonic() - start, out.stdout
+def timed(cmd: list[str], log: Path) -> tuple[float, str, float]:
+    """(wall seconds, stdout, peak MB of all its processes) of ``cmd`` run whole."""
+    measured = run_and_sample(cmd, log)
+    return measured.wall_s, log.read_text(errors="replace"), measured.peak_sum
+
+
+SIDES = ("flower", "flower-ungrouped", "plain", "floor")
 
 
 def main() -> None:
@@ -170,10 +178,12 @@ def main() -> None:
     if args.noop_app:
         noop_flower_run(Path(args.noop_app), args.rounds)
         return
-    sides = set(args.sides.split(","))
-    if not sides or sides - {"flower", "plain", "floor"}:
-        raise SystemExit(f"--sides {args.sides!r}: give some of flower, plain, floor")
-    flower_s, plain_s, floor_s, results = [], [], [], {}
+    sides = [side for side in SIDES if side in args.sides.split(",")]
+    if not sides or set(args.sides.split(",")) - set(SIDES):
+        raise SystemExit(f"--sides {args.sides!r}: give some of {', '.join(SIDES)}")
+    times = {side: [] for side in sides}
+    peaks = {side: [] for side in sides}
+    results = {}
     overrides = [f'data-dir="{args.data_dir}"', f"rounds={args.rounds}", "start-round=3",
                  *args.set]
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,56 +192,69 @@ def main() -> None:
             (noop_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (noop_dir / name).write_text(text)
         for rep in range(args.repeats):
-            if "flower" in sides:
-                out = Path(tmp) / f"flower-{rep}"
-                sets = [arg for o in overrides for arg in ("--set", o)]
-                seconds, _ = timed([sys.executable, "-m", "fedefc_cli", "run", args.preset,
-                                    *sets, "--out-dir", str(out)])
-                flower_s.append(seconds)
-                results["flower"] = json.loads((out / "summary.json").read_text())
-                results["flower"]["round_s"] = [
-                    json.loads(line)["round_s"]
-                    for line in (out / "metrics.jsonl").read_text().splitlines()[1:]]
-            if "plain" in sides:
-                cfg = resolve_run_config(args.preset, overrides, str(Path(tmp) / f"plain-{rep}"))
-                cfg_file = Path(tmp) / "plain.json"
-                cfg_file.write_text(json.dumps(cfg))
-                seconds, stdout = timed([sys.executable, __file__, "--data-dir", args.data_dir,
-                                         "--plain-config", str(cfg_file)])
-                plain_s.append(seconds)
-                results["plain"] = json.loads(stdout.strip().splitlines()[-1])
-            if "floor" in sides:
-                seconds, _ = timed([sys.executable, __file__, "--data-dir", args.data_dir,
-                                    "--rounds", str(args.rounds), "--noop-app", str(noop_dir)])
-                floor_s.append(seconds)
-            print(f"repeat {rep}: " + ", ".join(
-                f"{name} {times[-1]:.1f} s" for name, times in
-                (("flower", flower_s), ("plain", plain_s), ("no-op Flower app", floor_s))
-                if times), flush=True)
+            for side in sides:
+                log = Path(tmp) / f"{side}-{rep}.log"
+                if side.startswith("flower"):
+                    out = Path(tmp) / f"{side}-{rep}"
+                    extra = ["stacked-clients=0"] if side == "flower-ungrouped" else []
+                    sets = [arg for o in [*overrides, *extra] for arg in ("--set", o)]
+                    seconds, _, peak = timed([sys.executable, "-m", "fedefc_cli", "run",
+                                              args.preset, *sets, "--out-dir", str(out)], log)
+                    results[side] = json.loads((out / "summary.json").read_text())
+                    results[side]["round_s"] = [
+                        json.loads(line)["round_s"]
+                        for line in (out / "metrics.jsonl").read_text().splitlines()[1:]]
+                    results[side]["groups"] = json.loads(
+                        (out / "config.json").read_text())["stacked-clients"]
+                elif side == "plain":
+                    cfg = resolve_run_config(args.preset, overrides,
+                                             str(Path(tmp) / f"plain-{rep}"))
+                    cfg_file = Path(tmp) / "plain.json"
+                    cfg_file.write_text(json.dumps(cfg))
+                    seconds, stdout, peak = timed([sys.executable, __file__, "--data-dir",
+                                                   args.data_dir, "--plain-config",
+                                                   str(cfg_file)], log)
+                    results["plain"] = json.loads(next(  # the log holds stderr too
+                        line for line in reversed(stdout.splitlines()) if line.startswith("{")))
+                else:
+                    seconds, _, peak = timed([sys.executable, __file__, "--data-dir",
+                                              args.data_dir, "--rounds", str(args.rounds),
+                                              "--noop-app", str(noop_dir)], log)
+                times[side].append(seconds)
+                peaks[side].append(peak)
+            print(f"repeat {rep}: " + ", ".join(f"{side} {times[side][-1]:.1f} s"
+                                                for side in sides), flush=True)
     print(f"{args.preset}, {args.rounds} rounds (start-round 3), overrides {args.set}")
-    for name, times in (("flower", flower_s), ("plain", plain_s)):
-        if times:
-            rs = results[name]["round_s"]
-            print(f"{name:<6} wall s {statistics.median(times):.1f} {times}; steady round s "
-                  f"{statistics.median(rs[1:] or rs):.2f}; round 1 s {rs[0]:.1f}; outside "
-                  f"rounds s {statistics.median(times) - sum(rs):.1f}; final accuracy "
-                  f"{results[name]['final_acc']:.4f}, T_e {results[name]['t_e']}")
-    if flower_s and plain_s:
-        ratios = [f / p for f, p in zip(flower_s, plain_s)]
-        steady = {k: statistics.median(results[k]["round_s"][1:] or results[k]["round_s"])
-                  for k in ("flower", "plain")}
-        print(f"ratio flower/plain: wall, median {statistics.median(ratios):.2f} "
-              f"{[round(r, 2) for r in ratios]} (target <= 1.3); steady round "
-              f"{steady['flower'] / steady['plain']:.2f}")
-    if floor_s:
-        floor = statistics.median(floor_s)
-        print(f"no-op Flower app wall s: median {floor:.1f} {floor_s} (Flower's floor for "
-              f"{args.rounds} rounds, 100 nodes)")
-        if plain_s:
+    for side in sides:
+        print(f"{side}: peak memory of all its processes, MB: median "
+              f"{statistics.median(peaks[side]):.0f} {[round(p) for p in peaks[side]]}")
+        if side == "floor":
+            continue
+        rs = results[side]["round_s"]
+        grouped = (f"; stacked-clients {results[side]['groups']}"
+                   if side.startswith("flower") else "")
+        print(f"{side}: wall s {statistics.median(times[side]):.1f} {times[side]}; steady "
+              f"round s {statistics.median(rs[1:] or rs):.2f}; round 1 s {rs[0]:.1f}; "
+              f"outside rounds s {statistics.median(times[side]) - sum(rs):.1f}; final "
+              f"accuracy {results[side]['final_acc']:.4f}, T_e {results[side]['t_e']}"
+              f"{grouped}")
+    for side in ("flower", "flower-ungrouped"):
+        if side in times and "plain" in times:
+            ratios = [f / p for f, p in zip(times[side], times["plain"])]
+            steady = [statistics.median(results[k]["round_s"][1:] or results[k]["round_s"])
+                      for k in (side, "plain")]
+            print(f"ratio {side}/plain: wall, median {statistics.median(ratios):.2f} "
+                  f"{[round(r, 2) for r in ratios]} (target <= 1.3); steady round "
+                  f"{steady[0] / steady[1]:.2f}")
+    if "floor" in times:
+        floor = statistics.median(times["floor"])
+        print(f"no-op Flower app wall s: median {floor:.1f} {times['floor']} (Flower's floor "
+              f"for {args.rounds} rounds, 100 nodes)")
+        if "plain" in times:
             plain_rounds = sum(results["plain"]["round_s"])
-            print(f"best reachable ratio: {(floor + plain_rounds) / statistics.median(plain_s):.2f}"
+            print(f"best reachable ratio: "
+                  f"{(floor + plain_rounds) / statistics.median(times['plain']):.2f}"
                   f" ((floor + plain time in rounds {plain_rounds:.1f} s) / plain)")
-
 
 if __name__ == "__main__":
     main()

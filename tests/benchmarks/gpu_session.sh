@@ -18,7 +18,9 @@
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
 #                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
 #   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 5)
-#                as a plain single-process loop on the device and through Flower, same data;
+#                as a plain single-process loop on the device and through Flower, same data:
+#                with the default (stacked-clients = "auto": groups of 5 on a GPU) and with
+#                one message per client (stacked-clients = 0, the path before groups);
 #   authors:P    bench_authors.py: the authors' code (a checkout in AUTHORS, default
 #                .authors/FedEFC, carried uncommitted) on preset P (mnist, cifar10, cifar100),
 #                AUTHORS_ROUNDS rounds (default 5), synthetic data of P's shape.
@@ -106,7 +108,8 @@ for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
     floor) if [ "${TINY:-0}" = 1 ]; then floor=(--preset mnist-lite --rounds 4 --set device=\"cpu\")
            else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-5}" --set device=\"cuda\"); fi
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_simulation.py \
-               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower "${floor[@]}" 2>&1 \
+               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower,flower-ungrouped \
+               "${floor[@]}" 2>&1 \
                | tee -a "$OUT/bench.log" ;;
     authors:*) if [ "${TINY:-0}" = 1 ]; then authors=(--tiny --device cpu)
                else authors=(--rounds "${AUTHORS_ROUNDS:-5}" --device cuda); fi

@@ -1,0 +1,274 @@
+"""The twin (``twin-model``, docs/FEDEFC.md §3.8): under full participation FedEFC's
+clients also train a twin of the global model on all their data, the model the run
+delivers. Checked against independent truths: in phase 1 the twin is FedAvg's client
+update bit for bit and the probe the client without a twin; in phase 2 the twin is the
+forward-corrected update of all the client's samples with the Q the probe counted; the
+server reads the twin (test set, federated evaluation, ``model.pt``); a real simulation
+with a twin trains FedAvg's models, round for round, until T_e."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+
+from common.config import ConfigError
+from common.losses import forward_corrected_loss
+from common.methods import changed_keys, default_config, load_run_config
+from common.params import get_weights, set_weights
+from common.results import RunRecorder
+from common.runtime import initial_model, model_for
+from common.twin import delivered, halves, paired
+from fedefc_client.baselines.label_state import load_vector
+from fedefc_client.client import MethodClient
+from fedefc_client.job import NOISE_MODEL, LocalJob
+from fedefc_client.local_data import partition_data
+from fedefc_client.local_update import POOLED_COUNTS
+from fedefc_server import checkpoint
+from fedefc_server.plan import round_config
+from fedefc_server.round_evaluation import RoundEvaluation
+from fedefc_server.round_loop import RoundLoop
+from tests.helpers import make_pipeline, records, small_job
+from tests.test_guard import GUARDED, SIZES, HeldOutNode
+
+CPU = torch.device("cpu")
+SILO = {"num-clients": 4, "fraction": 1.0, "local-epochs": 1}  # every client, every round
+
+
+@pytest.mark.parametrize(("keys", "twinned"), [
+    ({}, False),                                    # the paper's sampling: no share
+    (SILO, True),                                   # every client, every round
+    ({**SILO, "validation-labels": "verified"}, False),
+    ({**SILO, "method": "fedavg"}, False),
+    ({**SILO, "method": "forward-correction"}, False),
+    ({**SILO, "dp-clip": 1.0}, False),
+    ({**SILO, "prestopping": False}, False),
+    ({**SILO, "twin-model": "off"}, False),
+    ({**SILO, "validation-labels": "verified", "twin-model": "on"}, True),
+])
+def test_auto_trains_a_twin_where_the_held_out_signal_keeps_a_share(keys, twinned):
+    assert load_run_config(keys).twinned is twinned
+
+
+@pytest.mark.parametrize(("keys", "names"), [
+    ({"twin-model": "on"}, "keeps none"),
+    ({**SILO, "twin-model": "on", "method": "confident-learning"}, "has no such phase"),
+    ({**SILO, "twin-model": "on", "max-update-norm": 5.0}, "bound one model's update"),
+    ({**SILO, "twin-model": "on", "stacked-clients": 2}, "keeps each client's counts"),
+])
+def test_a_twin_that_cannot_be_trained_is_refused_naming_why(keys, names):
+    with pytest.raises(ConfigError, match=names):
+        load_run_config(keys)
+
+
+def test_a_stored_run_without_the_key_had_no_twin():
+    wanted = load_run_config(SILO).to_flat()
+    older = {k: v for k, v in wanted.items() if k != "twin-model"}
+    assert changed_keys(older, wanted) == {"twin-model": ("off", "on")}
+    assert changed_keys({**wanted, "twin-model": "on"}, wanted) == {}
+    flat = default_config()  # the paper's sampling: auto trains none, as before the key
+    assert changed_keys({k: v for k, v in flat.items() if k != "twin-model"}, flat) == {}
+
+
+def test_a_pair_is_the_twin_then_the_probe():
+    assert paired([1, 2]) == [1, 2, 1, 2]
+    assert halves([1, 2, 3, 4]) == ([1, 2], [3, 4])
+    assert delivered([1, 2, 3, 4], True) == [1, 2] and delivered([1, 2], False) == [1, 2]
+    with pytest.raises(ValueError, match="even number of arrays, not 3"):
+        halves([1, 2, 3])
+
+
+def clients(pid: int = 1):
+    """(the twinned client, the same client without a twin, FedAvg's client) of one
+    partition, each with a fresh node state, and the twinned run's config."""
+    cfg = load_run_config(SILO)
+    plain = load_run_config({**SILO, "twin-model": "off"})
+    fedavg = load_run_config({**SILO, "method": "fedavg"})
+    data = {c: partition_data(c, pid, CPU) for c in (cfg, plain, fedavg)}
+    return ([MethodClient(c, pid, lambda c=c: data[c], RecordDict())
+             for c in (cfg, plain, fedavg)], cfg)
+
+
+def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_in_phase_1_the_twin_is_fedavgs_client_and_the_probe_the_client_without_one():
+    (twinned, plain, fedavg), cfg = clients()
+    start = get_weights(initial_model(cfg, twinned.local.data.task))
+    config = round_config(cfg, 1, 3)
+    weights, n, metrics = twinned.fit(paired(start), {**config, "phase": 1})
+    twin, probe = halves(weights)
+    want_probe, want_n, want_metrics = plain.fit(start, {**config, "phase": 1})
+    want_twin, fedavg_n, _ = fedavg.fit(start, config)
+    assert equal(probe, want_probe) and equal(twin, want_twin)
+    assert not equal(twin, probe)  # the twin trained on the share too
+    assert n == want_n == fedavg_n == len(twinned.local)
+    assert metrics.keys() == want_metrics.keys()
+    assert metrics["accuracy"] == want_metrics["accuracy"]  # A_k: the probe's, on the share
+
+
+def trained_start(fedavg: MethodClient, cfg) -> list[np.ndarray]:
+    """A global model a phase-1 round trained (a Q counted from it corrects something)."""
+    start = get_weights(initial_model(cfg, fedavg.local.data.task))
+    return fedavg.fit(start, round_config(cfg, 1, 1))[0]
+
+
+def test_in_phase_2_the_twin_trains_all_samples_with_the_q_its_probe_counted():
+    (twinned, plain, fedavg), cfg = clients()
+    start = trained_start(fedavg, cfg)
+    config = {**round_config(cfg, 1, 9), "phase": 2}
+    counted = {}
+    update = plain.local_update
+
+    def keep_q(job):
+        out = update(job)
+        counted["q"] = job.last_q
+        return out
+    plain.local_update = keep_q
+    want_probe, _, _ = plain.fit(start, config)
+    weights, _, _ = twinned.fit(paired(start), config)
+    twin, probe = halves(weights)
+    assert equal(probe, want_probe)
+    assert not np.allclose(counted["q"], np.eye(len(counted["q"])))  # a correction
+    # the truth: the forward-corrected update of every sample, from the same seed
+    local = twinned.local
+    every = replace(local, validation=None, estimation=None)
+    model = model_for(cfg, local.data.task, CPU, "truth")
+    set_weights(model, start)
+    job = LocalJob(cfg, every, model, 2, 9, int(config["seed"]))
+    job.train(partial(forward_corrected_loss, q=torch.as_tensor(counted["q"],
+                                                                dtype=torch.float32)))
+    assert equal(twin, get_weights(model))
+    assert len(local.validation) > 0  # ... and every sample includes the share
+
+
+def test_the_twin_leaves_the_nodes_state_as_the_probe_alone_does():
+    """Pooled counts and the Q the guard reads next round are the probe's."""
+    (twinned, plain, fedavg), cfg = clients()
+    start = trained_start(fedavg, cfg)
+    config = {**round_config(cfg, 1, 9), "phase": 2}
+    twinned.fit(paired(start), config)
+    plain.fit(start, config)
+    k = twinned.local.data.task.num_classes
+    for key in (POOLED_COUNTS, NOISE_MODEL):
+        have, want = (load_vector(c.state, key, k * k) for c in (twinned, plain))
+        assert want is not None and np.array_equal(have, want), key
+
+
+class Evaluator:
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, weights):
+        self.seen.append(weights)
+        return 0.0, 1.0
+
+
+def test_the_server_evaluates_the_twin():
+    cfg = load_run_config(SILO)
+    twin, probe = [np.zeros(2)], [np.ones(2)]
+    evaluator = Evaluator()
+    step = RoundEvaluation(cfg, registry=None, evaluator=evaluator)
+    step.central(ndarrays_to_parameters([*twin, *probe]))
+    assert equal(evaluator.seen[0], twin)
+
+
+@pytest.fixture(scope="module")
+def twin_and_fedavg(tiny_mnist_dir, tmp_path_factory):
+    """The small job with the held-out signal and a twin, and FedAvg on the same config:
+    {name: out-dir}. Every client reports accuracy 0 in round 2 (an ``acc=0.0`` fault),
+    which makes round 2 the prestopping point, so rounds 3.. run phase 2."""
+    from fedefc_cli.simulation import run_simulation_job
+    out = {}
+    for name, method in (("twin", "fedefc"), ("fedavg", "fedavg")):
+        out[name] = tmp_path_factory.mktemp(name)
+        run_simulation_job(small_job(tiny_mnist_dir, out[name], method=f'"{method}"',
+                                     **{"accuracy-signal": '"held-out"', "start-round": 0,
+                                        "faults": '"acc=0.0@0-3@2"'}))
+    return out
+
+
+@pytest.mark.flower
+def test_a_twinned_run_trains_fedavgs_models_until_t_e_and_delivers_its_twin(twin_and_fedavg):
+    """The twin's rounds up to T_e are FedAvg's, round by round (the server's test set
+    reads the twin); phase 2 then moves it away; model.pt holds one model."""
+    twin, fedavg = (records(twin_and_fedavg[k]) for k in ("twin", "fedavg"))
+    assert [r["phase"] for r in twin[:4]] == [1, 1, 1, 2]
+    assert [r["test_acc"] for r in twin[:3]] == [r["test_acc"] for r in fedavg[:3]]
+    summary = json.loads((twin_and_fedavg["twin"] / "summary.json").read_text())
+    assert summary["twin_model"] == "on" and summary["t_e"] == 2
+    saved, want = (torch.load(twin_and_fedavg[k] / "model.pt") for k in ("twin", "fedavg"))
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in want.items()}
+
+
+def test_round_evaluation_sends_the_nodes_the_twin():
+    """Federated evaluation asks every node about the model the run delivers."""
+    cfg = load_run_config({**SILO, "evaluation": "federated"})
+
+    class Registry:
+        def serving(self, manager, rnd):
+            return {0: "node-0"}
+
+        def declare(self, pids, rnd):
+            return pids
+    plan = RoundEvaluation(cfg, Registry()).plan(1, ndarrays_to_parameters(
+        [np.zeros(2), np.ones(2)]), None)
+    (_, ins), = plan.instructions
+    assert equal(parameters_to_ndarrays(ins.parameters), [np.zeros(2)])
+
+
+class PairNode(HeldOutNode):
+    """A scripted node of tests/test_guard.py (its held-out accuracy by round) that adds
+    its partition id to the twin's arrays and takes it from the probe's."""
+
+    def fit(self, ins, timeout, group_id):
+        res = super().fit(ins, timeout, group_id)  # + partition id to every array
+        twin, probe = halves(parameters_to_ndarrays(res.parameters))
+        res.parameters = ndarrays_to_parameters(
+            [*twin, *(w - 2 * self.partition_id for w in probe)])
+        return res
+
+
+def test_the_guards_verdict_restores_the_pair_and_the_run_delivers_its_twin(tmp_path):
+    """The scripted run of tests/test_guard.py with a twin: the guard fires in round 9
+    and restores the pair round 7 received; the server's test set read the twin in every
+    round, and model.pt holds the twin of round 7."""
+    cfg = load_run_config({**SILO, "rounds": 12, "start-round": 1, "gamma-thr": 2,
+                           "out-dir": str(tmp_path)})
+    assert cfg.twinned and cfg.guarded
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 3)
+    init = get_weights(model)
+
+    def evaluator(weights):  # one model: the twin; its "test accuracy" its bias's first entry
+        assert len(weights) == len(init)
+        return 1.0, float(weights[1][0])
+    manager = SimpleClientManager()
+    for pid, size in SIZES.items():
+        manager.register(PairNode(f"node-{pid}", pid, size))
+    loop = RoundLoop(client_manager=manager,
+                     pipeline=make_pipeline(cfg, max_private=10**8, evaluator=evaluator),
+                     parameters=ndarrays_to_parameters(paired(init)), cfg=cfg,
+                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
+    loop.set_max_workers(1)
+    loop.fit(cfg.rounds, None)
+    step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
+    recs = records(tmp_path)
+    assert [r["A"] for r in recs[1:]] == [GUARDED[t] for t in range(1, 10)]
+    for r in recs[:9]:  # round t's twin: t steps up (its probe went t steps down)
+        assert r["test_acc"] == pytest.approx(init[1][0] + r["round"] * step)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["guard_restored_round"], summary["guard_ended_at"]) == (7, 9)
+    assert summary["final_acc"] == pytest.approx(init[1][0] + 6 * step)
+    saved = torch.load(tmp_path / "model.pt")
+    np.testing.assert_allclose(saved["bias"].numpy(), init[1] + 6 * step, rtol=1e-6)
+    kept = checkpoint.load(tmp_path).models["guard-best"]
+    np.testing.assert_allclose(halves(kept)[1][1], init[1] - 6 * step, rtol=1e-6)
