@@ -49,6 +49,7 @@ from common.models import classifier_shape
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import configure_threads, pick_device
+from common.twin import delivered, paired
 from fedefc_cli.flower import LocalSimulation
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_client.client import MethodClient
@@ -56,6 +57,15 @@ from fedefc_client.local_data import partition_data
 from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.plan import round_config, sample_round
 from fedefc_server.prestopping_server import PrestoppingServer
+
+
+def sample_weighted_mean(replies: list[tuple[list, int, dict]], like: list) -> list:
+    """FedAvg's aggregate of ``(weights, num_examples, metrics)`` fit replies: each array
+    the mean of the replies' weighted by their sample counts, in ``like``'s dtypes (the
+    plain loops of this script and of the studies beside it)."""
+    total = sum(n for _, n, _ in replies)
+    return [sum(w[i] * (n / total) for w, n, _ in replies).astype(like[i].dtype)
+            for i in range(len(like))]
 
 
 def plain_loop(run_config: dict) -> dict:
@@ -67,6 +77,7 @@ def plain_loop(run_config: dict) -> dict:
     device = pick_device(cfg.device)
     evaluator = TestSetEvaluator(cfg, fed.data)
     weights = get_weights(initial_model(cfg, fed.data.task))
+    weights = paired(weights) if cfg.twinned else weights  # docs/FEDEFC.md §3.8
     server = PrestoppingServer(cfg, classifier_shape(initial_model(cfg, fed.data.task),
                                                      fed.data.task))
     stopper = server.prestopper
@@ -81,12 +92,10 @@ def plain_loop(run_config: dict) -> dict:
                                   states[pid])
             replies.append(client.fit(weights, {**round_config(cfg, pid, rnd),
                                                 **server.client_config(rnd, pid)}))
-        total = sum(n for _, n, _ in replies)
-        weights = [sum(w[i] * (n / total) for w, n, _ in replies).astype(weights[i].dtype)
-                   for i in range(len(weights))]
+        weights = sample_weighted_mean(replies, weights)
         if phase == 1:
             stopper.observe(rnd, float(np.mean([m["accuracy"] for _, _, m in replies])))
-        accs.append(evaluator(weights)[1])
+        accs.append(evaluator(delivered(weights, cfg.twinned))[1])
         round_s.append(time.monotonic() - round_start)
     return {"final_acc": accs[-1], "t_e": stopper.t_e, "wall_time_s": time.monotonic() - start,
             "round_s": round_s}
@@ -255,6 +264,7 @@ def main() -> None:
             print(f"best reachable ratio: "
                   f"{(floor + plain_rounds) / statistics.median(times['plain']):.2f}"
                   f" ((floor + plain time in rounds {plain_rounds:.1f} s) / plain)")
+
 
 if __name__ == "__main__":
     main()

@@ -37,6 +37,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+from bench_simulation import sample_weighted_mean
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
@@ -52,13 +53,6 @@ from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.guard import Phase2Guard
 from fedefc_server.plan import round_config, sample_round
 from fedefc_server.prestopping import Prestopper
-
-
-def avg(replies, like):
-    """FedAvg of ``(weights, n, metrics)`` replies, by sample count."""
-    total = sum(n for _, n, _ in replies)
-    return [sum(w[i] * (n / total) for w, n, _ in replies).astype(like[i].dtype)
-            for i in range(len(like))]
 
 
 def run(flat: dict) -> tuple[dict[str, list[float]], list[float | None], int | None]:
@@ -100,7 +94,7 @@ def run(flat: dict) -> tuple[dict[str, list[float]], list[float | None], int | N
         signal.append(a_t)
         if phase == 1 and a_t is not None:
             stopper.observe(rnd, a_t)
-        pair, wf = avg(replies, pair), avg(replies_fa, wf)
+        pair, wf = sample_weighted_mean(replies, pair), sample_weighted_mean(replies_fa, wf)
         acc["fedavg"].append(evaluator(wf)[1])
         for name, a in zip(("twin", "probe"), evaluate(pair)):
             acc[name].append(a)

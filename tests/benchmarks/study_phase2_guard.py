@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
+from bench_simulation import sample_weighted_mean
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
@@ -78,8 +79,10 @@ def plain_share_accuracy(client: MethodClient, weights, config) -> float | None:
 
 def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
     """One run; with ``fallback_patience`` the guard runs online and, when it fires,
-    restores the best model and trains cross-entropy on all the data from then on."""
-    cfg = load_run_config(flat)
+    restores the best model and trains cross-entropy on all the data from then on.
+    One model per client (twin-model = "off"): the guard's choices were studied on the
+    model it judges, before the twin (docs/FEDEFC.md §3.8)."""
+    cfg = load_run_config({**flat, "twin-model": "off"})
     configure_threads(cfg.client_threads)
     fed = data_plan(cfg)
     device = pick_device(cfg.device)
@@ -107,9 +110,7 @@ def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
                                    else None)
         if stopper.phase(rnd) == 1 and a_t is not None:
             stopper.observe(rnd, a_t)
-        total = sum(n for _, n, _ in replies)
-        new = [sum(w[i] * (n / total) for w, n, _ in replies).astype(weights[i].dtype)
-               for i in range(len(weights))]
+        new = sample_weighted_mean(replies, weights)
         if fallback_patience is not None and tr.fired is None and a_t is not None \
                 and rnd > cfg.start_round:
             if a_t > best:
