@@ -26,6 +26,8 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 
+from common.durations import duration_text
+
 from .failures import NodeRefused
 
 RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
@@ -53,7 +55,7 @@ def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id
         for proxy in group:
             reply = replies.get(proxy.node_id)
             if reply is None:
-                answers[proxy.cid] = TimeoutError(f"no reply within {timeout} s")
+                answers[proxy.cid] = TimeoutError(f"no reply within {duration_text(timeout)}")
             elif reply.has_error():
                 answers[proxy.cid] = NodeRefused(int(reply.error.code), reply.error.reason)
             else:

@@ -26,6 +26,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from fedefc_server.declarations import SizeRule
 from fedefc_server.failures import RunFailed
 from fedefc_server.federation import Federation
+from fedefc_server.node_answers import ask_declarations
 from fedefc_server.registry import PartitionRegistry, simulation_order
 from tests.helpers import OK, FakeProxy
 
@@ -136,3 +137,16 @@ def test_nodes_outside_a_simulation_are_all_asked_before_the_first_round():
     serving = Federation(registry).serving(manager, 1)
     assert sorted(grid.asked) == sorted(mapping) and sorted(serving) == list(range(5))
     assert registry.declared == {p: 10 + p for p in range(5)}
+
+
+def test_a_silent_nodes_timeout_is_told_in_words():
+    """Issue 49 (5): a node that never answered was told "no reply within
+    299.99999873800016 s" (the rest of a 300 s wait, as the clock measured it)."""
+    class SilentGrid:  # a grid whose node never answers
+        def send_and_receive(self, messages, *, timeout=None):
+            return []
+
+    silent = GridClientProxy(7, SilentGrid(), run_id=1)
+    [answer] = ask_declarations([silent], 299.99999873800016, 1).values()
+    assert isinstance(answer, TimeoutError)
+    assert str(answer) == "no reply within 5 min 00 s"
