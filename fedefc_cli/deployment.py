@@ -784,6 +784,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
               "summary's missed_rounds lists, per partition, the rounds it missed, and each "
               "round's record in metrics.jsonl says why (missing). Whole log: flwr log "
               f"{outcome.run_id} {args.connection}", file=sys.stderr)
+        tell_run(Path(cfg.out_dir))
         return EXIT_DEGRADED
     if not outcome.completed:
         print(f"fedefc deploy: {explain_failure(outcome, cfg.out_dir, args.connection)}",
@@ -792,10 +793,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
     print(f"run {outcome.run_id}: {outcome.status}; results in {cfg.out_dir} on the SuperLink "
           "machine (its SUMMARY line above counts client failures and rejected replies; "
           f"bring them here with: fedefc deploy fetch HOST:{cfg.out_dir} LOCAL_DIR)")
+    tell_run(Path(cfg.out_dir))
     return 0
 
 
 RESULT_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.pt")
+
+
+def tell_run(out_dir: Path) -> None:
+    """The run in ``out_dir`` told in a few lines (:func:`fedefc_server.summary.run_report`;
+    the whole summary stays in its summary.json), where that folder is on this machine."""
+    if not (out_dir / "summary.json").is_file():
+        return
+    from fedefc_server.summary import run_report  # lazy: torch, 1.9 s of CPU
+    print("\n".join(run_report(json.loads((out_dir / "summary.json").read_text()), out_dir)))
 
 
 def _is_remote(source: str) -> bool:
@@ -833,6 +844,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if summary.get("status") == "failed":
         print(f"fedefc deploy: the run FAILED: {summary.get('failure', 'no reason recorded')}",
               file=sys.stderr)
+        tell_run(dest)
         return 1
     if summary.get("status") == "degraded":
         print(f"fedefc deploy: the run is DEGRADED: {summary.get('degraded')}",
@@ -842,11 +854,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
               "still run, or have failed before writing them; see flwr log RUN_ID)",
               file=sys.stderr)
         return 1
-    shown = {k: summary[k] for k in ("status", "final_acc", "best_acc", "t_e",
-                                     "client_failures", "rejected_replies") if k in summary}
-    shown.update({k: summary[k] for k in ("missed_rounds", "federated_failures",
-                                          "missed_evaluations") if summary.get(k)})
-    print(f"summary: {json.dumps(shown)}")
+    tell_run(dest)
     return EXIT_DEGRADED if summary.get("status") == "degraded" else 0
 
 

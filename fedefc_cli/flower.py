@@ -33,6 +33,7 @@ from common.private_files import open_private
 
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
+from .progress import ROUND_LINE, RoundProgress
 from .ray_cluster import ray_env
 from .run_configs import APP_DIR, write_run_config
 
@@ -139,7 +140,6 @@ def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[s
 FAILED_LINE = re.compile(r"RUN FAILED: (.*)")
 DEGRADED_LINE = re.compile(r"RUN DEGRADED: (.*)")
 INTERRUPTED_LINE = re.compile(r"RUN INTERRUPTED: (.*)")
-ROUND_LINE = re.compile(r"\[round (\d+)/\d+\]")  # a round recorded and checkpointed
 ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception)\b")
 
 
@@ -229,17 +229,21 @@ COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
 
 def copy_lines(stream, out, keep_colour: bool, shown: list[str] | None = None) -> list[str]:
     """Copy a process's output ``stream`` line by line to ``out`` (a binary file), its
-    colour codes kept only when ``keep_colour`` (a terminal); the lines as text, without
-    colour codes. ``shown``: the lines of the same log copied before (a log followed
-    again from its start): a line equal to the one at its place there is not copied
-    again."""
+    colour codes and a progress line after each round (:mod:`.progress`) only when
+    ``keep_colour`` (a terminal); the lines as text, without colour codes. ``shown``: the
+    lines of the same log copied before (a log followed again from its start): a line
+    equal to the one at its place there is not copied again."""
     lines: list[str] = []
     shown = shown or []
+    progress = RoundProgress() if keep_colour else None
     for raw in stream:
         plain = COLOUR.sub(b"", raw)
         text = plain.decode(errors="replace").rstrip("\n")
         if len(lines) >= len(shown) or shown[len(lines)] != text:
             out.write(raw if keep_colour else plain)
+            note = progress.after(text) if progress is not None else None
+            if note:
+                out.write(f"\x1b[2m{note}\x1b[0m\n".encode())
             out.flush()
         lines.append(text)
     return lines

@@ -16,7 +16,6 @@ Bad input exits 2 before anything starts; a failed run exits 1, a degraded one 3
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -39,10 +38,12 @@ def _exit_on_signal(signum, _frame) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``fedefc run`` and ``fedefc resume``: one job, its summary printed at the end."""
+    """``fedefc run`` and ``fedefc resume``: one job, told in a few lines at the end
+    (:func:`fedefc_server.summary.run_report`)."""
     import torch  # lazy: torch, 1.9 s of CPU
 
     from common.methods import load_run_config, short_run_warning  # lazy: torch, 1.9 s of CPU
+    from fedefc_server.summary import run_report  # lazy: torch, 1.9 s of CPU
 
     from .simulation import preflight_in_child, run_simulation_job  # lazy: torch, 1.9 s of CPU
     _unwind_on_signals()
@@ -65,8 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"fedefc: results -> {run_config['out-dir']}", flush=True)
     summary = run_simulation_job(run_config, args.client_cpus, gpus, checked=True,
                                  ray_address=args.ray_address)
-    print(json.dumps(summary, indent=2))
-    print(f"fedefc: results in {summary['out_dir']}")
+    print("\n".join(run_report(summary)))  # the whole summary: summary.json
     if summary.get("status") == "degraded":
         print(f"fedefc: the run is DEGRADED: {summary['degraded']}", file=sys.stderr)
         return EXIT_DEGRADED

@@ -9,9 +9,10 @@ workflow, so both modes share this loop), then the central evaluation (the strat
 ``evaluate``: the server's test set, if any), then, with federated evaluation, Flower's
 ``evaluate_round`` (the clients' held-out data), then the round's record in
 ``metrics.jsonl``, its log line and ``checkpoint.pt``. Round 0 evaluates the initial
-model both ways. After the last round: ``model.pt`` and ``summary.json``, whose
+model both ways. After the last round: ``model.pt``, ``summary.json``, whose
 accuracies come from the server's test set when the run has one, else from the
-federated evaluation (``accuracy_source`` says which). The method contributes fields
+federated evaluation (``accuracy_source`` says which), and its picture ``curves.png``
+(:mod:`.curves`). The method contributes fields
 through its server hooks (:class:`.method_server.MethodServer`); nothing here depends
 on the method.
 
@@ -43,6 +44,7 @@ from common.twin import delivered
 
 from . import checkpoint
 from .attendance import describe, missed_training
+from .curves import write_curves
 from .failures import RunFailed
 from .link_watch import LinkLost, LinkWatchGrid
 from .pipeline import RoundOutcome, RoundPipeline
@@ -224,5 +226,6 @@ class RoundLoop(Server):
                          [] if failure else self.pipeline.notes(), self.elapsed(), failure)
         summary = self.recorder.write_summary(
             build_summary(self.cfg, self.recorder.rounds, facts))
+        write_curves(self.recorder.out_dir, self.recorder.rounds, summary, self.cfg.num_clients)
         tell(summary, self.cfg)
         return summary

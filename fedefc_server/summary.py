@@ -1,5 +1,7 @@
 """A run's summary: built from its rounds' records in one place (:func:`build_summary`),
-told in another (:func:`summary_lines`, :func:`tell`).
+told in another (:func:`summary_lines`, :func:`tell`: the ServerApp's log), and told to a
+person in a few lines at the end of ``fedefc run``, ``fedefc deploy submit`` and
+``fedefc deploy fetch`` (:func:`run_report`; the whole of it stays in ``summary.json``).
 
 The status is one of three (docs/RELIABILITY.md):
 
@@ -25,15 +27,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.dp_accounting import run_guarantee
+from common.durations import duration_text
 from common.results import machine_record
 
-from .attendance import degradation, last_reasons, missed_by_partition
+from .attendance import degradation, last_reasons, missed_by_partition, ranges
+from .curves import FILE as CURVES
 
 FAILED_PREFIX = "RUN FAILED: "  # the last log line of a failed run
 DEGRADED_PREFIX = "RUN DEGRADED: "  # the last log line of a degraded run
@@ -68,7 +73,7 @@ def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
     dp = run_guarantee(cfg)
     return {
         **facts.run_info, "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed,
-        "rounds": cfg.rounds, "status": status,
+        "rounds": cfg.rounds, "rounds_run": len(trained), "status": status,
         **({"failure": facts.failure} if facts.failure else {}),
         **({"degraded": degraded} if degraded else {}),
         "notes": [] if facts.failure else facts.notes,
@@ -166,3 +171,99 @@ def tell(summary: dict[str, Any], cfg: RunConfig) -> None:
     dp = run_guarantee(cfg)
     for level, text in summary_lines(summary, dp.describe() if dp else None):
         log(level, "%s", text)
+
+
+def _figures(summary: dict[str, Any], prefix: str = "") -> str:
+    """``final 0.8600 | best 0.8860 (round 36) | mean of last 10 rounds 0.8644``."""
+    final, best = summary.get(f"{prefix}final_acc"), summary.get(f"{prefix}best_acc")
+    text = f"final {final:.4f}" if final is not None else "final n/a"
+    if best is not None:
+        text += f" | best {best:.4f} (round {summary.get(f'{prefix}best_round')})"
+    last = summary.get(f"{prefix}mean_last10_acc")
+    if last is not None:
+        text += (f" | mean of last {summary.get(f'{prefix}mean_last10_rounds', 10)} rounds "
+                 f"{last:.4f}")
+    return text
+
+
+def guard_verdict(summary: dict[str, Any]) -> str:
+    """What the phase-2 guard (docs/FEDEFC.md §3.4) decided, in words."""
+    if summary.get("phase_2_guard") != "on":
+        return "phase-2 guard off"
+    fell = summary.get("guard_fell_back_at")
+    first = f"fell back to cross-entropy after round {fell}, then " if fell is not None else ""
+    if summary.get("guard_ended_at") is not None:
+        return (f"phase-2 guard: {first}restored the model of round "
+                f"{summary.get('guard_restored_round')} and ended the run after round "
+                f"{summary['guard_ended_at']}")
+    if summary.get("t_e") is None:
+        return "phase-2 guard: no phase 2 to judge"
+    return (f"phase-2 guard: {first}kept phase 2 to the end" if first else
+            "phase-2 guard: kept phase 2 to the end")
+
+
+def _sites(summary: dict[str, Any]) -> list[str]:
+    """The partitions that missed training rounds or federated evaluations, and the
+    failures counted over the run."""
+    missed = summary.get("missed_rounds") or {}
+    lines = ["sites missing: " + ("; ".join(
+        f"partition {pid} missed {len(r)} rounds ({ranges(r)})" for pid, r in missed.items())
+        if missed else "none (every sampled partition trained in every round)")]
+    evaluations = summary.get("missed_evaluations") or {}
+    if evaluations:
+        lines.append("federated evaluations missed: " + "; ".join(
+            f"partition {pid} {len(r)} ({ranges(r)})" for pid, r in evaluations.items()))
+    trouble = [f"{summary[k]} {what}" for k, what in (
+        ("client_failures", "client failures"), ("rejected_replies", "rejected replies"),
+        ("federated_failures", "failed federated evaluations"),
+        ("federated_rejected", "refused federated evaluations")) if summary.get(k)]
+    if trouble:
+        lines.append(", ".join(trouble) + " (reasons: metrics.jsonl)")
+    return lines
+
+
+def run_report(summary: dict[str, Any], folder: str | Path | None = None) -> list[str]:
+    """A run told in a few lines, from its summary: how it ended, after how many rounds
+    and how long; its accuracies (final, best, mean of the last 10 rounds); T_e and the
+    phase-2 guard's verdict; the sites that missed rounds; the notes; and where its
+    files are (``folder``, by default the summary's ``out_dir``: the files listed when it
+    is on this machine)."""
+    status = str(summary.get("status", "completed"))
+    done, planned = summary.get("rounds_run"), summary.get("rounds")
+    took = summary.get("wall_time_s")
+    span = [f"{done} of {planned} rounds" if done is not None else f"{planned} rounds"
+            ] if planned is not None else []
+    span += [duration_text(took)] if took is not None else []
+    head = (f"{summary.get('method', 'the run')} on {summary.get('dataset', '?')}, seed "
+            f"{summary.get('seed', '?')}: "
+            f"{status if status == 'completed' else status.upper()}"
+            + (f" after {' in '.join(span)}" if span else ""))
+    lines = [head]
+    if status == "failed":
+        lines.append(f"  why: {summary.get('failure', 'no reason recorded')}")
+    if status == "degraded":
+        lines.append(f"  degraded: {summary.get('degraded')}")
+    if summary.get("final_acc") is not None:
+        lines.append(f"  accuracy ({summary.get('accuracy_source', 'no evaluation')}): "
+                     f"{_figures(summary)}")
+    if (summary.get("accuracy_source") == "server test set"
+            and summary.get("federated_final_acc") is not None):
+        lines.append(f"  federated accuracy (the nodes' held-out data): "
+                     f"{_figures(summary, 'federated_')}")
+    if "t_e" in summary:
+        t_e = summary["t_e"]
+        prestop = (f"T_e {t_e} (A_max {summary.get('A_max', float('nan')):.4f}), phase 2 "
+                   f"from round {t_e + 1}" if t_e is not None else
+                   "T_e none: the run never left phase 1 (it trained as FedAvg)")
+        lines.append(f"  {prestop}; {guard_verdict(summary)}")
+    if status != "failed" or summary.get("missed_rounds"):
+        lines += [f"  {line}" for line in _sites(summary)]
+    lines += [f"  note: {note}" for note in summary.get("notes") or []]
+    where = Path(folder) if folder is not None else (
+        Path(summary["out_dir"]) if summary.get("out_dir") else None)
+    if where is not None:
+        files = sorted(p.name for p in where.iterdir()) if where.is_dir() else []
+        shown = [n for n in ("summary.json", "metrics.jsonl", CURVES, "model.pt",
+                             "config.json") if n in files]
+        lines.append(f"  files: {where}" + (f" ({', '.join(shown)}, ...)" if shown else ""))
+    return lines

@@ -519,7 +519,8 @@ def test_fetch_copies_checks_and_summarizes_a_run(tmp_path, capsys):
                                                "t_e": 3, "client_failures": 0})
     assert main(["deploy", "fetch", str(source), str(tmp_path / "here")]) == 0
     out = capsys.readouterr().out
-    assert '"status": "completed", "final_acc": 0.9, "t_e": 3' in out
+    assert ": completed\n  accuracy (no evaluation): final 0.9000\n  T_e 3 " in out
+    assert f"files: {tmp_path / 'here'} (summary.json, metrics.jsonl, model.pt" in out
     for name in ("config.json", "metrics.jsonl", "summary.json", "model.pt"):
         assert (tmp_path / "here" / name).read_bytes() == (source / name).read_bytes()
     assert main(["deploy", "fetch", str(source), str(tmp_path / "here")]) == 2

@@ -19,6 +19,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
 from fedefc_server import checkpoint
+from fedefc_server.curves import series
 from fedefc_server.failures import RunFailed
 from fedefc_server.link_watch import LinkLost
 from fedefc_server.round_loop import RoundLoop
@@ -223,6 +224,9 @@ def test_a_round_in_which_no_node_trained_fails_the_run_with_its_reason(tmp_path
     assert ": RuntimeError: partition" in summary["failure"]
     assert [r["round"] for r in records(tmp_path)] == [0, 1]
     assert lines[-1] == f"RUN FAILED: {summary['failure']}"
+    # a failed run is drawn as far as it got (issue 49)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert series(records(tmp_path)).took_part == {1: []}
 
 
 class Link:
@@ -346,6 +350,10 @@ def test_a_site_lost_mid_run_is_named_every_round_and_the_run_ends_degraded(tmp_
     assert summary["degraded"].startswith("partition 2 missed 3 of 4 rounds (rounds 2-4")
     assert "max-missed-share=0.1" in summary["degraded"]
     assert lines[-1] == f"RUN DEGRADED: {summary['degraded']}"
+    drawn = series(recs)  # the picture shows partition 2 missing from round 2 on
+    assert drawn.missed == {1: [], 2: [2], 3: [2], 4: [2]}
+    assert drawn.took_part == {1: [0, 1, 2, 3], 2: [0, 1, 3], 3: [0, 1, 3], 4: [0, 1, 3]}
+    assert (tmp_path / "curves.png").exists()
 
 
 class FlakyNode(TrainingNode):

@@ -21,6 +21,7 @@ import torch
 
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_cli.simulation import run_simulation_job
+from fedefc_server.curves import series
 from tests.helpers import records
 
 pytestmark = pytest.mark.flower  # one real simulation, shared by the tests
@@ -74,6 +75,12 @@ def test_run_passes_through_phase_2_with_forward_corrected_clients(two_runs):
         else:
             assert "A" not in r and 0 < r["q_cos"] <= 1.0
     assert {"final_acc", "best_acc", "mean_last10_acc", "wall_time_s"} <= set(summary)
+    assert summary["rounds_run"] == 5
+    # the ServerApp drew the run beside its summary, from these very records
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn = series(recs)
+    assert drawn.t_e == t_e and drawn.test_acc == [r["test_acc"] for r in recs]
+    assert drawn.took_part == {t: [0, 1, 2, 3] for t in range(1, 6)}
     # the machine whose arithmetic made the run (fedefc grid report compares it)
     assert summary["machine"]["torch"] == torch.__version__
     assert summary["machine"]["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()

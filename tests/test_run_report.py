@@ -1,0 +1,191 @@
+"""A run told in a few lines and a picture (issue 49, item 6): the human summary that
+``fedefc run``, ``fedefc deploy submit`` and ``fedefc deploy fetch`` print
+(fedefc_server/summary.py: run_report), the picture every run writes
+(fedefc_server/curves.py), the progress line on a terminal (fedefc_cli/progress.py),
+and durations in words (common/durations.py).
+
+The picture's series are checked against a hand-written metrics.jsonl; that a real
+Flower run writes it is checked on tests/test_simulation.py's shared run, and that an
+in-process failed or degraded run does on tests/test_round_loop.py's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from common.durations import duration_text
+from fedefc_cli.flower import copy_lines
+from fedefc_cli.main import main
+from fedefc_cli.progress import RoundProgress
+from fedefc_server.curves import FILE, series, write_curves
+from fedefc_server.summary import guard_verdict, run_report
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data[:8] == PNG and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (299.99999873800016, "5 min 00 s"),  # issue 49: the rest of a 300 s wait
+    (0.04, "0.0 s"), (2.46, "2.5 s"), (9.96, "10 s"), (47.6, "48 s"), (119.4, "119 s"),
+    (125.0, "2 min 05 s"), (3599.4, "59 min 59 s"), (3661.0, "1 h 01 min"),
+    (None, "no limit"), (float("inf"), "no limit")])
+def test_a_duration_is_told_in_words(seconds, text):
+    assert duration_text(seconds) == text
+
+
+# -- the human summary ----------------------------------------------------------------------
+SUMMARY = {
+    "method": "fedefc", "dataset": "mnist-embedded", "seed": 3, "rounds": 40,
+    "rounds_run": 24, "status": "degraded",
+    "degraded": "partition 2 missed 5 of 24 rounds (rounds 3-6, 9; last: node 77: its "
+                "node is no longer connected); more than max-missed-share=0.1 allows",
+    "final_acc": 0.86, "best_acc": 0.8861, "best_round": 20, "mean_last10_acc": 0.86444,
+    "mean_last10_rounds": 10, "accuracy_source": "server test set",
+    "federated_final_acc": 0.7, "federated_best_acc": 0.75, "federated_best_round": 12,
+    "federated_mean_last10_acc": 0.71, "federated_mean_last10_rounds": 10,
+    "t_e": 14, "A_max": 0.80961, "phase_2_guard": "on", "guard_restored_round": 19,
+    "guard_ended_at": 24, "guard_fell_back_at": None,
+    "client_failures": 2, "rejected_replies": 0, "federated_failures": 0,
+    "federated_rejected": 1, "missed_rounds": {"2": [3, 4, 5, 6, 9]},
+    "missed_evaluations": {"2": [3, 4]}, "notes": ["a note in plain words"],
+    "wall_time_s": 754.3, "machine": {"cpu": "x86"}, "out_dir": "/srv/runs/r1",
+}
+
+
+def test_the_summary_is_told_in_a_few_lines(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / FILE).write_bytes(PNG)
+    assert run_report(json.loads((tmp_path / "summary.json").read_text()), tmp_path) == [
+        "fedefc on mnist-embedded, seed 3: DEGRADED after 24 of 40 rounds in 12 min 34 s",
+        f"  degraded: {SUMMARY['degraded']}",
+        "  accuracy (server test set): final 0.8600 | best 0.8861 (round 20) | mean of last "
+        "10 rounds 0.8644",
+        "  federated accuracy (the nodes' held-out data): final 0.7000 | best 0.7500 (round "
+        "12) | mean of last 10 rounds 0.7100",
+        "  T_e 14 (A_max 0.8096), phase 2 from round 15; phase-2 guard: restored the model "
+        "of round 19 and ended the run after round 24",
+        "  sites missing: partition 2 missed 5 rounds (3-6, 9)",
+        "  federated evaluations missed: partition 2 2 (3-4)",
+        "  2 client failures, 1 refused federated evaluations (reasons: metrics.jsonl)",
+        "  note: a note in plain words",
+        f"  files: {tmp_path} (summary.json, metrics.jsonl, curves.png, ...)"]
+
+
+def test_a_failed_run_says_why_and_a_plain_one_has_no_guard_or_absences():
+    failed = run_report({"method": "fedavg", "dataset": "npz", "seed": 0, "rounds": 5,
+                         "rounds_run": 1, "status": "failed", "wall_time_s": 3.04,
+                         "failure": "round 1: no node trained", "notes": [],
+                         "out_dir": "/nowhere/r"})
+    assert failed == ["fedavg on npz, seed 0: FAILED after 1 of 5 rounds in 3.0 s",
+                      "  why: round 1: no node trained", "  files: /nowhere/r"]
+    assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_fell_back_at": 9}) == (
+        "phase-2 guard: fell back to cross-entropy after round 9, then kept phase 2 to the "
+        "end")
+    assert guard_verdict({"phase_2_guard": "on", "t_e": None}) == (
+        "phase-2 guard: no phase 2 to judge")
+    never = run_report({"status": "completed", "t_e": None, "phase_2_guard": "off"})
+    assert never[1] == ("  T_e none: the run never left phase 1 (it trained as FedAvg); "
+                        "phase-2 guard off")
+
+
+def test_fetch_ends_with_the_few_lines_not_json(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "metrics.jsonl", "model.pt"):
+        (run / name).write_text("{}")
+    (run / "summary.json").write_text(json.dumps(SUMMARY))
+    assert main(["deploy", "fetch", str(run), str(tmp_path / "here")]) == 3
+    out = capsys.readouterr().out
+    assert out.splitlines()[1:] == run_report(SUMMARY, tmp_path / "here")
+    assert "{" not in out
+
+
+# -- the picture ----------------------------------------------------------------------------
+def hand_written_records() -> list[dict]:
+    """Six rounds of a FedEFC run with the guard: T_e = 2; the guard's verdicts on rounds
+    4 (not better), 5 (a new best) and 6 (not better); partition 1 missed round 3."""
+    recs = [{"round": 0, "test_acc": 0.10, "federated_acc": 0.12, "A_max": 0.0,
+             "t_e": None, "guard_best_round": None, "guard_worse": 0, "n_clients": 0}]
+    a = {1: 0.40, 2: 0.35, 3: 0.50, 4: 0.45, 5: 0.60, 6: 0.55}
+    best = {1: 1, 2: 1, 3: 3, 4: 3, 5: 5, 6: 5}
+    worse = {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 1}
+    for t in range(1, 7):
+        recs.append({"round": t, "test_acc": 0.1 * t, "federated_acc": 0.09 * t,
+                     "A": a[t], "A_max": 0.40, "t_e": 2 if t >= 2 else None,
+                     "phase": 1 if t <= 2 else 2, "guard_best_round": best[t],
+                     "guard_worse": worse[t],
+                     "partition_ids": [0, 2] if t == 3 else [0, 1, 2],
+                     **({"missing": [{"partition": 1, "node": "n1", "reason": "left"}]}
+                        if t == 3 else {})})
+    return recs
+
+
+def test_the_pictures_series_are_the_records(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in hand_written_records()))
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    data = series(recs)
+    assert data.rounds == list(range(7))
+    assert data.test_acc == [0.10, *(0.1 * t for t in range(1, 7))]
+    assert data.federated_acc == [0.12, *(0.09 * t for t in range(1, 7))]
+    assert data.a == {1: 0.40, 2: 0.35, 3: 0.50, 4: 0.45, 5: 0.60, 6: 0.55}
+    assert data.a_max == {t: 0.40 for t in range(1, 7)}
+    assert data.t_e == 2
+    # round 3's received model is phase 1's (T_e + 1): its new best is not a verdict
+    assert (data.guard_best, data.guard_worse) == ([5], [4, 6])
+    assert data.took_part == {t: [0, 2] if t == 3 else [0, 1, 2] for t in range(1, 7)}
+    assert data.missed == {t: [1] if t == 3 else [] for t in range(1, 7)}
+
+
+def test_curves_png_is_a_picture_of_sane_size(tmp_path):
+    summary = {"method": "fedefc", "dataset": "npz", "seed": 0, "status": "completed",
+               "final_acc": 0.6, "best_acc": 0.6, "best_round": 6,
+               "guard_restored_round": 5, "guard_ended_at": 6}
+    path = write_curves(tmp_path, hand_written_records(), summary, 3)
+    assert path == tmp_path / FILE
+    assert png_size(path) == (1000, 860)
+    assert 20_000 < path.stat().st_size < 400_000
+    # without A(t) (FedAvg) two panels; a failed run's records as far as they got
+    (tmp_path / "failed").mkdir()
+    failed = write_curves(tmp_path / "failed", [{"round": 0, "test_acc": 0.1}],
+                          {"status": "failed", "failure": "no node trained"}, 100)
+    assert png_size(failed) == (1000, 640)
+
+
+def test_a_picture_that_cannot_be_drawn_never_fails_the_run(tmp_path):
+    assert write_curves(tmp_path / "no such folder", hand_written_records(), {}, 3) is None
+
+
+# -- the progress line ----------------------------------------------------------------------
+def test_a_progress_line_follows_each_new_round_on_a_terminal_only():
+    now = iter([100.0, 104.0, 112.0, 124.0])
+    progress = RoundProgress(clock=lambda: next(now))
+    assert progress.after("INFO : [round 0/4] initial model: test acc 0.1") is None
+    assert progress.after("INFO : [round 1/4] 3 clients | test acc 0.5") == (
+        "fedefc: round 1 of 4 done, 4.0 s a round, about 12 s left")
+    assert progress.after("WARNING : [round 1/4] missed by partition 2") is None  # same round
+    assert progress.after("INFO : some other line") is None
+    assert progress.after("INFO : [round 2/4] 3 clients") == (
+        "fedefc: round 2 of 4 done, 6.0 s a round, about 12 s left")
+    assert progress.after("INFO : [round 4/4] 3 clients") == (
+        "fedefc: round 4 of 4 done, 6.0 s a round")
+    log = b"INFO : [round 0/2] x\nINFO : [round 1/2] y\nINFO : [round 2/2] z\n"
+    for terminal in (True, False):
+        out = io.BytesIO()
+        lines = copy_lines(io.BytesIO(log), out, terminal)
+        assert lines == log.decode().splitlines()  # what is parsed: the log alone
+        assert (b"fedefc: round 1 of 2 done" in out.getvalue()) == terminal
+        assert (b"fedefc: round 2 of 2 done" in out.getvalue()) == terminal
+    assert out.getvalue() == log  # a redirected log is the log, nothing added
