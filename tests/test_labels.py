@@ -14,7 +14,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import zipfile
 from collections import Counter
@@ -408,7 +407,7 @@ def test_a_served_image_is_the_samples_pixels(served):
 
 
 # -- a whole session in a real browser --------------------------------------------------------
-def chromium():
+def chromium(profile: Path):
     """Debian's headless Chromium under Selenium, its performance log on (every request
     the page makes); skips, saying what is missing, where it is not installed."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: "
@@ -422,7 +421,7 @@ def chromium():
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                 "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--window-size=1280,900",
-                f"--user-data-dir={tempfile.mkdtemp(prefix='fedefc-chromium-')}"):
+                f"--user-data-dir={profile}"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     return webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
@@ -451,10 +450,11 @@ def test_a_stewards_whole_session_in_chromium(tmp_path):
             break
     else:
         pytest.fail("fedefc labels printed no address: " + "".join(printed))
-    driver = chromium()
+    driver = chromium(tmp_path / "chromium-profile")
     wait = WebDriverWait(driver, 120)  # a wait until, never a measured duration
     body = (By.TAG_NAME, "body")
     clicks = {}  # row -> the label answered (None: skipped)
+    finished = False
     try:
         def ready():
             wait.until(lambda d: d.find_element(*body).get_attribute("data-ready") == "yes")
@@ -511,16 +511,15 @@ def test_a_stewards_whole_session_in_chromium(tmp_path):
         driver.find_element(By.ID, "write").click()
         wait.until(lambda d: d.find_element(By.ID, "done").is_displayed())
         done = driver.find_element(By.ID, "done-text").text
+        finished = True
         driver.save_screenshot(str(tmp_path / "done.png"))
         requests = [json.loads(entry["message"])["message"]
                     for entry in driver.get_log("performance")]
     finally:
         driver.quit()
-        try:
-            rest = proc.communicate(timeout=120)[0]
-        except subprocess.TimeoutExpired:
+        if not finished:
             proc.kill()
-            rest = proc.communicate()[0]
+        rest = proc.communicate()[0]
     assert proc.returncode == 0, "".join(printed) + rest
     assert "wrote " + str(data) in rest and "3 correct, 2 corrected" in done
 
@@ -545,3 +544,50 @@ def test_a_stewards_whole_session_in_chromium(tmp_path):
     assert next(tmp_path.glob("site/*before-labels*")).read_bytes() == original
     assert stat.S_IMODE(data.stat().st_mode) == 0o600
     assert not progress_path(data).exists()
+
+
+def test_the_documented_session_prints_what_the_page_says(tmp_path, capsys):
+    """docs/OWN-DATA.md, "Checking labels in the browser": the first 300 of
+    scikit-learn's bundled digits with a class map of their names, 2 per class; the
+    page's answers: 18 correct, the 19th corrected to seven, the 20th skipped. What the
+    command prints is the page's two blocks (paths, port, token and time aside)."""
+    from sklearn.datasets import load_digits
+
+    from tests.test_own_data_docs import DOC, section
+
+    shown = re.findall(r"```\n(fedefc labels: .*?)```",
+                       section(DOC.read_text(), "Checking labels in the browser"), re.S)
+    digits = load_digits()
+    folder = tmp_path / "prepared"
+    write_images(folder, digits.target[:300], classes=None)
+    np.savez(folder / "data.npz", images=(digits.images[:300] * 15).astype(np.uint8),
+             labels=digits.target[:300])
+    names = "zero one two three four five six seven eight nine".split()
+    (folder / "classes.json").write_text(json.dumps({n: i for i, n in enumerate(names)}))
+    (folder / "data.npz").chmod(0o600)
+    code = []
+    command = threading.Thread(target=lambda: code.append(main(
+        ["labels", str(folder / "data.npz"), "--per-class", "2", "--port", "0"])))
+    command.start()
+    printed = ""
+    while "http://" not in printed or not printed.endswith("continue\n"):
+        command.join(0.05)  # until the command has printed its address
+        printed += capsys.readouterr().out
+    host, token = re.search(r"http://(127\.0\.0\.1:\d+)/([^/]+)/", printed).groups()
+    answers = [{"verdict": "correct"}] * 18 + [{"verdict": "class", "label": 7},
+                                                {"verdict": "skipped"}]
+    conn = http.client.HTTPConnection(host)
+    for index, answer in enumerate(answers):
+        conn.request("POST", f"/{token}/api/answer", json.dumps({"index": index, **answer}),
+                     {"Content-Type": "application/json"})
+        assert conn.getresponse().read()
+    conn.request("POST", f"/{token}/api/finish", "{}", {"Content-Type": "application/json"})
+    assert conn.getresponse().status == 200
+    command.join()
+    printed += capsys.readouterr().out
+    assert code == [0]
+    printed = re.sub(r"(127\.0\.0\.1:|-L |:127\.0\.0\.1:)\d+", r"\g<1>8765",
+                     printed.replace(str(folder), "/data/prepared").replace(token,
+                                                                           "IP2MaLUgJU26XrPXOegwMw"))
+    printed = re.sub(r"before-labels-\d{8}T\d{6}Z", "before-labels-20261204T204021Z", printed)
+    assert printed.splitlines() == "".join(shown).splitlines()
