@@ -395,15 +395,18 @@ class Session:
         self.written: Written | None = None
 
     def state(self) -> dict:
+        """What the page shows: the classes, every sample drawn with its observed label,
+        its answer and (feature vectors) its features, and the counts."""
         p, y = self.progress, self.site.samples.y
-        samples = [{"row": r, "observed": int(y[r]), "answer": p.answers.get(r)}
-                   for r in p.rows]
+        with self.lock:
+            samples = [{"row": r, "observed": int(y[r]), "answer": p.answers.get(r)}
+                       for r in p.rows]
+            counts = p.counts()
         if self.site.kind == "features":
             for s in samples:
                 s["features"] = [float(f"{v:.6g}") for v in self.site.samples.x[s["row"]]]
         return {"data": str(self.site.path), "kind": self.site.kind,
-                "classes": self.site.classes, "samples": samples, "counts": p.counts(),
-                "finished": self.written is not None}
+                "classes": self.site.classes, "samples": samples, "counts": counts}
 
     def answer(self, body: dict) -> dict:
         """Record ``body`` = {"index": i, "verdict": "correct" | "skipped" | "class" |
@@ -607,29 +610,18 @@ def cmd_labels(args: argparse.Namespace) -> int:
     return 0
 
 
-def per_class_count(text: str) -> int:
-    """``--per-class``: a whole number >= 1 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1; give how many "
-                                         "samples of each class to check, e.g. 10")
-    return value
-
-
-def port_number(text: str) -> int:
-    """``--port``: 0..65535 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port; give a number from 1024 to "
-                                         f"65535 (default {DEFAULT_PORT}), or 0 for any free "
-                                         "port")
-    return value
+def whole_number(low: int, high: int, fix: str):
+    """An argparse type: a whole number from ``low`` to ``high``, or an error naming the
+    value and ``fix``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} {fix}")
+        return value
+    return parse
 
 
 def loopback(text: str) -> str:
@@ -649,7 +641,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                         "and mark them verified (docs/OWN-DATA.md)")
     cmd.add_argument("data", metavar="DATA",
                      help="the node's .npz (e.g. the data.npz fedefc data wrote)")
-    cmd.add_argument("--per-class", type=per_class_count, default=None, metavar="N",
+    per_class = whole_number(1, 1_000_000, "is not a whole number >= 1; give how many "
+                             "samples of each class to check, e.g. 10")
+    port = whole_number(0, 65535, f"is not a port; give a number from 1024 to 65535 "
+                        f"(default {DEFAULT_PORT}), or 0 for any free port")
+    cmd.add_argument("--per-class", type=per_class, default=None, metavar="N",
                      help=f"samples of each observed class to check (default "
                           f"{DEFAULT_PER_CLASS}; a check in progress keeps its own)")
     cmd.add_argument("--seed", type=int, default=None,
@@ -660,7 +656,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmd.add_argument("--num-classes", type=int, default=0, metavar="K",
                      help="without a class map: offer classes 0..K-1 (default: up to the "
                           "largest label)")
-    cmd.add_argument("--port", type=port_number, default=DEFAULT_PORT,
+    cmd.add_argument("--port", type=port, default=DEFAULT_PORT,
                      help="the page's port on 127.0.0.1 (default %(default)s; 0: any free)")
     cmd.add_argument("--host", type=loopback, default=HOST,
                      help=f"{HOST} only: the page shows private data (default %(default)s)")
