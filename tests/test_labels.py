@@ -570,9 +570,10 @@ def test_the_documented_session_prints_what_the_page_says(tmp_path, capsys):
         ["labels", str(folder / "data.npz"), "--per-class", "2", "--port", "0"])))
     command.start()
     printed = ""
-    while "http://" not in printed or not printed.endswith("continue\n"):
+    while command.is_alive() and not printed.endswith("continue\n"):
         command.join(0.05)  # until the command has printed its address
         printed += capsys.readouterr().out
+    assert command.is_alive(), printed + capsys.readouterr().err
     host, token = re.search(r"http://(127\.0\.0\.1:\d+)/([^/]+)/", printed).groups()
     answers = [{"verdict": "correct"}] * 18 + [{"verdict": "class", "label": 7},
                                                 {"verdict": "skipped"}]
