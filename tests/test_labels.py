@@ -6,6 +6,7 @@ with ``validation-labels = "verified"``, and a whole session in a real browser
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -326,18 +327,24 @@ def test_a_port_in_use_is_refused_before_anything_is_written(tmp_path, capsys):
 
 
 # -- the server ------------------------------------------------------------------------------
-@pytest.fixture
-def served(tmp_path):
-    """The page's server on a free port, in a thread, over a check of 3 x 2 samples."""
-    data = write_images(tmp_path, [0, 1, 2] * 4)
+@contextlib.contextmanager
+def serving(data: Path):
+    """The page's server on a free port, in a thread, over a check of 2 per class."""
     site = load_site(data)
     server = labels.bind(0)
     server.session = Session(site, open_progress(site, 2, 0)[0], False)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    with serving(write_images(tmp_path, [0, 1, 2] * 4)) as server:
+        yield server
 
 
 def request(server, method: str, path: str, body=None, host: str | None = None):
@@ -592,3 +599,16 @@ def test_the_documented_session_prints_what_the_page_says(tmp_path, capsys):
                                                                            "IP2MaLUgJU26XrPXOegwMw"))
     printed = re.sub(r"before-labels-\d{8}T\d{6}Z", "before-labels-20261204T204021Z", printed)
     assert printed.splitlines() == "".join(shown).splitlines()
+
+
+def test_feature_rows_are_shown_as_their_values_and_have_no_image(tmp_path):
+    data = tmp_path / "data.npz"
+    features = np.arange(30, dtype=np.float32).reshape(10, 3) / 7
+    np.savez(data, features=features, labels=np.array([0, 1] * 5))
+    with serving(data) as server:
+        state = json.loads(request(server, "GET", f"/{server.token}/api/state")[2])
+        assert request(server, "GET", f"/{server.token}/image/0.png")[0] == 404
+    assert state["kind"] == "features" and state["classes"] == ["0", "1"]
+    assert len(state["samples"]) == 4
+    for sample in state["samples"]:
+        np.testing.assert_allclose(sample["features"], features[sample["row"]], rtol=1e-5)
