@@ -612,3 +612,18 @@ def test_feature_rows_are_shown_as_their_values_and_have_no_image(tmp_path):
     assert len(state["samples"]) == 4
     for sample in state["samples"]:
         np.testing.assert_allclose(sample["features"], features[sample["row"]], rtol=1e-5)
+
+
+def test_class_names_come_from_the_map_beside_the_data_or_are_the_indices(tmp_path):
+    data = write_images(tmp_path, [0, 1, 2, 1])
+    assert load_site(data).classes == ["cat", "dog", "bird"]
+    (tmp_path / "classes.json").unlink()
+    assert load_site(data).classes == ["0", "1", "2"]
+    assert load_site(data, num_classes=5).classes == ["0", "1", "2", "3", "4"]
+    small = tmp_path / "two.json"
+    small.write_text('{"cat": 0, "dog": 1}')
+    with pytest.raises(LabelsError, match="DATA holds label 2, but the class map .*two.json' "
+                                          "names 2 classes"):
+        load_site(data, small)
+    with pytest.raises(LabelsError, match="--num-classes=5 but the class map"):
+        load_site(data, small, num_classes=5)
