@@ -363,6 +363,10 @@ def describe(written: Written, classes: list[str]) -> str:
              f"{written.verified_before} before)"]
     lines += [f"  row {r}: label {old} ({classes[old]}) -> {new} ({classes[new]})"
               for r, old, new in written.corrected]
+    if written.verified_after == written.size:
+        lines.append("  WARNING: every sample is verified now, and a run with "
+                     "validation-labels=verified trains on none of its verified samples: it "
+                     "refuses this file; restore the backup and check fewer per class")
     lines += [f"  the original, unchanged: {written.backup}",
               "the run: --set validation-labels=verified (with accuracy-signal=held-out, "
               "which auto chooses where every client trains every round): a node holding "

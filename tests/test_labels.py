@@ -215,6 +215,10 @@ def test_a_second_backup_never_replaces_the_first_and_compression_is_kept(tmp_pa
     written = write_checked(site, progress, stamp="S")
     assert first.read_bytes() == b"an older backup"
     assert written.backup == tmp_path / "data.before-labels-S-2.npz"
+    assert "WARNING" not in describe(written, site.classes)
+    site, progress = answered(data, {i: ("correct", None) for i in range(7)}, per_class=4)
+    assert "WARNING: every sample is verified now" in describe(write_checked(site, progress),
+                                                               site.classes)
     with zipfile.ZipFile(data) as zf:
         assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
 
