@@ -43,7 +43,7 @@ from flwr.server.compat import start_grid
 from flwr.serverapp.grid import Grid
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from common.config import OWN_DATASETS, ConfigError, RunConfig, group_size
+from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
@@ -125,13 +125,11 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
                 num_classes=task.num_classes)
     simulation = is_simulation(grid)
-    if cfg.stacked_clients not in (0, "auto") and not simulation:
+    if cfg.stacked_clients and not simulation:
         raise ConfigError(
             f"stacked-clients={cfg.stacked_clients} sends a simulation's clients to one node "
             "in groups; in a deployment each node holds its own data and trains it alone: "
             "set stacked-clients=0")
-    # from here on the group size is a number (what config.json and a checkpoint hold)
-    cfg = cfg.model_copy(update={"stacked_clients": group_size(cfg, simulation)})
     if (simulation and rule.max_private is None and not coordinator_test_set_only(cfg)):
         # Flower's simulated nodes serve partitions of the run's data: the plan bounds them
         rule = SizeRule.for_run(cfg, data_plan(cfg))
