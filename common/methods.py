@@ -35,7 +35,6 @@ from .config import (
     RunConfig,
     accuracy_signal_mode,
     config_differences,
-    group_size,
     parse_run_config,
     phase_2_guard_mode,
     q_estimator_mode,
@@ -292,8 +291,7 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     one; ``prestopping-min-gain`` by its setting where a share is kept (0 without one;
     a recorded run whose T_e another setting leaves unchanged is that setting's run too,
     which only its records can tell: ``fedefc_server/prestopping_replay.py``);
-    ``stacked-clients`` by the group size it gives a simulation on this machine (a run
-    records the number: ``fedefc_server/server_app.py``); ``twin-model`` by whether the
+    ``twin-model`` by whether the
     clients trained a twin (docs/FEDEFC.md §3.8)."""
     defaults = default_config()
     return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
@@ -319,12 +317,14 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
     kept = keeps_share(method, signal)
     entry = METHODS.get(method)
     groups, twin = given("stacked-clients"), given("twin-model")
-    if "auto" in (groups, twin):  # read, not validated: a stored config is compared as is
+    if twin == "auto":  # read, not validated: a stored config is compared as is
         cfg = RunConfig.model_construct(**{k.replace("-", "_"): v for k, v in {
-            **defaults, **config, "stacked-clients": groups, "twin-model": twin}.items()})
-        groups, twin = group_size(cfg), twin_mode(cfg)
+            **defaults, **config, "twin-model": twin}.items()})
+        twin = twin_mode(cfg)
     return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
-            "stacked-clients": int(groups), "twin-model": twin,
+            # "auto" (before 0 became the default) is in the configs of plain loops only,
+            # which train one client at a time; a run recorded the number it used
+            "stacked-clients": 0 if groups == "auto" else int(groups), "twin-model": twin,
             "q-pooling": pooling_used(method, pooling),
             "q-estimator": estimator_used(method, estimator),
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",

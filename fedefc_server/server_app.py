@@ -45,7 +45,7 @@ from flwr.serverapp.grid import Grid
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from torch import nn
 
-from common.config import OWN_DATASETS, ConfigError, RunConfig, group_size
+from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
@@ -139,15 +139,13 @@ def data_source(cfg: RunConfig) -> DataSource:
     return DataSource(task, info, evaluator, rule, text)
 
 
-def with_group_size(cfg: RunConfig, simulation: bool) -> RunConfig:
-    """``cfg`` with ``stacked-clients`` as a number (what config.json and a checkpoint
-    hold); a group size in a deployment is refused (each node trains its own data)."""
-    if cfg.stacked_clients not in (0, "auto") and not simulation:
+def refuse_groups_in_deployment(cfg: RunConfig, simulation: bool) -> None:
+    """A group size in a deployment is refused (each node trains its own data)."""
+    if cfg.stacked_clients and not simulation:
         raise ConfigError(
             f"stacked-clients={cfg.stacked_clients} sends a simulation's clients to one node "
             "in groups; in a deployment each node holds its own data and trains it alone: "
             "set stacked-clients=0")
-    return cfg.model_copy(update={"stacked_clients": group_size(cfg, simulation)})
 
 
 @dataclass(frozen=True)
@@ -232,7 +230,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     configure_threads(cfg.client_threads)
     source = data_source(cfg)
     simulation = is_simulation(grid)
-    cfg = with_group_size(cfg, simulation)
+    refuse_groups_in_deployment(cfg, simulation)
     admitted = admission_for(cfg, simulation, source.rule)
     model = initial_model(cfg, source.task)
     init = paired(get_weights(model)) if cfg.twinned else get_weights(model)
