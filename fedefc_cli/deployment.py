@@ -52,6 +52,7 @@ from common.errors import ConfigError
 from common.results import atomic_write_json
 
 from .app_signing import SigningKeyError
+from .end_of_run import tell_run
 from .errors import EXIT_DEGRADED, LaunchError, UsageError
 from .flower import (
     RunOutcome,
@@ -778,13 +779,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
               f"{superlink_lost_text(args.connection, gone.when, cfg.out_dir)}",
               file=sys.stderr)
         return 1
+    tell_run(cfg.out_dir)
     if outcome.degraded:
         print(f"fedefc deploy: run {outcome.run_id} completed DEGRADED: {outcome.degradation}."
               f"\nIts model and summary are in {cfg.out_dir} on the SuperLink machine; the "
               "summary's missed_rounds lists, per partition, the rounds it missed, and each "
               "round's record in metrics.jsonl says why (missing). Whole log: flwr log "
               f"{outcome.run_id} {args.connection}", file=sys.stderr)
-        tell_run(Path(cfg.out_dir))
         return EXIT_DEGRADED
     if not outcome.completed:
         print(f"fedefc deploy: {explain_failure(outcome, cfg.out_dir, args.connection)}",
@@ -793,20 +794,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     print(f"run {outcome.run_id}: {outcome.status}; results in {cfg.out_dir} on the SuperLink "
           "machine (its SUMMARY line above counts client failures and rejected replies; "
           f"bring them here with: fedefc deploy fetch HOST:{cfg.out_dir} LOCAL_DIR)")
-    tell_run(Path(cfg.out_dir))
     return 0
 
 
 RESULT_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.pt")
-
-
-def tell_run(out_dir: Path) -> None:
-    """The run in ``out_dir`` told in a few lines (:func:`fedefc_server.summary.run_report`;
-    the whole summary stays in its summary.json), where that folder is on this machine."""
-    if not (out_dir / "summary.json").is_file():
-        return
-    from fedefc_server.summary import run_report  # lazy: torch, 1.9 s of CPU
-    print("\n".join(run_report(json.loads((out_dir / "summary.json").read_text()), out_dir)))
 
 
 def _is_remote(source: str) -> bool:
@@ -841,10 +832,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         summary = json.loads((dest / "summary.json").read_text())
     print(f"fetched {args.source} -> {dest}: "
           f"{', '.join(sorted(p.name for p in dest.iterdir()))}")
+    tell_run(dest)
     if summary.get("status") == "failed":
         print(f"fedefc deploy: the run FAILED: {summary.get('failure', 'no reason recorded')}",
               file=sys.stderr)
-        tell_run(dest)
         return 1
     if summary.get("status") == "degraded":
         print(f"fedefc deploy: the run is DEGRADED: {summary.get('degraded')}",
@@ -854,7 +845,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
               "still run, or have failed before writing them; see flwr log RUN_ID)",
               file=sys.stderr)
         return 1
-    tell_run(dest)
     return EXIT_DEGRADED if summary.get("status") == "degraded" else 0
 
 

@@ -187,19 +187,22 @@ def _figures(summary: dict[str, Any], prefix: str = "") -> str:
 
 
 def guard_verdict(summary: dict[str, Any]) -> str:
-    """What the phase-2 guard (docs/FEDEFC.md §3.4) decided, in words."""
+    """What the phase-2 guard (docs/FEDEFC.md §3.4; its fallback §3.7) decided, in
+    words."""
     if summary.get("phase_2_guard") != "on":
         return "phase-2 guard off"
     fell = summary.get("guard_fell_back_at")
-    first = f"fell back to cross-entropy after round {fell}, then " if fell is not None else ""
+    first = (f"restored its best model after round {fell} and went on with cross-entropy, "
+             "then " if fell is not None else "")
     if summary.get("guard_ended_at") is not None:
         return (f"phase-2 guard: {first}restored the model of round "
                 f"{summary.get('guard_restored_round')} and ended the run after round "
                 f"{summary['guard_ended_at']}")
+    if fell is not None:
+        return f"phase-2 guard: {first}kept that training to the end"
     if summary.get("t_e") is None:
         return "phase-2 guard: no phase 2 to judge"
-    return (f"phase-2 guard: {first}kept phase 2 to the end" if first else
-            "phase-2 guard: kept phase 2 to the end")
+    return "phase-2 guard: kept phase 2 to the end"
 
 
 def _sites(summary: dict[str, Any]) -> list[str]:

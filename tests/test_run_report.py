@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 
 from common.durations import duration_text
-from fedefc_cli.flower import copy_lines
+from fedefc_cli.flower import copy_lines, to_terminal
 from fedefc_cli.main import main
 from fedefc_cli.progress import RoundProgress
 from fedefc_server.curves import FILE, series, write_curves
-from fedefc_server.summary import guard_verdict, run_report
+from common.methods import load_run_config
+from common.results import RunRecorder
+from fedefc_server import curves
+from fedefc_server.summary import RunFacts, build_summary, guard_verdict, run_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -91,13 +94,54 @@ def test_a_failed_run_says_why_and_a_plain_one_has_no_guard_or_absences():
     assert failed == ["fedavg on npz, seed 0: FAILED after 1 of 5 rounds in 3.0 s",
                       "  why: round 1: no node trained", "  files: /nowhere/r"]
     assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_fell_back_at": 9}) == (
-        "phase-2 guard: fell back to cross-entropy after round 9, then kept phase 2 to the "
-        "end")
+        "phase-2 guard: restored its best model after round 9 and went on with "
+        "cross-entropy, then kept that training to the end")
+    assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_fell_back_at": 9,
+                          "guard_restored_round": 11, "guard_ended_at": 14}) == (
+        "phase-2 guard: restored its best model after round 9 and went on with "
+        "cross-entropy, then restored the model of round 11 and ended the run after round "
+        "14")
+    assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_ended_at": None}) == (
+        "phase-2 guard: kept phase 2 to the end")
     assert guard_verdict({"phase_2_guard": "on", "t_e": None}) == (
         "phase-2 guard: no phase 2 to judge")
     never = run_report({"status": "completed", "t_e": None, "phase_2_guard": "off"})
     assert never[1] == ("  T_e none: the run never left phase 1 (it trained as FedAvg); "
                         "phase-2 guard off")
+
+
+def test_the_few_lines_tell_the_records_figures(tmp_path):
+    """From a run's records to its few lines through the recorder and build_summary that
+    a run uses; every figure recomputed here from the accuracies by hand."""
+    test_acc = [0.10, 0.42, 0.55, 0.61, 0.60, 0.66, 0.71, 0.69, 0.74, 0.73, 0.77, 0.75,
+                0.76]  # rounds 0-12
+    recorder = RunRecorder(tmp_path / "run", {"rounds": 12})
+    for t, acc in enumerate(test_acc):
+        recorder.write_round({"round": t, "test_acc": acc, **(
+            {"partition_ids": [0, 2], "missing": [{"partition": 1, "node": "n1",
+                                                    "reason": "gone"}]}
+            if t in (7, 8) else {"partition_ids": [0, 1, 2]} if t else {})})
+    cfg = load_run_config({"num-clients": 3, "fraction": 1.0, "rounds": 12,
+                           "max-missed-share": 0.5})
+    facts = RunFacts({}, {"t_e": 5, "A_max": 0.6543, "phase_2_guard": "on",
+                          "guard_restored_round": None, "guard_ended_at": None,
+                          "guard_fell_back_at": None}, wall_time_s=83.0)
+    summary = recorder.write_summary(build_summary(cfg, recorder.rounds, facts))
+    lines = run_report(summary)
+    trained = test_acc[1:]
+    last10 = sum(trained[-10:]) / 10  # rounds 3-12
+    best = max(trained)
+    assert lines[0] == (f"fedefc on {cfg.dataset}, seed {cfg.seed}: completed after 12 of 12 "
+                        "rounds in 83 s")
+    assert lines[1] == (f"  accuracy (server test set): final {trained[-1]:.4f} | best "
+                        f"{best:.4f} (round {trained.index(best) + 1}) | mean of last 10 "
+                        f"rounds {last10:.4f}")
+    assert lines[2] == ("  T_e 5 (A_max 0.6543), phase 2 from round 6; phase-2 guard: kept "
+                        "phase 2 to the end")
+    assert lines[3] == "  sites missing: partition 1 missed 2 rounds (7-8)"
+    assert lines[-1] == (f"  files: {tmp_path / 'run'} (summary.json, metrics.jsonl, "
+                         "config.json, ...)")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_run"] == 12
 
 
 def test_fetch_ends_with_the_few_lines_not_json(tmp_path, capsys):
@@ -164,6 +208,16 @@ def test_curves_png_is_a_picture_of_sane_size(tmp_path):
     assert png_size(failed) == (1000, 640)
 
 
+def test_write_curves_draws_the_records_series(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(curves, "draw", lambda *args: drawn.append(args))
+    summary = {"status": "completed"}
+    assert write_curves(tmp_path, hand_written_records(), summary, 3) == tmp_path / FILE
+    [(data, told, partitions, path)] = drawn
+    assert data == series(hand_written_records())
+    assert (told, partitions, path) == (summary, 3, tmp_path / FILE)
+
+
 def test_a_picture_that_cannot_be_drawn_never_fails_the_run(tmp_path):
     assert write_curves(tmp_path / "no such folder", hand_written_records(), {}, 3) is None
 
@@ -189,3 +243,10 @@ def test_a_progress_line_follows_each_new_round_on_a_terminal_only():
         assert (b"fedefc: round 1 of 2 done" in out.getvalue()) == terminal
         assert (b"fedefc: round 2 of 2 done" in out.getvalue()) == terminal
     assert out.getvalue() == log  # a redirected log is the log, nothing added
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_progress_line_is_for_a_terminal_stdout_only(monkeypatch, tty):
+    monkeypatch.setattr("sys.stdout", type("Out", (), {"isatty": lambda self: tty})())
+    assert to_terminal(None) is tty
+    assert to_terminal(io.BytesIO()) is False  # a log file given: never
