@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from common.durations import duration_text
-from fedefc_cli.flower import copy_lines, to_terminal
+from fedefc_cli import deployment
+from fedefc_cli.flower import RunOutcome, copy_lines, to_terminal
 from fedefc_cli.main import main
 from fedefc_cli.progress import RoundProgress
 from fedefc_server.curves import FILE, series, write_curves
@@ -154,6 +155,30 @@ def test_fetch_ends_with_the_few_lines_not_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[1:] == run_report(SUMMARY, tmp_path / "here")
     assert "{" not in out
+
+
+@pytest.mark.parametrize("status, code", [("finished:completed", 0),
+                                          ("finished:failed", 1)])
+def test_submit_ends_with_the_few_lines_where_the_out_dir_is_here(monkeypatch, capsys,
+                                                                  tmp_path, status, code):
+    """No SuperLink: Flower's part of submit is replaced by its outcome, the out-dir
+    written as the ServerApp would (on this machine, as in the one-machine quick start)."""
+    out_dir = tmp_path / "r"
+    out_dir.mkdir()
+    told = {**SUMMARY, "degraded": None, "out_dir": str(out_dir), **(
+        {"status": "completed"} if code == 0 else
+        {"status": "failed", "failure": "round 25: no node trained"})}
+    (out_dir / "summary.json").write_text(json.dumps(told))
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: RunOutcome("42", status, None))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={out_dir}"]) == code
+    out = capsys.readouterr().out
+    assert "\n".join(run_report(told, out_dir)) in out
+    assert "{" not in out
+    (out_dir / "summary.json").unlink()  # submitted from another machine: nothing to tell
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={out_dir}"]) == code
+    assert "accuracy" not in capsys.readouterr().out
 
 
 # -- the picture ----------------------------------------------------------------------------
