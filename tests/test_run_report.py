@@ -157,6 +157,18 @@ def test_fetch_ends_with_the_few_lines_not_json(tmp_path, capsys):
     assert "{" not in out
 
 
+def test_fedefc_run_ends_with_the_few_lines_not_json(monkeypatch, capsys, tmp_path):
+    """No Flower: the job is replaced by the summary it would return (a degraded one)."""
+    from fedefc_cli import simulation
+    told = {**SUMMARY, "out_dir": str(tmp_path / "r")}
+    monkeypatch.setattr(simulation, "preflight_in_child", lambda cfg: None)
+    monkeypatch.setattr(simulation, "run_simulation_job", lambda *a, **k: told)
+    assert main(["run", "--out-dir", str(tmp_path / "r")]) == 3
+    out = capsys.readouterr().out
+    assert out.splitlines()[-len(run_report(told)):] == run_report(told)
+    assert "{" not in out
+
+
 @pytest.mark.parametrize("status, code", [("finished:completed", 0),
                                           ("finished:failed", 1)])
 def test_submit_ends_with_the_few_lines_where_the_out_dir_is_here(monkeypatch, capsys,
