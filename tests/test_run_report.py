@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from common.durations import duration_text
+from common.methods import load_run_config
+from common.results import RunRecorder
 from fedefc_cli import deployment
 from fedefc_cli.flower import RunOutcome, copy_lines, to_terminal
 from fedefc_cli.main import main
 from fedefc_cli.progress import RoundProgress
-from fedefc_server.curves import FILE, series, write_curves
-from common.methods import load_run_config
-from common.results import RunRecorder
 from fedefc_server import curves
+from fedefc_server.curves import FILE, series, write_curves
 from fedefc_server.summary import RunFacts, build_summary, guard_verdict, run_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
