@@ -234,13 +234,14 @@ def run_report(summary: dict[str, Any], folder: str | Path | None = None) -> lis
     status = str(summary.get("status", "completed"))
     done, planned = summary.get("rounds_run"), summary.get("rounds")
     took = summary.get("wall_time_s")
-    span = [f"{done} of {planned} rounds" if done is not None else f"{planned} rounds"
-            ] if planned is not None else []
+    recorded = " recorded" if status == "failed" else ""  # its last round may have failed
+    span = [f"{done} of {planned} rounds{recorded}" if done is not None else
+            f"{planned} rounds"] if planned is not None else []
     span += [duration_text(took)] if took is not None else []
     head = (f"{summary.get('method', 'the run')} on {summary.get('dataset', '?')}, seed "
             f"{summary.get('seed', '?')}: "
             f"{status if status == 'completed' else status.upper()}"
-            + (f" after {' in '.join(span)}" if span else ""))
+            + (f" {'with' if recorded else 'after'} {' in '.join(span)}" if span else ""))
     lines = [head]
     if status == "failed":
         lines.append(f"  why: {summary.get('failure', 'no reason recorded')}")

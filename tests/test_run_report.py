@@ -92,7 +92,7 @@ def test_a_failed_run_says_why_and_a_plain_one_has_no_guard_or_absences():
                          "rounds_run": 1, "status": "failed", "wall_time_s": 3.04,
                          "failure": "round 1: no node trained", "notes": [],
                          "out_dir": "/nowhere/r"})
-    assert failed == ["fedavg on npz, seed 0: FAILED after 1 of 5 rounds in 3.0 s",
+    assert failed == ["fedavg on npz, seed 0: FAILED with 1 of 5 rounds recorded in 3.0 s",
                       "  why: round 1: no node trained", "  files: /nowhere/r"]
     assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_fell_back_at": 9}) == (
         "phase-2 guard: restored its best model after round 9 and went on with "
