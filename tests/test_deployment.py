@@ -374,12 +374,16 @@ def test_quick_start_runs_as_documented(runs):
     assert qs["code"] == 0, qs["log"][-3000:]
     out = qs["out"]
     assert f"; results in {out} on the SuperLink machine" in qs["log"], qs["log"][-3000:]
+    # submit ends with the run in a few lines (issue 49), its picture beside the summary
+    assert f"  files: {out} (summary.json, metrics.jsonl, curves.png, model.pt" in qs["log"]
     assert re.search(r"run \d+: finished:completed", qs["log"])
     documented = int(re.search(r"PRESTOPPING POINT T_e = (\d+)",
                                section("Quick start")).group(1))
     assert f"PRESTOPPING POINT T_e = {documented}" in qs["log"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["t_e"] == documented and summary["rounds"] > documented
+    assert (f": completed after {summary['rounds_run']} of {summary['rounds']} rounds in "
+            in qs["log"])
     assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
     assert [r["phase"] for r in records(out)][-1] == 2
     assert qs["left"] == [], "the quick start's own stop line left processes running"
@@ -414,6 +418,8 @@ def test_tls_walkthrough_runs_as_documented(runs):
     assert f"fetched {home}/fedefc-runs/tls-1 -> {fetched}" in log
     assert (fetched / "model.pt").read_bytes() == \
         (home / "fedefc-runs" / "tls-1" / "model.pt").read_bytes()
+    assert (fetched / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"  files: {fetched} (summary.json, metrics.jsonl, curves.png, model.pt" in log
     summary = json.loads((fetched / "summary.json").read_text())
     assert summary["client_failures"] == 0 and summary["rejected_replies"] == 0
     # the ServerApp (its output is the run's log) and every node's ClientApps ran the
