@@ -45,15 +45,18 @@ mods around Flower's SecAgg+ client for the kinds inside the mask (before it mas
 :func:`corrupt_secure_reply`).
 
 The run-config key ``server-faults`` holds a dishonest server's modes, ``;``-separated
-``KIND`` or ``KIND@ROUNDS`` entries (every round without ROUNDS), applied by a wrapping
-grid below the project's ServerApp (``fedefc_server/dishonest.py``) to every message it
-sends:
+``KIND`` or ``KIND@ROUNDS`` entries (every round without ROUNDS; the kinds aimed at some
+nodes ``KIND@PIDS[@ROUNDS]``, PIDS the partitions of the nodes whose messages change),
+applied by a wrapping grid below the project's ServerApp (``fedefc_server/dishonest.py``)
+to every message it sends:
 
 | kind | the server ... |
 | --- | --- |
 | ``clip=F`` | sends ``clipping_norm = F`` in every training message's config |
 | ``secagg-threshold=N`` | sends SecAgg+ setups with a reconstruction threshold of N |
 | ``secagg-sample=N`` | sends SecAgg+ setups that say the round sums N clients |
+| ``secagg-max-weight=F@PIDS`` | sends the nodes of PIDS SecAgg+ setups with ``max_weight`` |
+|  | F (the isolation attack: F = 1e12 to every node but one) |
 | ``unmask-both`` | names the first active node dropped too in every unmask request |
 """
 
@@ -76,8 +79,11 @@ KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "sampl
          "secure-acc-set", "bad-shares", "bad-key", "self-share")
 FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set")
 INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
-SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "unmask-both")
-SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int}
+SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "secagg-max-weight",
+                "unmask-both")
+SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int,
+              "secagg-max-weight": float}
+AIMED = ("secagg-max-weight",)  # server kinds aimed at the nodes of some partitions
 
 
 class InjectedFault(RuntimeError):
@@ -135,9 +141,11 @@ class ServerFault:
     kind: str
     arg: str
     rounds: frozenset[int] | None
+    pids: frozenset[int] | None = None  # the partitions aimed at (None: every node)
 
-    def applies(self, server_round: int) -> bool:
-        return self.rounds is None or server_round in self.rounds
+    def applies(self, server_round: int, pid: int | None = None) -> bool:
+        return ((self.rounds is None or server_round in self.rounds)
+                and (self.pids is None or pid in self.pids))
 
 
 def parse_server_faults(text: str) -> list[ServerFault]:
@@ -146,24 +154,31 @@ def parse_server_faults(text: str) -> list[ServerFault]:
     for entry in filter(None, (e.strip() for e in text.split(";"))):
         parts = entry.split("@")
         kind, _, arg = parts[0].partition("=")
+        aimed = kind in AIMED
         try:
-            if kind not in SERVER_KINDS or len(parts) > 2 or bool(arg) != (kind in SERVER_ARG):
+            if (kind not in SERVER_KINDS or len(parts) > 2 + aimed or len(parts) < 1 + aimed
+                    or bool(arg) != (kind in SERVER_ARG)):
                 raise ValueError
             if kind in SERVER_ARG:
                 SERVER_ARG[kind](arg)
-            faults.append(ServerFault(kind, arg, _numbers(parts[1]) if len(parts) == 2
-                                      else None))
+            rounds = parts[1 + aimed] if len(parts) == 2 + aimed else None
+            faults.append(ServerFault(kind, arg, _numbers(rounds) if rounds else None,
+                                      _numbers(parts[1]) if aimed else None))
         except ValueError:
             raise ValueError(
                 f"server-faults entry {entry!r} is not KIND[@ROUNDS] with KIND one of "
                 f"{', '.join(SERVER_KINDS)} (clip=F, secagg-threshold=N, secagg-sample=N "
-                "take a value); e.g. server-faults=\"clip=1e9@1-3;secagg-threshold=1\"") from None
+                "take a value; secagg-max-weight=F@PIDS[@ROUNDS] a value and partitions); "
+                "e.g. server-faults=\"clip=1e9@1-3;secagg-threshold=1\"") from None
     return faults
 
 
-def server_fault(faults: list[ServerFault], kind: str, server_round: int) -> ServerFault | None:
-    """The first server fault of ``kind`` in ``server_round``, or None."""
-    return next((f for f in faults if f.kind == kind and f.applies(server_round)), None)
+def server_fault(faults: list[ServerFault], kind: str, server_round: int,
+                 pid: int | None = None) -> ServerFault | None:
+    """The first server fault of ``kind`` in ``server_round`` (for the node of partition
+    ``pid``, for the kinds aimed at some), or None."""
+    return next((f for f in faults if f.kind == kind and f.applies(server_round, pid)),
+                None)
 
 
 def before_training(faults: list[Fault], pid: int, server_round: int) -> None:

@@ -47,6 +47,7 @@ from flwr.supercore.differential_privacy import compute_clip_model_update, get_n
 
 from common import secure_prf
 from common.config import RunConfig
+from common.data_plan import data_plan, secure_weight
 from common.dp_accounting import epsilon
 from common.messages import FitConfig
 from common.methods import load_run_config
@@ -58,7 +59,7 @@ from common.update_bound import float_norms, norm_bound, rounding_slack, secure_
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
 from .scrub import exception_text, private_strings, scrub
-from .server_checks import bad_clipping_norm, bad_secagg_request
+from .server_checks import bad_clipping_norm, bad_secagg_request, bad_tail_scale
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 
@@ -123,8 +124,9 @@ def _refuse(msg: Message, ctxt: Context, reason: str) -> Message:
 def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Refuse a training message that asks for other privacy parameters than the run's
     and the node policy's (:mod:`.server_checks`): a DP clipping norm other than
-    ``dp-clip``, a SecAgg+ setup below the run's or the policy's minimums, an unmask
-    request for both secrets of a node. The reply is an error naming the value, the
+    ``dp-clip``, a SecAgg+ setup other than the run config's (below the policy's
+    minimum, or with another M: :func:`run_secure_weight`) or a tail scale other than
+    the run's, an unmask request for both secrets of a node. The reply is an error naming the value, the
     run's value and what an honest server sends; nothing of the message is run."""
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
@@ -133,11 +135,27 @@ def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
     if "fitins.config" in records:
         reason = bad_clipping_norm(dict(records["fitins.config"]), cfg)
     if reason is None and cfg.secure_aggregation and RECORD_KEY_CONFIGS in records:
-        reason = bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg, _policy(ctxt),
-                                    secure_range(cfg))
+        try:
+            weight = run_secure_weight(cfg)
+        except Exception as err:  # the run's data plan cannot be built on this node
+            reason = (f"this node cannot derive the run's secure weight bound M "
+                      f"({type(err).__name__}: the data plan's largest partition); the run "
+                      "must set max-client-samples")
+        else:
+            fit = dict(records.get("fitins.config", {}))
+            reason = (bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg,
+                                         _policy(ctxt), secure_range(cfg), weight)
+                      or bad_tail_scale(fit, secure_range(cfg), weight))
     if reason is None:
         return call_next(msg, ctxt)
     return _refuse(msg, ctxt, "this node refuses the message: " + reason)
+
+
+def run_secure_weight(cfg: RunConfig) -> int | None:
+    """M of the run (:func:`common.data_plan.secure_weight`), as this node derives it
+    from the run config: ``max-client-samples``, else the data plan's largest partition
+    (the plan every node of the run's dataset builds anyway, cached per process)."""
+    return secure_weight(cfg, None if cfg.max_client_samples else data_plan(cfg))
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:

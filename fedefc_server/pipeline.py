@@ -148,7 +148,7 @@ class RoundPipeline:
                             schema=self.schema, max_norm=max_norm,
                             reference=arrays if max_norm is not None else None,
                             norm_key=norm_key)
-        bound = max([1, *sizes.values()])
+        bound = self.registry.rule.secure_weight if self.secure else 1
         privacy = self.privacy_config(bound)
         instructions = [(serving[pid], FitIns(parameters, {
             **round_config(self.cfg, pid, server_round),

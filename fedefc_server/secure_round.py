@@ -48,9 +48,11 @@ What the project adds to Flower's workflow, in the grid the workflow talks to
 - **The sum is checked** (:mod:`.secure_sum`): :class:`CheckedSecAggPlus` reads the
   sum's weight total, which Flower's workflow divides by but does not pass on.
 
-SecAgg+'s ``max_weight`` (the sample count that weighs 1) is the largest size declared
-by the round's clients (the plan's ``weight_bound``), so no honest weight exceeds 1 and
-the weights use the quantizer's full range.
+SecAgg+'s ``max_weight`` (the sample count that weighs 1) is the run's M
+(:func:`common.data_plan.secure_weight`: ``max-client-samples``, else the data plan's
+largest partition), which no declaration may exceed: no honest weight exceeds 1, and
+every node derives the same M from the run config and refuses a setup with another
+(``fedefc_client/server_checks.py``).
 """
 
 from __future__ import annotations
