@@ -79,10 +79,23 @@ def test_a_policy_file_is_read_and_validated(tmp_path):
     ("require-secure-aggregation = ", 0o600, "is not valid TOML"),
     ("max-rounds = 5", 0o666, "is writable by others than its owner (mode 0666)"),
     ("max-rounds = 5", 0o620, "chmod go-w"),
+    ("max-epsilon = inf", 0o600, "max-epsilon = inf: Input should be a finite number"),
+    ("min-dp-noise-multiplier = nan", 0o600, "Input should be a finite number"),
+    ("require-secure-aggregation = 'yes'", 0o600,
+     "require-secure-aggregation = 'yes': Input should be a valid boolean"),
+    ("require-secure-aggregation = 1", 0o600,
+     "require-secure-aggregation = 1: Input should be a valid boolean"),
+    ("allow-faults = \"false\"", 0o600, "allow-faults = 'false': Input should be a valid "
+                                        "boolean"),
+    ("max-epsilon = \"10\"", 0o600, "max-epsilon = '10': Input should be a valid number"),
+    ("max-rounds = 5.0", 0o600, "max-rounds = 5.0: Input should be a valid integer"),
 ], ids=["typo", "negative", "type", "method", "relative-dir", "delta", "toml",
-        "world-writable", "group-writable"])
+        "world-writable", "group-writable", "infinite-epsilon", "nan", "yes", "one",
+        "string-bool", "string-number", "float-integer"])
 def test_a_bad_policy_file_is_refused_naming_the_key_and_the_fix(tmp_path, text, mode,
                                                                  message):
+    """Issue 47 (4): at 550afb3 ``max-epsilon = inf`` read as no bound and ``'yes'`` or
+    ``1`` as true; every value is now strict and finite, failing closed."""
     path = write_policy(tmp_path / "policy.toml", text, mode)
     with pytest.raises(PolicyError) as err:
         load_policy(path)
