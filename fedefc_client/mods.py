@@ -126,8 +126,9 @@ def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
     and the node policy's (:mod:`.server_checks`): a DP clipping norm other than
     ``dp-clip``, a SecAgg+ setup other than the run config's (below the policy's
     minimum, or with another M: :func:`run_secure_weight`) or a tail scale other than
-    the run's, an unmask request for both secrets of a node. The reply is an error naming the value, the
-    run's value and what an honest server sends; nothing of the message is run."""
+    the run's, an unmask request for both secrets of a node. The reply is an error
+    naming the value, the run's value and what an honest server sends; nothing of the
+    message is run."""
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
     cfg, records = _config(ctxt), msg.content.config_records

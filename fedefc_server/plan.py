@@ -48,8 +48,9 @@ def round_config(cfg: RunConfig, partition_id: int, server_round: int) -> dict[s
 class RoundPlan:
     """One round as planned: the (node, FitIns) pairs to send, what every reply must look
     like, the weight bound of secure aggregation (the run's M,
-    :func:`common.data_plan.secure_weight`), the plan's record fields (``sampled``, the registry's news, a
-    method's work between rounds) and the global model the round sends."""
+    :func:`common.data_plan.secure_weight`), the plan's record fields (``sampled``, the
+    registry's news, a method's work between rounds) and the global model the round
+    sends."""
 
     round: int
     instructions: list[tuple[ClientProxy, FitIns]]
