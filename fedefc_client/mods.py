@@ -13,7 +13,8 @@ Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
 4. :func:`server_checks_mod`: refuses a message that asks for other privacy parameters
    than the run's and the policy's (:mod:`.server_checks`);
 5. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
-   its masks drawn from :mod:`common.secure_prf`;
+   its masks drawn from :mod:`common.secure_prf`, its shares verifiable
+   (:mod:`common.verifiable_shares`, :mod:`.share_holder`);
 6. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
    :func:`common.secure_means.clear_metrics` in the clear (secure rounds);
 7. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``),
@@ -41,11 +42,11 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.differential_privacy import compute_clip_model_update, get_norm
 
-from common import secure_prf
+from common import secure_prf, verifiable_shares
 from common.config import RunConfig
 from common.data_plan import data_plan, secure_weight
 from common.dp_accounting import epsilon
@@ -55,13 +56,16 @@ from common.private_files import make_private_dir, open_private
 from common.secure_means import SCALE_KEY, clear_metrics, encode_tail
 from common.seeds import derive_seed
 from common.update_bound import float_norms, norm_bound, rounding_slack, secure_range
+from common.verifiable_shares import COMMITMENTS, COMPLAINTS, dealing
 
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
 from .scrub import exception_text, private_strings, scrub
 from .server_checks import bad_clipping_norm, bad_secagg_request, bad_tail_scale
+from .share_holder import complaint_reply, dealt_share_complaints, holders_of
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
+verifiable_shares.install()  # SecAgg+'s shares with Feldman's commitments
 
 AUDIT_DIR = "audit"
 
@@ -160,9 +164,30 @@ def run_secure_weight(cfg: RunConfig) -> int | None:
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``."""
-    if not _config(ctxt).secure_aggregation:
+    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``,
+    with verifiable shares (:mod:`.share_holder`): in the share-keys stage its shares
+    are dealt to the request's nodes with commitments, sent with them; in the collect
+    stage the shares it was dealt are checked against the relayed commitments first,
+    and a failing dealer answered with complaints instead of a masked vector."""
+    if not _config(ctxt).secure_aggregation or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
+    config = msg.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
+    stage = config.get(Key.STAGE)
+    if stage == Stage.SHARE_KEYS:
+        with dealing(holders_of(config)) as commitments:
+            out = secaggplus_mod(msg, ctxt, call_next)
+        if not out.has_error():
+            out.content.config_records[RECORD_KEY_CONFIGS][COMMITMENTS] = commitments
+        return out
+    if stage == Stage.COLLECT_MASKED_VECTORS:
+        complaints = dealt_share_complaints(config, ctxt)
+        if isinstance(complaints, str):
+            return _refuse(msg, ctxt, "this node refuses the message: " + complaints)
+        if complaints:
+            log(WARNING, "run %s: dealt SecAgg+ shares fail their commitments: %s",
+                ctxt.run_id, "; ".join(f"node {src}: {why}" for src, _, why in complaints))
+            return complaint_reply(msg, complaints)
+        del config[COMMITMENTS]
     return secaggplus_mod(msg, ctxt, call_next)
 
 
@@ -365,7 +390,7 @@ def describe_reply(msg: Message) -> dict:
 
 # What a SecAgg+ client replies in each stage (flwr/client/mod/secure_aggregation).
 _STAGE_REPLY_KEYS = {"setup": {Key.PUBLIC_KEY_1}, "share_keys": {Key.CIPHERTEXT_LIST},
-                     "unmask": {Key.SHARE_LIST}}
+                     "unmask": {Key.SHARE_LIST}, "complaints": {COMPLAINTS}}
 
 
 def audit_path(cfg: RunConfig, partition_id: int | str, policy: NodePolicy | None = None,

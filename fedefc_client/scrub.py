@@ -12,8 +12,8 @@ deep) or Windows path and ``file:`` URL by ``<path>``, and cuts the text at
 ``OSError``, an image decoder's) may name the data itself, a label or a sample id:
 :func:`exception_text` replaces each of its quoted texts (straight or typographic
 quotes) by ``'<text>'`` and each unquoted identifier (a word holding an underscore, a
-digit beside letters, a capital inside it or a letter outside ASCII: ``Jane_Doe``,
-``patient-0042``) by ``<id>``. The project's own errors quote only what the project
+digit beside letters or a letter outside ASCII: ``Jane_Doe``, ``patient-0042``) by
+``<id>``. The project's own errors quote only what the project
 wrote, but may carry another package's text (``DatasetError(f"... ({err})")``): that
 text, found through the exception's cause or context, is scrubbed as another
 package's. What stays: a plain unquoted word (``Jane`` in ``label Jane Doe``) reads as
@@ -37,7 +37,6 @@ _QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|\u2018[^\u2019\n]*\u2019|\u201c[^\
                      r"|\u00ab[^\u00bb\n]*\u00bb|`[^`\n]*`")
 _PLACEHOLDER = re.compile(r"(['\"])<[\w:-]+>\1")  # '<path>', what scrub wrote
 _TOKEN = re.compile(r"[^\s'\"()\[\]{},:;=<>\u2018\u2019\u201c\u201d\u00ab\u00bb`]+")
-_CAMEL = re.compile(r"[a-z][A-Z]")
 _QUOTED_PATH = re.compile(r"(['\"])[^'\"\n]*[/\\][^'\"\n]*\1")
 # a relative path: folders then a file name with an extension (spaces allowed inside it),
 # or at least two folders deep; "and/or", "1/2" and URLs are left alone
@@ -86,7 +85,7 @@ def _identifier(token: str) -> bool:
     reading as English or a number (module docstring)."""
     core = token.strip(".-")
     letters = any(c.isalpha() for c in core)
-    return bool(core) and ("_" in core or not core.isascii() or bool(_CAMEL.search(core))
+    return bool(core) and ("_" in core or not core.isascii()
                            or (letters and any(c.isdigit() for c in core)))
 
 

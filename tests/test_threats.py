@@ -48,7 +48,8 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from common.secure_means import encode_tail, tail_scale
-from common.update_bound import quantizer_range
+from common.update_bound import quantizer_range, secure_range
+from common.verifiable_shares import COMPLAINTS
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_server.allowlist import AllowedNode, Allowlist, AllowlistError, fingerprint
@@ -839,48 +840,103 @@ def test_a_client_sets_its_sums_mean_accuracy_from_inside_its_mask(micro_mnist_d
     assert fields["A_pull_bound"] == 1.0
 
 
-@pytest.mark.parametrize("nodes", [4, 5], ids=["no-redundancy", "one-spare-share"])
-def test_wrong_shares_name_their_holder_where_the_others_outvote_it(micro_mnist_dir,
-                                                                    tmp_path, nodes):
-    """``bad-shares``: node 1001 sends well-formed but wrong unmask shares (random bytes).
-    At 6a260ce the round was refused and the record named no one, so the node stopped
-    every round it took part in (issue 29, finding 4). With 5 nodes (5 shares, threshold
-    round(0.67 x 5) = 3) each secret has shares to spare: node 1001 is named for every
-    secret, the round refused before anything is unmasked (no second attempt), and the
-    node left out of the run. With 4 (threshold 3 of 4) one wrong share can be seen but
-    not placed: the round is refused naming no one."""
-    flat = micro_config(micro_mnist_dir, tmp_path, nodes, **SECURE,
-                        faults="bad-shares@1@1")
-    grid = InProcessGrid(client_app, flat, nodes)
+def run_secure_round(flat: dict, grid: InProcessGrid):
+    """Round 1 of FedEFC under secure aggregation over ``grid``: (its outcome, the
+    round pipeline, the client manager)."""
     cfg, pipeline, mgr, init = fedefc_server_for(flat, grid)
     params = ndarrays_to_parameters(init)
     plan = pipeline.plan(1, params, mgr)
     outcome = fedefc_server.secure_round.SecureRound(
         grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
         fedefc_server.strategy.RoundStrategy(pipeline, plan), params)
+    return outcome, pipeline, mgr
+
+
+def quantizer_tolerance(flat: dict, partitions: list[int]) -> float:
+    """How far SecAgg+'s weighted mean of ``partitions``' updates may lie from the plain
+    one: each client's weighted value moves by less than a quantizer step 2c / 2^22
+    (stochastic rounding), so the mean by less than K steps over the weight total."""
+    cfg = load_run_config(flat)
+    sizes = [len(partition_data(cfg, p, CPU)) for p in range(cfg.num_clients)]
+    weight_total = sum(sizes[p] / max(sizes) for p in partitions)
+    return len(partitions) * 2 * secure_range(cfg) / 2**22 / weight_total
+
+
+@pytest.mark.parametrize("nodes", [4, 5, 10])
+def test_a_lying_dealer_is_named_at_share_time_and_the_round_goes_on_without_it(
+        micro_mnist_dir, tmp_path, nodes):
+    """``bad-dealer``: node 1001 deals every holder shares off the polynomial it commits
+    to, then answers the unmask stage honestly. At 550afb3 (shares without commitments)
+    the round was refused naming no one with 5 nodes ("cannot be told apart"), and
+    with 4 the run failed. Now every holder checks its shares against the commitments
+    the server relays before it masks anything, complains with the key of its channel
+    with the dealer, and the server, opening the dealer's ciphertexts it relayed, names
+    node 1001 (no honest holder named), leaves it out of the run and starts the round
+    again without it: the round gives exactly the plain FedAvg of the others (the
+    truth: a plain round in which node 1001 fails)."""
+    flat = micro_config(micro_mnist_dir, tmp_path / "s", nodes, **SECURE,
+                        faults="bad-dealer@1@1")
+    grid = InProcessGrid(client_app, flat, nodes)
+    outcome, pipeline, _ = run_secure_round(flat, grid)
     fields = outcome.record
-    assert outcome.parameters is None and fields["skipped"] and fields["secure_attempts"] == 1
-    if nodes == 4:
-        assert "cannot be told apart" in fields["secure_refused"]
-        assert not fields["rejected_reasons"]
-        assert pipeline.registry.partition_of("1001") == 1
-        return
-    owners = [1000 + k for k in range(nodes)]
-    assert fields["rejected_reasons"] == [{
-        "node": "1001", "partition": 1, "reason": f"its unmask shares of the secrets of "
-        f"node(s) {owners} disagree with the other holders' (off the polynomial they "
-        "agree on)"}]
-    assert "node(s) [1001] returned unmask shares" in fields["secure_refused"]
+    others = [p for p in range(nodes) if p != 1]
+    assert fields["secure_attempts"] == 2 and fields["partition_ids"] == others
+    assert {r["node"] for r in fields["rejected_reasons"]} == {"1001"}
+    [named] = fields["rejected_reasons"]
+    assert named["reason"].startswith("it dealt node ") and named["reason"].endswith(
+        "fails its dealer's commitment (Feldman's check)")
     assert pipeline.registry.partition_of("1001") is None  # left out of the run
-    assert sorted(pipeline.registry.serving(mgr, 2)) == [0, 2, 3, 4]
-    [refused] = pipeline.registry.take_news()["refused_nodes"]
-    assert refused["node"] == "1001" and refused["reason"].startswith("left out of the run")
-    # a resumed run (its checkpoint's state, as JSON) does not take the node back
+    complained = [r for r in grid.received if COMPLAINTS in configs(r)]
+    assert len(complained) == nodes - 1 and all(configs(r)[COMPLAINTS] == [1001]
+                                                for r in complained)
+    crash = {**flat, "secure-aggregation": False, "faults": "raise@1"}
+    truth, want = plain_round_at(crash, 1, init_weights(crash))
+    assert truth["partition_ids"] == others
+    for got, w in zip(parameters_to_ndarrays(outcome.parameters), want):
+        np.testing.assert_allclose(got, w, atol=quantizer_tolerance(flat, others))
+
+
+@pytest.mark.parametrize("nodes, faults", [
+    (4, "bad-shares@1@1"), (4, "collude-shares@1,2@1"), (5, "collude-shares@1,2@1"),
+    (10, "collude-shares@1,2@1")],
+    ids=["one-random-of-4", "two-colluding-of-4", "two-colluding-of-5", "two-colluding-of-10"])
+def test_lying_holders_are_named_by_their_returned_shares_alone(micro_mnist_dir, tmp_path,
+                                                                nodes, faults):
+    """Holders return wrong unmask shares: random bytes (``bad-shares``), or two holders
+    agreeing on their lie (``collude-shares``: f(x) + 1). At 550afb3 (Reed-Solomon
+    decoding of unverifiable shares) one liar of 4 and two colluding liars of 5 or 10
+    were refused naming no one. Now every returned share is checked against its owner's
+    commitment: each liar is named and left out of the run (also after a resume), its
+    shares dropped; where the others' shares still reach the threshold (one of 4; two
+    of 5, threshold 3; two of 10, threshold 7) the round goes on and gives the plain
+    FedAvg of all the nodes (the liars' own updates were honest); two of 4 leave 2
+    shares for a threshold of 3: the round is refused, nothing unmasked."""
+    flat = micro_config(micro_mnist_dir, tmp_path / "s", nodes, **SECURE, faults=faults)
+    grid = InProcessGrid(client_app, flat, nodes)
+    outcome, pipeline, mgr = run_secure_round(flat, grid)
+    fields = outcome.record
+    liars = {"1001"} if faults.startswith("bad-shares") else {"1001", "1002"}
+    assert {r["node"] for r in fields["rejected_reasons"]} == liars
+    for r in fields["rejected_reasons"]:
+        assert (r["reason"].endswith("fails its dealer's commitment (Feldman's check)")
+                or "is not its holder's node id" in r["reason"]), r
+    assert fields["secure_attempts"] == 1
+    assert sorted(pipeline.registry.serving(mgr, 2)) == sorted(
+        set(range(nodes)) - {int(n) - 1000 for n in liars})
+    if nodes == 4 and len(liars) == 2:
+        assert outcome.parameters is None and "fewer than the threshold 3" in (
+            fields["secure_refused"])
+        return
+    assert fields["partition_ids"] == list(range(nodes))
+    truth, want = plain_round_at({**flat, "secure-aggregation": False, "faults": ""}, 1,
+                                 init_weights(flat))
+    for got, w in zip(parameters_to_ndarrays(outcome.parameters), want):
+        np.testing.assert_allclose(got, w, atol=quantizer_tolerance(flat, list(range(nodes))))
+    # a resumed run (its checkpoint's state, as JSON) does not take the liars back
     _, resumed, mgr, _ = fedefc_server_for(flat, grid)
     resumed.load_state(json.loads(json.dumps(pipeline.state())))
-    assert sorted(resumed.registry.serving(mgr, 2)) == [0, 2, 3, 4]
-    assert resumed.registry.absence(1)["reason"] == (
-        f"its node was refused: {refused['reason']}")
+    assert sorted(resumed.registry.serving(mgr, 2)) == sorted(
+        set(range(nodes)) - {int(n) - 1000 for n in liars})
 
 
 def imported_modules(module) -> set[str]:
