@@ -53,9 +53,15 @@ from common.dp_accounting import epsilon
 from common.messages import FitConfig
 from common.methods import load_run_config
 from common.private_files import make_private_dir, open_private
-from common.secure_means import SCALE_KEY, clear_metrics, encode_tail
+from common.secure_means import SCALE_KEY, UPDATE_RATIO, clear_metrics, encode_tail
 from common.seeds import derive_seed
-from common.update_bound import float_norms, norm_bound, rounding_slack, secure_range
+from common.update_bound import (
+    RELATIVE_KEY,
+    float_norms,
+    round_bound,
+    rounding_slack,
+    secure_range,
+)
 from common.verifiable_shares import COMMITMENTS, COMPLAINTS, dealing
 
 from .node import partition_of
@@ -198,10 +204,13 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     tail of the summed metrics, and keep in its clear metrics only what
     :func:`common.secure_means.clear_metrics` allows (the partition id, the loss's name;
     the simulation's diagnostics when the run asks for them): no other per-client value
-    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node"). An update
-    longer than the run's bound (:func:`common.update_bound.norm_bound`: an honest
-    client's can be, with ``max-update-norm`` alone) is not sent: the client fails, a
-    dropout, as a plain round would refuse it.
+    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node"). The tail also
+    holds the update's norm over the round's bound B
+    (:func:`common.update_bound.round_bound`), which the server checks the decoded mean
+    update against. Under the default bound (``secure-update-bound`` times the received
+    model's norm) a longer update is clipped to B; an update longer than a bound the run
+    declares (an honest client's can be, with ``max-update-norm`` alone) is not sent:
+    the client fails, a dropout, as a plain round would refuse it.
 
     Flower's quantizer rounds stochastically with NumPy's global generator; it is seeded
     here, right before it runs, from (seed, partition, round), so a secure run stays a
@@ -221,19 +230,24 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
         raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
                          "them (the server could not detect them in the sum)")
     matches = [a.shape for a in arrays] == [r.shape for r in received]
-    max_norm, key = norm_bound(cfg.dp_clip, cfg.dp_noise_multiplier, cfg.max_update_norm,
-                               sum(a.size for a in received if a.dtype.kind == "f"))
+    max_norm, key = round_bound(cfg, received)
     norm, size = float_norms(arrays, received) if matches else (0.0, 0.0)
-    if max_norm is not None and not norm <= max_norm + rounding_slack(max_norm, size):
+    update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
+              else arrays)  # not the model's arrays: the server's screen refuses them
+    if key == RELATIVE_KEY and norm > max_norm:  # the default bound: clipped to it
+        update = [u * (max_norm / norm) if r.dtype.kind == "f" else u
+                  for u, r in zip(update, received)]
+        norm = max_norm
+    elif max_norm is not None and not norm <= max_norm + rounding_slack(max_norm, size):
         raise ValueError(f"the update's norm {norm:.6g} is above {max_norm:.6g}, the bound "
                          f"{key} sets: the server refuses such an update in a plain round, "
                          "and a masked one would break the round's bound check")
     scale, pid = float(config[SCALE_KEY]), partition_of(ctxt, cfg)
     rnd = int(config[FitConfig.ROUND])
-    tail, clear = encode_tail(fitres.metrics, fitres.num_examples, scale)
+    ratio = min(norm / max_norm, 1.0) if max_norm else 0.0
+    tail, clear = encode_tail({**fitres.metrics, UPDATE_RATIO: ratio}, fitres.num_examples,
+                              scale)
     fitres.metrics = clear_metrics(clear, cfg.diagnostics)
-    update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
-              else arrays)  # not the model's arrays: the server's screen refuses them
     fitres.parameters = ndarrays_to_parameters([*update, tail])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
     np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, rnd) % 2**32)

@@ -822,6 +822,53 @@ def test_a_secure_run_with_a_scaling_client_keeps_the_honest_result(micro_mnist_
         np.testing.assert_allclose(got, w, atol=1e-6)
 
 
+def float_norm(arrays: list[np.ndarray]) -> float:
+    return float(np.sqrt(sum(np.sum(a.astype(np.float64) ** 2) for a in arrays
+                             if a.dtype.kind == "f")))
+
+
+def test_a_default_secure_run_refuses_a_client_scaling_its_update_1000_fold(micro_mnist_dir,
+                                                                            tmp_path):
+    """Issue 47 (3): ``faults = "secure-scale=1000@0"`` in a secure run with the
+    defaults (no dp-clip, no max-update-norm). At 550afb3 the round was applied (the
+    issue's replay: a mean update of norm 56 against 0.13 honest). Now the round's
+    bound is secure-update-bound (1) x the global model's norm, every client reports its
+    update's norm over it inside its tail, and the decoded mean update is refused as
+    longer than those reports allow. The same round without the attacker passes, with
+    its clients' mean ratio on record, and equals the round with no bound
+    (secure-update-bound = 0) exactly: no honest update came near the bound."""
+    flat = micro_config(micro_mnist_dir, tmp_path / "a", **SECURE, diagnostics=False,
+                        faults="secure-scale=1000@0")
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    assert params is None and fields["skipped"]
+    assert "a client's update is longer than it reports" in fields["refused_sum"]
+    honest = {**flat, "faults": ""}
+    fields, params = secure_round(honest, InProcessGrid(client_app, honest, 4))
+    init = init_weights(honest)
+    assert fields["update_bound"] == pytest.approx(float_norm(init), rel=1e-12)
+    assert 0 < fields["update_ratio"] < 0.5
+    unbounded = {**honest, "secure-update-bound": 0.0}
+    _, free = secure_round(unbounded, InProcessGrid(client_app, unbounded, 4))
+    for got, want in zip(parameters_to_ndarrays(params), parameters_to_ndarrays(free)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_under_the_default_bound_every_honest_client_clips_to_it(micro_mnist_dir, tmp_path):
+    """With secure-update-bound = 1e-4 every honest update is longer than the bound:
+    each client clips it to B = 1e-4 x the model's norm and reports a ratio of 1, the
+    sum passes, and the model moves by at most B (the quantizer's rounding aside)."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, diagnostics=False,
+                        **{"secure-update-bound": 1e-4})
+    fields, params = secure_round(flat, InProcessGrid(client_app, flat, 4))
+    init = init_weights(flat)
+    bound = 1e-4 * float_norm(init)
+    assert fields["update_bound"] == pytest.approx(bound, rel=1e-12)
+    assert fields["update_ratio"] == pytest.approx(1.0, abs=1e-5)
+    moved = float_norm([g.astype(np.float64) - w for g, w in
+                        zip(parameters_to_ndarrays(params), init)])
+    assert 0.5 * bound < moved <= bound * (1 + 1e-3)
+
+
 def test_a_client_sets_its_sums_mean_accuracy_from_inside_its_mask(micro_mnist_dir, tmp_path):
     """``secure-acc-set=A``: the client adds K (A - a_k) to its accuracy inside its mask
     (taking the other K - 1 clients' accuracies for its own a_k), so A(t) becomes
