@@ -61,6 +61,8 @@ to every message it sends:
 | ``secagg-sample=N`` | sends SecAgg+ setups that say the round sums N clients |
 | ``secagg-max-weight=F@PIDS`` | sends the nodes of PIDS SecAgg+ setups with ``max_weight`` |
 |  | F (the isolation attack: F = 1e12 to every node but one) |
+| ``secagg-commitments@PIDS`` | relays the nodes of PIDS forged commitments of the |
+|  | dealers' shares (to have them open their channels) |
 | ``unmask-both`` | names the first active node dropped too in every unmask request |
 """
 
@@ -91,10 +93,10 @@ KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "sampl
 FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set")
 INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
 SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "secagg-max-weight",
-                "unmask-both")
+                "secagg-commitments", "unmask-both")
 SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int,
               "secagg-max-weight": float}
-AIMED = ("secagg-max-weight",)  # server kinds aimed at the nodes of some partitions
+AIMED = ("secagg-max-weight", "secagg-commitments")  # aimed at some partitions' nodes
 
 
 class InjectedFault(RuntimeError):
@@ -179,7 +181,8 @@ def parse_server_faults(text: str) -> list[ServerFault]:
             raise ValueError(
                 f"server-faults entry {entry!r} is not KIND[@ROUNDS] with KIND one of "
                 f"{', '.join(SERVER_KINDS)} (clip=F, secagg-threshold=N, secagg-sample=N "
-                "take a value; secagg-max-weight=F@PIDS[@ROUNDS] a value and partitions); "
+                "take a value; secagg-max-weight=F@PIDS[@ROUNDS] a value and partitions, "
+                "secagg-commitments@PIDS[@ROUNDS] partitions); "
                 "e.g. server-faults=\"clip=1e9@1-3;secagg-threshold=1\"") from None
     return faults
 

@@ -157,8 +157,9 @@ def verify(share: bytes, commitment: bytes, holder: int) -> str | None:
     if y >= Q:
         return "its value lies outside the field"
     expected = points[-1].copy()
-    for point in reversed(points[:-1]):  # Horner: sum_j x^j C_j
-        expected = expected * x + point
+    for point in reversed(points[:-1]):  # Horner: sum_j x^j C_j, in place
+        expected *= x
+        expected += point
     if G * y != expected:
         return "it fails its dealer's commitment (Feldman's check)"
     return None

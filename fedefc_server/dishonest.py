@@ -13,6 +13,7 @@ nothing here runs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -23,6 +24,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from common.config import RunConfig
 from common.faults import ServerFault, parse_server_faults, server_fault
 from common.messages import Declaration
+from common.verifiable_shares import COMMITMENTS, commitment_degree, deal, read_commitment
 
 DECLARATION = "getpropertiesres.properties"  # a get_properties reply's record (Flower's)
 
@@ -56,8 +58,9 @@ class DishonestGrid:
         """``msg`` as the faults of its round change it: a training message's
         ``clipping_norm`` (``clip``); a SecAgg+ setup's threshold, sample size and, for
         the nodes aimed at, ``max_weight`` (``secagg-threshold``, ``secagg-sample``,
-        ``secagg-max-weight``); an unmask request's first active node named dropped too
-        (``unmask-both``)."""
+        ``secagg-max-weight``); the dealers' commitments relayed to the nodes aimed at
+        (``secagg-commitments``: forged ones); an unmask request's first active node named
+        dropped too (``unmask-both``)."""
         rnd = int(msg.metadata.group_id or 0)
         pid = self.partitions.get(msg.metadata.dst_node_id)
         records = msg.content.config_records
@@ -76,11 +79,21 @@ class DishonestGrid:
                     stage[key] = int(f.arg)
             if f := server_fault(self.faults, "secagg-max-weight", rnd, pid):
                 stage[Key.MAX_WEIGHT] = float(f.arg)
+        if (stage.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS and COMMITMENTS in stage
+                and server_fault(self.faults, "secagg-commitments", rnd, pid)):
+            stage[COMMITMENTS] = [forged(c) for c in stage[COMMITMENTS]]
         if (stage.get(Key.STAGE) == Stage.UNMASK and stage.get(Key.ACTIVE_NODE_ID_LIST)
                 and server_fault(self.faults, "unmask-both", rnd)):
             stage[Key.DEAD_NODE_ID_LIST] = [*stage[Key.DEAD_NODE_ID_LIST],
                                             stage[Key.ACTIVE_NODE_ID_LIST][0]]
         return msg
+
+
+def forged(commitment: bytes) -> bytes:
+    """A commitment of the same threshold and length to another secret: what a server
+    that wants the holders' channel keys would relay instead of a dealer's."""
+    sealed = read_commitment(commitment)[1]
+    return deal(os.urandom(len(sealed)), commitment_degree(commitment), [1])[0]
 
 
 def with_server_faults(grid: Grid, cfg: RunConfig) -> Grid:

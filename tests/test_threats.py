@@ -26,6 +26,7 @@ from flwr.app.message_type import MessageType
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 import fedefc_client.client
@@ -49,7 +50,7 @@ from common.params import get_weights
 from common.runtime import initial_model
 from common.secure_means import encode_tail, tail_scale
 from common.update_bound import quantizer_range, secure_range
-from common.verifiable_shares import COMPLAINTS
+from common.verifiable_shares import COMPLAINT_KEYS, COMPLAINT_REASONS, COMPLAINTS
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_server.allowlist import AllowedNode, Allowlist, AllowlistError, fingerprint
@@ -941,6 +942,40 @@ def test_a_lying_dealer_is_named_at_share_time_and_the_round_goes_on_without_it(
     assert truth["partition_ids"] == others
     for got, w in zip(parameters_to_ndarrays(outcome.parameters), want):
         np.testing.assert_allclose(got, w, atol=quantizer_tolerance(flat, others))
+
+
+def test_a_server_that_forges_the_relayed_commitments_gets_no_channel_key(micro_mnist_dir,
+                                                                          tmp_path):
+    """A dishonest server relays every holder forged commitments
+    (``server-faults = "secagg-commitments@0-3"``). Had a holder then complained with
+    its channel keys, the server could have opened valid shares of every dealer and,
+    from enough holders, unmasked a dealer whose vector arrived in the same stage. Each
+    holder sees that the commitment a dealer sent it inside its encrypted shares is not
+    the relayed one, and complains without a key; no masked vector leaves any node, no
+    node is left out of the run (the server cannot tell who lied), and the round is
+    refused."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE,
+                        **{"server-faults": "secagg-commitments@0-3"})
+    cfg = load_run_config(flat)
+    inner = InProcessGrid(client_app, flat, 4)
+    grid = DishonestGrid(inner, parse_server_faults(cfg.server_faults))
+    _, pipeline, _, init = fedefc_server_for(flat, inner)
+    mgr = manager([GridClientProxy(nid, grid, 1) for nid in inner.contexts])
+    params = ndarrays_to_parameters(init)
+    plan = pipeline.plan(1, params, mgr)
+    outcome = fedefc_server.secure_round.SecureRound(
+        grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
+        fedefc_server.strategy.RoundStrategy(pipeline, plan), params)
+    assert outcome.parameters is None and outcome.record["skipped"]
+    complaints = [configs(r) for r in inner.received if COMPLAINTS in configs(r)]
+    assert len(complaints) == 4
+    for record in complaints:  # each node about the three others
+        assert len(set(record[COMPLAINTS]) & set(range(1000, 1004))) == 3
+        assert record[COMPLAINT_KEYS] == [b""] * 3
+        assert all("carries another commitment than the one relayed" in why
+                   for why in record[COMPLAINT_REASONS])
+    assert not any(Key.MASKED_PARAMETERS in configs(r) for r in inner.received)
+    assert all(pipeline.registry.partition_of(str(1000 + k)) == k for k in range(4))
 
 
 @pytest.mark.parametrize("nodes, faults", [
