@@ -33,18 +33,19 @@ What the project adds to Flower's workflow, in the grid the workflow talks to
   client fail the next stage), and a share-keys reply one encrypted share for every
   other node of the round and none for itself. An exception Flower raises while it
   unmasks (shares that do not combine) refuses the round.
-- **Wrong shares are traced to their holder.** Before Flower combines the unmask
-  stage's shares, the shares of each secret are decoded with the redundancy of the
-  holders beyond the threshold (:func:`.share_check.bad_holders`): a holder whose
-  well-formed shares lie off the polynomial the others agree on is named in the round's
-  record (``rejected_reasons``), the round is refused before anything is unmasked, and
-  the node is left out of the run's later rounds (its partition then missing, with the
-  reason). A holder wrong for one other node's secret only may have been dealt a wrong
-  share by that node (SecAgg+ shares are not verifiable): both are left out. The round
-  does not start again: the shares just received already give a curious server this
-  attempt's sum, and a second sum of the same updates without the named node would give
-  it that node's update, or an honest holder's when an owner dealt it a wrong share
-  (docs/THREAT-MODEL.md, "Malformed secure replies").
+- **Shares are checked, and a liar named** (:mod:`common.verifiable_shares`,
+  :mod:`.share_check`). Each dealer's share-keys reply carries its two commitments,
+  which the grid keeps and relays to every holder in the collect stage; a holder whose
+  dealt shares fail answers with complaints instead of a masked vector
+  (``fedefc_client/share_holder.py``). A provable complaint names the dealer (or the
+  false complainer), who is left out of the run, and the round starts again without
+  it (nothing was unmasked); an unprovable one leaves the dealer and the holder out of
+  this round only. In the unmask stage every returned share is checked against its
+  owner's commitment before Flower combines them: a holder with a wrong one is named
+  and left out of the run's later rounds, its wrong shares dropped, and the round goes
+  on where every secret keeps threshold-many right shares; else it is refused without
+  starting again (a second unmasked sum of the same updates would give a curious
+  server the left-out node's update).
 - **The sum is checked** (:mod:`.secure_sum`): :class:`CheckedSecAggPlus` reads the
   sum's weight total, which Flower's workflow divides by but does not pass on.
 
