@@ -73,11 +73,18 @@ def round_bound(cfg: RunConfig, sent: list[np.ndarray]) -> tuple[float | None, s
 
 
 def bound_text(cfg: RunConfig) -> str:
-    """Which bound a run's updates have, in words (the run's summary)."""
-    if cfg.dp_clip > 0 or cfg.max_update_norm > 0:
-        _, key = norm_bound(cfg.dp_clip, cfg.dp_noise_multiplier, cfg.max_update_norm, 1)
-        value = cfg.max_update_norm if key == "max-update-norm" else cfg.dp_clip
-        return f"{key} = {value:g}"
+    """Which bound a run's updates have, in words (the run's summary): the keys the run
+    sets (the smaller bound holds in each round, :func:`norm_bound`), else a secure run's
+    default (:func:`round_bound`), else none."""
+    keys = []
+    if cfg.dp_clip > 0:
+        keys.append(f"dp-clip = {cfg.dp_clip:g}" + (
+            f" with dp-noise-multiplier = {cfg.dp_noise_multiplier:g}"
+            if cfg.dp_noise_multiplier > 0 else ""))
+    if cfg.max_update_norm > 0:
+        keys.append(f"max-update-norm = {cfg.max_update_norm:g}")
+    if keys:
+        return " and ".join(keys)
     if cfg.secure_aggregation and cfg.secure_update_bound > 0:
         return (f"{RELATIVE_KEY} = {cfg.secure_update_bound:g}: each update at most "
                 f"{cfg.secure_update_bound:g} x the global model's norm, the decoded mean no "

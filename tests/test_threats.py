@@ -857,6 +857,26 @@ def test_a_default_secure_run_refuses_a_client_scaling_its_update_1000_fold(micr
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("keys, text", [
+    ({"secure-aggregation": True}, "secure-update-bound = 1: each update at most 1 x the "
+     "global model's norm, the decoded mean no longer than its clients' reported norms allow"),
+    ({"secure-aggregation": True, "secure-update-bound": 0.0},
+     "none (secure-update-bound = 0)"),
+    ({"secure-aggregation": True, "max-update-norm": 2.5}, "max-update-norm = 2.5"),
+    ({"dp-clip": 0.5, "dp-noise-multiplier": 1.1, "max-update-norm": 3.0},
+     "dp-clip = 0.5 with dp-noise-multiplier = 1.1 and max-update-norm = 3"),
+    ({}, "none")],
+    ids=["secure-default", "secure-unbounded", "max-update-norm", "dp-and-norm", "plain"])
+def test_the_summary_says_which_bound_the_runs_updates_had(keys, text):
+    """Issue 47 (3): the summary's ``update_bound`` and its log line name the bound the
+    run used: the keys it sets, else a secure run's default, else none."""
+    cfg = load_run_config({"dataset": "mnist", "data-dir": "/data", "num-clients": 10,
+                           "fraction": 0.5, **keys})
+    summary = {**build_summary(cfg, [], RunFacts({}, {})), "out_dir": "/r"}
+    assert summary["update_bound"] == text
+    assert f"update bound: {text}" in [line for _, line in summary_lines(summary)]
+
+
 def test_under_the_default_bound_every_honest_client_clips_to_it(micro_mnist_dir, tmp_path):
     """With secure-update-bound = 1e-4 every honest update is longer than the bound:
     each client clips it to B = 1e-4 x the model's norm and reports a ratio of 1, the
