@@ -141,6 +141,21 @@ def training_size(cfg: RunConfig, n: int) -> int:
     return n - held_out_count(cfg, n)
 
 
+def secure_weight(cfg: RunConfig, plan: DataPlan | None) -> int | None:
+    """M, the sample count that weighs 1 in every secure sum of the run (SecAgg+'s
+    ``max_weight``): ``max-client-samples`` when set, else the largest training size of
+    a partition in the data plan ``plan``; None with neither. A pure function of the run
+    config (and its dataset), so a node derives the same M as the server and refuses a
+    setup that weighs it by another (docs/THREAT-MODEL.md, "A dishonest server and the
+    node"): a server that sent M = 10^12 to every node but one had the others' weights
+    round to 0 and unmasked that node's update alone."""
+    if cfg.max_client_samples:
+        return cfg.max_client_samples
+    if plan is None:
+        return None
+    return max(training_size(cfg, len(ix)) for ix in plan.client_indices)
+
+
 def validation_count(share: float, cap: int, m: int) -> int:
     """How many of the ``m`` samples a client trains on form its validation share
     (docs/FEDEFC.md §3.1): round(share * m), at most ``cap`` (0: no cap), at least 1 and

@@ -34,7 +34,11 @@ Empty (the default) injects nothing. The kinds that lie at registration (``claim
 |  | clips each coordinate to its range: a scaled update the masks hide) |
 | ``secure-acc-set=A`` | adds inside its mask what sets its sum's mean accuracy to A, |
 |  | taking the others' for its own (K A - (K - 1) a_k in its slot, K the sum's clients) |
-| ``bad-shares`` | sends well-formed but wrong shares (random bytes) in the unmask stage |
+| ``bad-shares`` | sends wrong shares (random bytes) in the unmask stage |
+| ``collude-shares`` | returns each unmask share one more than its value (f(x) + 1: on |
+|  | the list of several nodes, holders that agree on their lie) |
+| ``bad-dealer`` | deals every holder shares one off its committed polynomial, then |
+|  | answers the unmask stage honestly |
 | ``bad-key`` | sends random bytes as its two public keys in the setup stage |
 | ``self-share`` | addresses its first encrypted share to itself in the share-keys stage |
 
@@ -45,15 +49,20 @@ mods around Flower's SecAgg+ client for the kinds inside the mask (before it mas
 :func:`corrupt_secure_reply`).
 
 The run-config key ``server-faults`` holds a dishonest server's modes, ``;``-separated
-``KIND`` or ``KIND@ROUNDS`` entries (every round without ROUNDS), applied by a wrapping
-grid below the project's ServerApp (``fedefc_server/dishonest.py``) to every message it
-sends:
+``KIND`` or ``KIND@ROUNDS`` entries (every round without ROUNDS; the kinds aimed at some
+nodes ``KIND@PIDS[@ROUNDS]``, PIDS the partitions of the nodes whose messages change),
+applied by a wrapping grid below the project's ServerApp (``fedefc_server/dishonest.py``)
+to every message it sends:
 
 | kind | the server ... |
 | --- | --- |
 | ``clip=F`` | sends ``clipping_norm = F`` in every training message's config |
 | ``secagg-threshold=N`` | sends SecAgg+ setups with a reconstruction threshold of N |
 | ``secagg-sample=N`` | sends SecAgg+ setups that say the round sums N clients |
+| ``secagg-max-weight=F@PIDS`` | sends the nodes of PIDS SecAgg+ setups with ``max_weight`` |
+|  | F (the isolation attack: F = 1e12 to every node but one) |
+| ``secagg-commitments@PIDS`` | relays the nodes of PIDS forged commitments of the |
+|  | dealers' shares (to have them open their channels) |
 | ``unmask-both`` | names the first active node dropped too in every unmask request |
 """
 
@@ -65,19 +74,29 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.common import bytes_to_ndarray, ndarray_to_bytes
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt
 from flwr.common.secure_aggregation.secaggplus_constants import Key
+from flwr.common.secure_aggregation.secaggplus_utils import (
+    share_keys_plaintext_concat,
+    share_keys_plaintext_separate,
+)
 
 from .messages import Declaration, FitReply
 from .secure_means import SLOTS
+from .verifiable_shares import INDEX, SCALAR, Q, read_share
 
 KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "samples", "acc",
          "no-acc", "pid", "scale", "claim", "private", "held-out", "eval-samples",
          "secure-acc", "weight", "garbage", "garbage-bytes", "unmask-nid", "secure-scale",
-         "secure-acc-set", "bad-shares", "bad-key", "self-share")
+         "secure-acc-set", "bad-shares", "bad-key", "self-share", "collude-shares",
+         "bad-dealer")
 FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set")
 INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
-SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "unmask-both")
-SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int}
+SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "secagg-max-weight",
+                "secagg-commitments", "unmask-both")
+SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int,
+              "secagg-max-weight": float}
+AIMED = ("secagg-max-weight", "secagg-commitments")  # aimed at some partitions' nodes
 
 
 class InjectedFault(RuntimeError):
@@ -135,9 +154,11 @@ class ServerFault:
     kind: str
     arg: str
     rounds: frozenset[int] | None
+    pids: frozenset[int] | None = None  # the partitions aimed at (None: every node)
 
-    def applies(self, server_round: int) -> bool:
-        return self.rounds is None or server_round in self.rounds
+    def applies(self, server_round: int, pid: int | None = None) -> bool:
+        return ((self.rounds is None or server_round in self.rounds)
+                and (self.pids is None or pid in self.pids))
 
 
 def parse_server_faults(text: str) -> list[ServerFault]:
@@ -146,24 +167,32 @@ def parse_server_faults(text: str) -> list[ServerFault]:
     for entry in filter(None, (e.strip() for e in text.split(";"))):
         parts = entry.split("@")
         kind, _, arg = parts[0].partition("=")
+        aimed = kind in AIMED
         try:
-            if kind not in SERVER_KINDS or len(parts) > 2 or bool(arg) != (kind in SERVER_ARG):
+            if (kind not in SERVER_KINDS or len(parts) > 2 + aimed or len(parts) < 1 + aimed
+                    or bool(arg) != (kind in SERVER_ARG)):
                 raise ValueError
             if kind in SERVER_ARG:
                 SERVER_ARG[kind](arg)
-            faults.append(ServerFault(kind, arg, _numbers(parts[1]) if len(parts) == 2
-                                      else None))
+            rounds = parts[1 + aimed] if len(parts) == 2 + aimed else None
+            faults.append(ServerFault(kind, arg, _numbers(rounds) if rounds else None,
+                                      _numbers(parts[1]) if aimed else None))
         except ValueError:
             raise ValueError(
                 f"server-faults entry {entry!r} is not KIND[@ROUNDS] with KIND one of "
                 f"{', '.join(SERVER_KINDS)} (clip=F, secagg-threshold=N, secagg-sample=N "
-                "take a value); e.g. server-faults=\"clip=1e9@1-3;secagg-threshold=1\"") from None
+                "take a value; secagg-max-weight=F@PIDS[@ROUNDS] a value and partitions, "
+                "secagg-commitments@PIDS[@ROUNDS] partitions); "
+                "e.g. server-faults=\"clip=1e9@1-3;secagg-threshold=1\"") from None
     return faults
 
 
-def server_fault(faults: list[ServerFault], kind: str, server_round: int) -> ServerFault | None:
-    """The first server fault of ``kind`` in ``server_round``, or None."""
-    return next((f for f in faults if f.kind == kind and f.applies(server_round)), None)
+def server_fault(faults: list[ServerFault], kind: str, server_round: int,
+                 pid: int | None = None) -> ServerFault | None:
+    """The first server fault of ``kind`` in ``server_round`` (for the node of partition
+    ``pid``, for the kinds aimed at some), or None."""
+    return next((f for f in faults if f.kind == kind and f.applies(server_round, pid)),
+                None)
 
 
 def before_training(faults: list[Fault], pid: int, server_round: int) -> None:
@@ -295,7 +324,8 @@ def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
     step is 2c / 2^22), as if the client's accuracy were A more, past the quantizer's
     clipping (:func:`add_accuracy`). ``garbage`` and ``garbage-bytes`` replace the masked
     vector, ``unmask-nid=N`` adds node N to the unmask-stage shares, ``bad-shares``
-    replaces every share by random bytes of its length, ``bad-key`` the setup stage's
+    replaces every share by random bytes of its length, ``collude-shares`` every share
+    by :func:`off_by_one`'s, ``bad-key`` the setup stage's
     public keys, and ``self-share`` makes the first share-keys destination the client's
     own node id ``nid``."""
     out = dict(stage)
@@ -319,9 +349,39 @@ def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
             out[Key.SHARE_LIST] = [*out[Key.SHARE_LIST], out[Key.SHARE_LIST][0]]
         elif f.kind == "bad-shares" and Key.SHARE_LIST in out:
             out[Key.SHARE_LIST] = [os.urandom(len(b)) for b in out[Key.SHARE_LIST]]
+        elif f.kind == "collude-shares" and Key.SHARE_LIST in out:
+            out[Key.SHARE_LIST] = [off_by_one(b) for b in out[Key.SHARE_LIST]]
         elif f.kind == "bad-key" and Key.PUBLIC_KEY_1 in out:
             for key in (Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2):
                 out[key] = os.urandom(len(out[key]))
         elif f.kind == "self-share" and out.get(Key.DESTINATION_LIST):
             out[Key.DESTINATION_LIST] = [nid, *out[Key.DESTINATION_LIST][1:]]
+    return out
+
+
+def deals_wrong(faults: list[Fault], pid: int, server_round: int) -> bool:
+    """Whether the client deals wrong shares in this round (``bad-dealer``)."""
+    return _first(faults, "bad-dealer", pid, server_round) is not None
+
+
+def off_by_one(share: bytes) -> bytes:
+    """A verifiable share (:mod:`common.verifiable_shares`) whose value is one more:
+    well-formed, its holder's, off its dealer's polynomial."""
+    x, y, commitment = read_share(share)
+    return x.to_bytes(INDEX, "big") + ((y + 1) % Q).to_bytes(SCALAR, "big") + commitment
+
+
+def deal_off_by_one(stage: dict, channel_keys: dict[int, bytes]) -> dict:
+    """A share-keys reply (``bad-dealer``) whose encrypted shares each hold
+    :func:`off_by_one`'s, re-encrypted under the channel key with each holder
+    (``channel_keys``: holder -> key, the dealer's SecAgg+ state); its commitments
+    stay honest."""
+    out = dict(stage)
+    texts = []
+    for dst, ciphertext in zip(out[Key.DESTINATION_LIST], out[Key.CIPHERTEXT_LIST]):
+        key = channel_keys[dst]
+        src, dst_, b_share, sk1_share = share_keys_plaintext_separate(decrypt(key, ciphertext))
+        texts.append(encrypt(key, share_keys_plaintext_concat(
+            src, dst_, off_by_one(b_share), off_by_one(sk1_share))))
+    out[Key.CIPHERTEXT_LIST] = texts
     return out

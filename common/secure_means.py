@@ -25,8 +25,12 @@ import numpy as np
 from .messages import FitReply
 
 # Slot 0 counts the clients; the others are the reply metrics the server learns only
-# as a mean, with the bound B_i an honest client's value lies in.
-SLOTS = (("count", 1.0), (FitReply.ACCURACY, 1.0), (FitReply.TRAIN_LOSS, 20.0))
+# as a mean, with the bound B_i an honest client's value lies in; the last is the
+# client's update norm over the round's bound (common/update_bound.py: round_bound),
+# which the server checks the decoded mean update against (fedefc_server/secure_sum.py).
+UPDATE_RATIO = "update-ratio"
+SLOTS = (("count", 1.0), (FitReply.ACCURACY, 1.0), (FitReply.TRAIN_LOSS, 20.0),
+         (UPDATE_RATIO, 1.0))
 SUMMED_KEYS = tuple(name for name, _ in SLOTS[1:])
 SCALE_KEY = "secagg-scale"  # fit config: s = c * M / 2
 

@@ -9,6 +9,15 @@ each of its d float weights; ``max-update-norm`` B bounds it whatever the client
 plain update, and a secure round whose decoded mean update is longer);
 :func:`quantizer_range` the largest value one coordinate of an honest weighted update can
 take, which is the range SecAgg+'s quantizer clips every coordinate to.
+
+A secure run that sets neither key is bounded all the same (docs/PRIVACY.md, "One
+client's pull on the secure sum"): :func:`round_bound` is then ``secure-update-bound``
+rho times the norm of the global model's float weights the round sends, which every
+client clips its update to, and which the server checks the decoded mean update
+against, with the clients' own reported norms (``fedefc_server/secure_sum.py``). A
+client can then move the model no further than by rho times its size, whatever the
+dataset, and one that lengthens its update inside its mask without saying so is
+refused outright.
 """
 
 from __future__ import annotations
@@ -43,6 +52,44 @@ def norm_bound(dp_clip: float, dp_noise_multiplier: float, max_update_norm: floa
     if max_update_norm > 0:
         bounds.append((max_update_norm, "max-update-norm"))
     return min(bounds) if bounds else (None, "")
+
+
+RELATIVE_KEY = "secure-update-bound"
+
+
+def round_bound(cfg: RunConfig, sent: list[np.ndarray]) -> tuple[float | None, str]:
+    """(the L2 bound of one update in a round that sends the arrays ``sent``, the key
+    that sets it): :func:`norm_bound`'s where the run sets ``dp-clip`` or
+    ``max-update-norm``; else, in a secure run, ``secure-update-bound`` rho times the
+    norm of ``sent``'s float arrays (none where rho is 0 or the model is all zeros);
+    else None."""
+    floats = [a for a in sent if a.dtype.kind == "f"]
+    bound, key = norm_bound(cfg.dp_clip, cfg.dp_noise_multiplier, cfg.max_update_norm,
+                            sum(a.size for a in floats))
+    if bound is not None or not cfg.secure_aggregation or cfg.secure_update_bound <= 0:
+        return bound, key
+    size = math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in floats))
+    return (cfg.secure_update_bound * size, RELATIVE_KEY) if size > 0 else (None, "")
+
+
+def bound_text(cfg: RunConfig) -> str:
+    """Which bound a run's updates have, in words (the run's summary): the keys the run
+    sets (the smaller bound holds in each round, :func:`norm_bound`), else a secure run's
+    default (:func:`round_bound`), else none."""
+    keys = []
+    if cfg.dp_clip > 0:
+        keys.append(f"dp-clip = {cfg.dp_clip:g}" + (
+            f" with dp-noise-multiplier = {cfg.dp_noise_multiplier:g}"
+            if cfg.dp_noise_multiplier > 0 else ""))
+    if cfg.max_update_norm > 0:
+        keys.append(f"max-update-norm = {cfg.max_update_norm:g}")
+    if keys:
+        return " and ".join(keys)
+    if cfg.secure_aggregation and cfg.secure_update_bound > 0:
+        return (f"{RELATIVE_KEY} = {cfg.secure_update_bound:g}: each update at most "
+                f"{cfg.secure_update_bound:g} x the global model's norm, the decoded mean no "
+                "longer than its clients' reported norms allow")
+    return "none (secure-update-bound = 0)" if cfg.secure_aggregation else "none"
 
 
 def quantizer_range(clipping_range: float, dp_clip: float, dp_noise_multiplier: float,

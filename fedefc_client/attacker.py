@@ -14,7 +14,8 @@ without ``faults`` every part here steps aside:
   ``secure-scale``: its update; it also notes its accuracy for ``secure-acc-set``);
 - :func:`after_mask_mod`, around Flower's SecAgg+ client: what it changes in what it
   sends (``secure-acc``, ``secure-acc-set``: its masked accuracy slot; ``garbage``,
-  ``garbage-bytes``: its masked vector; ``unmask-nid``, ``bad-shares``: its shares;
+  ``garbage-bytes``: its masked vector; ``unmask-nid``, ``bad-shares``,
+  ``collude-shares``: its unmask shares; ``bad-dealer``: the shares it deals;
   ``bad-key``: its public keys; ``self-share``: where it sends a share),
   restoring the clear count of a ``weight`` fault.
 """
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from flwr.app import ConfigRecord, Context, Message
 from flwr.app.message_type import MessageType
 from flwr.client import Client, NumPyClient
+from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import (
     bytes_to_ndarray,
@@ -49,6 +51,8 @@ from common.faults import (
     corrupt_evaluation,
     corrupt_reply,
     corrupt_secure_reply,
+    deal_off_by_one,
+    deals_wrong,
     false_declaration,
     inflate_count,
     parse_faults,
@@ -160,6 +164,9 @@ def after_mask_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) ->
         return out
     stage = dict(out.content.config_records[RECORD_KEY_CONFIGS])
     stage = corrupt_secure_reply(faults, pid, rnd, stage, msg.metadata.dst_node_id)
+    if Key.CIPHERTEXT_LIST in stage and deals_wrong(faults, pid, rnd):
+        state = SecAggPlusState(**ctxt.state.config_records[RECORD_KEY_STATE])
+        stage = deal_off_by_one(stage, state.ss2_dict)
     notes = ctxt.state.config_records.get(NOTES)
     if notes is not None and Key.MASKED_PARAMETERS in stage and notes["excess"]:
         *arrays, tail = [bytes_to_ndarray(b) for b in stage[Key.MASKED_PARAMETERS]]

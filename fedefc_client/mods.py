@@ -13,7 +13,8 @@ Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
 4. :func:`server_checks_mod`: refuses a message that asks for other privacy parameters
    than the run's and the policy's (:mod:`.server_checks`);
 5. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
-   its masks drawn from :mod:`common.secure_prf`;
+   its masks drawn from :mod:`common.secure_prf`, its shares verifiable
+   (:mod:`common.verifiable_shares`, :mod:`.share_holder`);
 6. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
    :func:`common.secure_means.clear_metrics` in the clear (secure rounds);
 7. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``),
@@ -41,26 +42,36 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.differential_privacy import compute_clip_model_update, get_norm
 
-from common import secure_prf
+from common import secure_prf, verifiable_shares
 from common.config import RunConfig
+from common.data_plan import data_plan, secure_weight
 from common.dp_accounting import epsilon
 from common.messages import FitConfig
 from common.methods import load_run_config
 from common.private_files import make_private_dir, open_private
-from common.secure_means import SCALE_KEY, clear_metrics, encode_tail
+from common.secure_means import SCALE_KEY, UPDATE_RATIO, clear_metrics, encode_tail
 from common.seeds import derive_seed
-from common.update_bound import float_norms, norm_bound, rounding_slack, secure_range
+from common.update_bound import (
+    RELATIVE_KEY,
+    float_norms,
+    round_bound,
+    rounding_slack,
+    secure_range,
+)
+from common.verifiable_shares import COMMITMENTS, COMPLAINTS, dealing
 
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
 from .scrub import exception_text, private_strings, scrub
-from .server_checks import bad_clipping_norm, bad_secagg_request
+from .server_checks import bad_clipping_norm, bad_secagg_request, bad_tail_scale
+from .share_holder import complaint_reply, dealt_share_complaints, holders_of
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
+verifiable_shares.install()  # SecAgg+'s shares with Feldman's commitments
 
 AUDIT_DIR = "audit"
 
@@ -123,9 +134,11 @@ def _refuse(msg: Message, ctxt: Context, reason: str) -> Message:
 def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Refuse a training message that asks for other privacy parameters than the run's
     and the node policy's (:mod:`.server_checks`): a DP clipping norm other than
-    ``dp-clip``, a SecAgg+ setup below the run's or the policy's minimums, an unmask
-    request for both secrets of a node. The reply is an error naming the value, the
-    run's value and what an honest server sends; nothing of the message is run."""
+    ``dp-clip``, a SecAgg+ setup other than the run config's (below the policy's
+    minimum, or with another M: :func:`run_secure_weight`) or a tail scale other than
+    the run's, an unmask request for both secrets of a node. The reply is an error
+    naming the value, the run's value and what an honest server sends; nothing of the
+    message is run."""
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
     cfg, records = _config(ctxt), msg.content.config_records
@@ -133,17 +146,54 @@ def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
     if "fitins.config" in records:
         reason = bad_clipping_norm(dict(records["fitins.config"]), cfg)
     if reason is None and cfg.secure_aggregation and RECORD_KEY_CONFIGS in records:
-        reason = bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg, _policy(ctxt),
-                                    secure_range(cfg))
+        try:
+            weight = run_secure_weight(cfg)
+        except Exception as err:  # the run's data plan cannot be built on this node
+            reason = (f"this node cannot derive the run's secure weight bound M "
+                      f"({type(err).__name__}: the data plan's largest partition); the run "
+                      "must set max-client-samples")
+        else:
+            fit = dict(records.get("fitins.config", {}))
+            reason = (bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg,
+                                         _policy(ctxt), secure_range(cfg), weight)
+                      or bad_tail_scale(fit, secure_range(cfg), weight))
     if reason is None:
         return call_next(msg, ctxt)
     return _refuse(msg, ctxt, "this node refuses the message: " + reason)
 
 
+def run_secure_weight(cfg: RunConfig) -> int | None:
+    """M of the run (:func:`common.data_plan.secure_weight`), as this node derives it
+    from the run config: ``max-client-samples``, else the data plan's largest partition
+    (the plan every node of the run's dataset builds anyway, cached per process)."""
+    return secure_weight(cfg, None if cfg.max_client_samples else data_plan(cfg))
+
+
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``."""
-    if not _config(ctxt).secure_aggregation:
+    """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``,
+    with verifiable shares (:mod:`.share_holder`): in the share-keys stage its shares
+    are dealt to the request's nodes with commitments, sent with them; in the collect
+    stage the shares it was dealt are checked against the relayed commitments first,
+    and a failing dealer answered with complaints instead of a masked vector."""
+    if not _config(ctxt).secure_aggregation or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
+    config = msg.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
+    stage = config.get(Key.STAGE)
+    if stage == Stage.SHARE_KEYS:
+        with dealing(holders_of(config)) as commitments:
+            out = secaggplus_mod(msg, ctxt, call_next)
+        if not out.has_error():
+            out.content.config_records[RECORD_KEY_CONFIGS][COMMITMENTS] = commitments
+        return out
+    if stage == Stage.COLLECT_MASKED_VECTORS:
+        complaints = dealt_share_complaints(config, ctxt)
+        if isinstance(complaints, str):
+            return _refuse(msg, ctxt, "this node refuses the message: " + complaints)
+        if complaints:
+            log(WARNING, "run %s: dealt SecAgg+ shares fail their commitments: %s",
+                ctxt.run_id, "; ".join(f"node {src}: {why}" for src, _, why in complaints))
+            return complaint_reply(msg, complaints)
+        del config[COMMITMENTS]
     return secaggplus_mod(msg, ctxt, call_next)
 
 
@@ -154,10 +204,13 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     tail of the summed metrics, and keep in its clear metrics only what
     :func:`common.secure_means.clear_metrics` allows (the partition id, the loss's name;
     the simulation's diagnostics when the run asks for them): no other per-client value
-    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node"). An update
-    longer than the run's bound (:func:`common.update_bound.norm_bound`: an honest
-    client's can be, with ``max-update-norm`` alone) is not sent: the client fails, a
-    dropout, as a plain round would refuse it.
+    leaves the node in the clear (docs/PRIVACY.md, "What leaves a node"). The tail also
+    holds the update's norm over the round's bound B
+    (:func:`common.update_bound.round_bound`), which the server checks the decoded mean
+    update against. Under the default bound (``secure-update-bound`` times the received
+    model's norm) a longer update is clipped to B; an update longer than a bound the run
+    declares (an honest client's can be, with ``max-update-norm`` alone) is not sent:
+    the client fails, a dropout, as a plain round would refuse it.
 
     Flower's quantizer rounds stochastically with NumPy's global generator; it is seeded
     here, right before it runs, from (seed, partition, round), so a secure run stays a
@@ -177,19 +230,24 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
         raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
                          "them (the server could not detect them in the sum)")
     matches = [a.shape for a in arrays] == [r.shape for r in received]
-    max_norm, key = norm_bound(cfg.dp_clip, cfg.dp_noise_multiplier, cfg.max_update_norm,
-                               sum(a.size for a in received if a.dtype.kind == "f"))
+    max_norm, key = round_bound(cfg, received)
     norm, size = float_norms(arrays, received) if matches else (0.0, 0.0)
-    if max_norm is not None and not norm <= max_norm + rounding_slack(max_norm, size):
+    update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
+              else arrays)  # not the model's arrays: the server's screen refuses them
+    if key == RELATIVE_KEY and norm > max_norm:  # the default bound: clipped to it
+        update = [u * (max_norm / norm) if r.dtype.kind == "f" else u
+                  for u, r in zip(update, received)]
+        norm = max_norm
+    elif max_norm is not None and not norm <= max_norm + rounding_slack(max_norm, size):
         raise ValueError(f"the update's norm {norm:.6g} is above {max_norm:.6g}, the bound "
                          f"{key} sets: the server refuses such an update in a plain round, "
                          "and a masked one would break the round's bound check")
     scale, pid = float(config[SCALE_KEY]), partition_of(ctxt, cfg)
     rnd = int(config[FitConfig.ROUND])
-    tail, clear = encode_tail(fitres.metrics, fitres.num_examples, scale)
+    ratio = min(norm / max_norm, 1.0) if max_norm else 0.0
+    tail, clear = encode_tail({**fitres.metrics, UPDATE_RATIO: ratio}, fitres.num_examples,
+                              scale)
     fitres.metrics = clear_metrics(clear, cfg.diagnostics)
-    update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
-              else arrays)  # not the model's arrays: the server's screen refuses them
     fitres.parameters = ndarrays_to_parameters([*update, tail])
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
     np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, rnd) % 2**32)
@@ -346,7 +404,7 @@ def describe_reply(msg: Message) -> dict:
 
 # What a SecAgg+ client replies in each stage (flwr/client/mod/secure_aggregation).
 _STAGE_REPLY_KEYS = {"setup": {Key.PUBLIC_KEY_1}, "share_keys": {Key.CIPHERTEXT_LIST},
-                     "unmask": {Key.SHARE_LIST}}
+                     "unmask": {Key.SHARE_LIST}, "complaints": {COMPLAINTS}}
 
 
 def audit_path(cfg: RunConfig, partition_id: int | str, policy: NodePolicy | None = None,

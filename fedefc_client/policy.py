@@ -29,7 +29,15 @@ import threading
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from common.config import ConfigError, RunConfig, hyphenate
 from common.dp_accounting import epsilon
@@ -49,16 +57,20 @@ class NodePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", alias_generator=hyphenate, frozen=True)
 
-    require_secure_aggregation: bool = False
-    min_dp_noise_multiplier: float = Field(0.0, ge=0.0)
-    max_epsilon: float = Field(0.0, ge=0.0)  # 0: no bound
-    dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)  # the node's own delta for max-epsilon
-    max_rounds: int = Field(0, ge=0)  # 0: no bound
-    min_secure_clients: int = Field(0, ge=0)  # 0: the run's; else the fewest a sum may hold
+    # Strict values only, failing closed: a boolean is true or false (not "yes" or 1),
+    # a number is a finite number (not "10"; max-epsilon = inf read as no bound at
+    # 550afb3), an integer an integer.
+    require_secure_aggregation: StrictBool = False
+    min_dp_noise_multiplier: float = Field(0.0, ge=0.0, allow_inf_nan=False, strict=True)
+    max_epsilon: float = Field(0.0, ge=0.0, allow_inf_nan=False, strict=True)  # 0: no bound
+    dp_delta: float = Field(1e-5, gt=0.0, lt=1.0, strict=True)  # the node's own delta
+    max_rounds: int = Field(0, ge=0, strict=True)  # 0: no bound
+    min_secure_clients: int = Field(0, ge=0, strict=True)  # 0: the run's; else the
+    #                                                        fewest a sum may hold
     methods: tuple[str, ...] = ()  # (): every method
-    allow_diagnostics: bool = False
-    allow_faults: bool = False
-    audit_dir: str = ""  # "": the node keeps no audit log of its own
+    allow_diagnostics: StrictBool = False
+    allow_faults: StrictBool = False
+    audit_dir: StrictStr = ""  # "": the node keeps no audit log of its own
 
     @field_validator("methods")
     @classmethod

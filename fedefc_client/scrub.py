@@ -9,10 +9,16 @@ text holding a path separator (a file name with spaces in it, whole) and every a
 home-relative, relative (``site-a/img 017.png`` up to its extension, or two folders
 deep) or Windows path and ``file:`` URL by ``<path>``, and cuts the text at
 :data:`MAX_CHARS`. An exception of another package than the project's (``KeyError``,
-``OSError``, an image decoder's) may quote the data itself, a label or a sample id:
-:func:`exception_text` replaces each of its quoted texts by ``'<text>'``; the project's
-own errors quote only what the project wrote. The full exception stays in the node's
-own log (docs/PRIVACY.md, "Data at rest and in the clear").
+``OSError``, an image decoder's) may name the data itself, a label or a sample id:
+:func:`exception_text` replaces each of its quoted texts (straight or typographic
+quotes) by ``'<text>'`` and each unquoted identifier (a word holding an underscore, a
+digit beside letters or a letter outside ASCII: ``Jane_Doe``, ``patient-0042``) by
+``<id>``. The project's own errors quote only what the project
+wrote, but may carry another package's text (``DatasetError(f"... ({err})")``): that
+text, found through the exception's cause or context, is scrubbed as another
+package's. What stays: a plain unquoted word (``Jane`` in ``label Jane Doe``) reads as
+English. The full exception stays in the node's own log (docs/PRIVACY.md, "Data at
+rest and in the clear").
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ from collections.abc import Mapping
 MAX_CHARS = 500
 PATH = "<path>"
 TEXT = "'<text>'"
+IDENTIFIER = "<id>"
 OWN_PACKAGES = frozenset({"common", "fedefc_client", "fedefc_server", "fedefc_cli"})
 
-_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|\u2018[^\u2019\n]*\u2019|\u201c[^\u201d\n]*\u201d"
+                     r"|\u00ab[^\u00bb\n]*\u00bb|`[^`\n]*`")
+_PLACEHOLDER = re.compile(r"(['\"])<[\w:-]+>\1")  # '<path>', what scrub wrote
+_TOKEN = re.compile(r"[^\s'\"()\[\]{},:;=<>\u2018\u2019\u201c\u201d\u00ab\u00bb`]+")
 _QUOTED_PATH = re.compile(r"(['\"])[^'\"\n]*[/\\][^'\"\n]*\1")
 # a relative path: folders then a file name with an extension (spaces allowed inside it),
 # or at least two folders deep; "and/or", "1/2" and URLs are left alone
@@ -70,12 +80,43 @@ def scrub(text: str, private: Mapping[str, str]) -> str:
     return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3] + "..."
 
 
+def _identifier(token: str) -> bool:
+    """Whether an unquoted word of another package's text names data rather than
+    reading as English or a number (module docstring)."""
+    core = token.strip(".-")
+    letters = any(c.isalpha() for c in core)
+    return bool(core) and ("_" in core or not core.isascii()
+                           or (letters and any(c.isdigit() for c in core)))
+
+
+def foreign_text(text: str, private: Mapping[str, str]) -> str:
+    """Another package's exception text as it may leave the node: :func:`scrub`bed,
+    every quoted text ``'<text>'`` (a quoted path ``'<path>'``), every unquoted
+    identifier ``<id>``."""
+    text = scrub(text, private)
+    text = _QUOTED.sub(lambda m: m.group(0) if _PLACEHOLDER.fullmatch(m.group(0)) else TEXT,
+                       text)
+    return _TOKEN.sub(lambda m: IDENTIFIER if _identifier(m.group(0)) else m.group(0), text)
+
+
+def _foreign(err: BaseException) -> bool:
+    return type(err).__module__.split(".")[0] not in OWN_PACKAGES
+
+
 def exception_text(err: BaseException, private: Mapping[str, str]) -> str:
-    """``<class name>: <text>`` of ``err`` as it may leave the node: :func:`scrub`bed,
-    and, unless the project raised it, every quoted text replaced by ``'<text>'`` (a
-    quoted path by ``'<path>'``)."""
+    """``<class name>: <text>`` of ``err`` as it may leave the node, :func:`scrub`bed:
+    another package's text through :func:`foreign_text`, whether ``err`` is its
+    exception or the project's carrying its text (an exception of its cause or context
+    chain whose text the project's quotes)."""
     text = str(err)
-    if type(err).__module__.split(".")[0] not in OWN_PACKAGES:
-        text = _QUOTED.sub(lambda m: m.group(0) if _QUOTED_PATH.fullmatch(m.group(0))
-                           else TEXT, text)
+    if _foreign(err):
+        text = foreign_text(text, private)
+    else:
+        inner, seen = err.__cause__ or err.__context__, {id(err)}
+        while inner is not None and id(inner) not in seen:
+            seen.add(id(inner))
+            quoted = str(inner)
+            if _foreign(inner) and quoted and quoted in text:
+                text = text.replace(quoted, foreign_text(quoted, private))
+            inner = inner.__cause__ or inner.__context__
     return scrub(f"{type(err).__name__}: {text}", private)

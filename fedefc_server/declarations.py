@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config import ConfigError, RunConfig
-from common.data_plan import DataPlan, held_out_count, training_size
+from common.data_plan import DataPlan, held_out_count, secure_weight, training_size
 from common.messages import Declaration as Keys
 
 from .allowlist import AllowedNode
@@ -70,7 +70,10 @@ class SizeRule:
     training and held-out counts (None: nothing bounds them, which only an allowlist's
     entries may make up for: :func:`admission`; ``max_held_out`` None with a
     ``max_private``: the same bound); ``derived``: the bounds come from the plan, not
-    from ``max-client-samples``, and yield to a node's allowlist entry."""
+    from ``max-client-samples``, and yield to a node's allowlist entry;
+    ``secure_weight``: in a secure run, M of :func:`common.data_plan.secure_weight` (the
+    samples that weigh 1 in its sums: no declaration may exceed it; None: no secure
+    aggregation, or no M can be derived)."""
 
     num_clients: int
     plan_sizes: list[int] | None
@@ -78,6 +81,7 @@ class SizeRule:
     plan_held_out: list[int] | None = None
     max_held_out: int | None = None
     derived: bool = False
+    secure_weight: int | None = None
 
     @classmethod
     def for_run(cls, cfg: RunConfig, plan: DataPlan | None) -> SizeRule:
@@ -86,13 +90,17 @@ class SizeRule:
         training size and the largest held-out size of a partition in it: a node with
         data of its own weighs at most what the largest partition of the run would
         (docs/PRIVACY.md, "Weights bound to facts"); else none."""
+        weight = secure_weight(cfg, plan) if cfg.secure_aggregation else None
         if plan is None:
-            return cls(cfg.num_clients, None, cfg.max_client_samples or None)
+            return cls(cfg.num_clients, None, cfg.max_client_samples or None,
+                       secure_weight=weight)
         sizes = [training_size(cfg, len(ix)) for ix in plan.client_indices]
         held = [held_out_count(cfg, len(ix)) for ix in plan.client_indices]
         if cfg.max_client_samples:
-            return cls(cfg.num_clients, sizes, cfg.max_client_samples, held)
-        return cls(cfg.num_clients, sizes, max(sizes), held, max(held), derived=True)
+            return cls(cfg.num_clients, sizes, cfg.max_client_samples, held,
+                       secure_weight=weight)
+        return cls(cfg.num_clients, sizes, max(sizes), held, max(held), derived=True,
+                   secure_weight=weight)
 
     @property
     def held_out_bound(self) -> int | None:
@@ -108,9 +116,15 @@ class SizeRule:
 
     def vet(self, decl: Declaration, allowed: AllowedNode | None = None) -> str | None:
         """Why a declaration is refused (rule 2; ``allowed``: the node's allowlist
-        entry, if the run has an allowlist), or None."""
+        entry, if the run has an allowlist; in a secure run, any count above
+        ``secure_weight``), or None."""
         if decl.partition >= self.num_clients:
             return f"partition id {decl.partition} outside 0..{self.num_clients - 1}"
+        if self.secure_weight is not None and decl.num_examples > self.secure_weight:
+            return (f"declares {decl.num_examples} samples, above {self.secure_weight}, the "
+                    "samples that weigh 1 in the run's secure sums (max-client-samples, or "
+                    "the data plan's largest partition); raise max-client-samples if nodes "
+                    "hold more")
         if allowed is not None:
             reason = allowed.vet(decl.partition, decl.data, decl.num_examples, decl.held_out)
             if reason or (self.derived and decl.data != Keys.PARTITION):
@@ -161,6 +175,13 @@ def admission(cfg: RunConfig, simulation: bool, rule: SizeRule) -> dict[str, Any
             "max-client-samples to the most training (and held-out) samples one node may "
             "declare, or give the server the dataset (docs/PRIVACY.md, \"Weights bound to "
             "facts\")")
+    if cfg.secure_aggregation and rule.secure_weight is None:
+        raise ConfigError(
+            "secure aggregation weighs every update by its samples over one bound that "
+            "every node derives from the run config (SecAgg+'s max_weight), and this run "
+            "has none: the server holds no data plan and max-client-samples is 0; set "
+            "max-client-samples to the most training samples one node may declare "
+            "(docs/THREAT-MODEL.md, \"A dishonest server and the node\")")
     if mode == "allowlist" and (rule.derived or rule.max_private is None):
         return {"mode": mode, "max_declared_samples": None, "max_declared_held_out": None,
                 "bound": "each node's allowlist entry"}

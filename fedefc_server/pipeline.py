@@ -55,7 +55,7 @@ from common.config import RunConfig
 from common.messages import CORE_REPLY, Declaration, FitReply
 from common.methods import Method
 from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, tail_scale
-from common.update_bound import norm_bound, secure_range
+from common.update_bound import round_bound, secure_range
 
 from .baselines.extra_messages import send_tasks
 from .failures import attributed_failures, describe_failures
@@ -142,16 +142,14 @@ class RoundPipeline:
         shapes = [a.shape for a in arrays]
         if self.secure:  # masked: Flower's weight factor, the weights, the tail; integers
             shapes = [(1,), *shapes, (len(SLOTS),)]
-        max_norm, norm_key = norm_bound(self.cfg.dp_clip, self.cfg.dp_noise_multiplier,
-                                        self.cfg.max_update_norm,
-                                        sum(a.size for a in arrays if a.dtype.kind == "f"))
+        max_norm, norm_key = round_bound(self.cfg, arrays)
         expected = Expected(shapes, dtypes, sizes,
                             self.server.asks_accuracy(server_round) and not self.secure,
                             subset=self.method.counts_subset, masked=self.secure,
                             schema=self.schema, max_norm=max_norm,
                             reference=arrays if max_norm is not None else None,
                             norm_key=norm_key)
-        bound = max([1, *sizes.values()])
+        bound = self.registry.rule.secure_weight if self.secure else 1
         privacy = self.privacy_config(bound)
         instructions = [(serving[pid], FitIns(parameters, {
             **round_config(self.cfg, pid, server_round),

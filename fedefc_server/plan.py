@@ -47,9 +47,10 @@ def round_config(cfg: RunConfig, partition_id: int, server_round: int) -> dict[s
 @dataclass(frozen=True)
 class RoundPlan:
     """One round as planned: the (node, FitIns) pairs to send, what every reply must look
-    like, the weight bound of secure aggregation (the largest size declared by the
-    round's clients), the plan's record fields (``sampled``, the registry's news, a
-    method's work between rounds) and the global model the round sends."""
+    like, the weight bound of secure aggregation (the run's M,
+    :func:`common.data_plan.secure_weight`), the plan's record fields (``sampled``, the
+    registry's news, a method's work between rounds) and the global model the round
+    sends."""
 
     round: int
     instructions: list[tuple[ClientProxy, FitIns]]

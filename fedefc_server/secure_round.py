@@ -33,24 +33,27 @@ What the project adds to Flower's workflow, in the grid the workflow talks to
   client fail the next stage), and a share-keys reply one encrypted share for every
   other node of the round and none for itself. An exception Flower raises while it
   unmasks (shares that do not combine) refuses the round.
-- **Wrong shares are traced to their holder.** Before Flower combines the unmask
-  stage's shares, the shares of each secret are decoded with the redundancy of the
-  holders beyond the threshold (:func:`.share_check.bad_holders`): a holder whose
-  well-formed shares lie off the polynomial the others agree on is named in the round's
-  record (``rejected_reasons``), the round is refused before anything is unmasked, and
-  the node is left out of the run's later rounds (its partition then missing, with the
-  reason). A holder wrong for one other node's secret only may have been dealt a wrong
-  share by that node (SecAgg+ shares are not verifiable): both are left out. The round
-  does not start again: the shares just received already give a curious server this
-  attempt's sum, and a second sum of the same updates without the named node would give
-  it that node's update, or an honest holder's when an owner dealt it a wrong share
-  (docs/THREAT-MODEL.md, "Malformed secure replies").
+- **Shares are checked, and a liar named** (:mod:`common.verifiable_shares`,
+  :mod:`.share_check`). Each dealer's share-keys reply carries its two commitments,
+  which the grid keeps and relays to every holder in the collect stage; a holder whose
+  dealt shares fail answers with complaints instead of a masked vector
+  (``fedefc_client/share_holder.py``). A provable complaint names the dealer (or the
+  false complainer), who is left out of the run, and the round starts again without
+  it (nothing was unmasked); an unprovable one leaves the dealer and the holder out of
+  this round only. In the unmask stage every returned share is checked against its
+  owner's commitment before Flower combines them: a holder with a wrong one is named
+  and left out of the run's later rounds, its wrong shares dropped, and the round goes
+  on where every secret keeps threshold-many right shares; else it is refused without
+  starting again (a second unmasked sum of the same updates would give a curious
+  server the left-out node's update).
 - **The sum is checked** (:mod:`.secure_sum`): :class:`CheckedSecAggPlus` reads the
   sum's weight total, which Flower's workflow divides by but does not pass on.
 
-SecAgg+'s ``max_weight`` (the sample count that weighs 1) is the largest size declared
-by the round's clients (the plan's ``weight_bound``), so no honest weight exceeds 1 and
-the weights use the quantizer's full range.
+SecAgg+'s ``max_weight`` (the sample count that weighs 1) is the run's M
+(:func:`common.data_plan.secure_weight`: ``max-client-samples``, else the data plan's
+largest partition), which no declaration may exceed: no honest weight exceeds 1, and
+every node derives the same M from the run config and refuses a setup with another
+(``fedefc_client/server_checks.py``).
 """
 
 from __future__ import annotations
@@ -79,19 +82,21 @@ from flwr.server.workflow.secure_aggregation import secaggplus_workflow as flowe
 from flwr.serverapp.grid import Grid
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key, generate_key_pairs
 
-from common import secure_prf
+from common import secure_prf, verifiable_shares
 from common.config import RunConfig, is_strict_majority
 from common.messages import FitReply
 from common.seeds import derive_seed
 from common.update_bound import secure_range
+from common.verifiable_shares import COMMITMENTS, COMPLAINT_KEYS, COMPLAINT_REASONS, COMPLAINTS
 
 from .failures import rejection
 from .pipeline import Collected, RoundOutcome, Screened
 from .plan import RoundPlan
-from .share_check import UndecidableShares, bad_holders
+from .share_check import bad_commitments, judge_complaint, wrong_shares
 from .strategy import RoundStrategy
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
+verifiable_shares.install()  # SecAgg+'s shares with Feldman's commitments
 
 
 @dataclass(frozen=True)
@@ -138,10 +143,13 @@ def _bytes(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, bytes) for v in value)
 
 
-def bad_protocol_reply(stage: str, reply: Message, request: Message | None) -> str | None:
+def bad_protocol_reply(stage: str, reply: Message, request: Message | None,
+                       threshold: int) -> str | None:
     """Why a setup, share-keys or unmask reply is not what ``request`` asked for, or
     None (the checks Flower's workflow leaves to chance: a missing key is a KeyError
-    there, an unknown node id in the unmask stage too)."""
+    there, an unknown node id in the unmask stage too); a share-keys reply must also
+    carry its dealer's two commitments for the round's ``threshold``
+    (:func:`.share_check.bad_commitments`)."""
     if request is None:
         return f"a {stage} reply to no request of this stage"
     got = reply.content.config_records.get(RECORD_KEY_CONFIGS)
@@ -174,6 +182,7 @@ def bad_protocol_reply(stage: str, reply: Message, request: Message | None) -> s
         withheld = sorted(known - set(ids) - {own})
         if withheld:
             return f"share-keys reply withholding its shares from node(s) {withheld[:3]}"
+        return bad_commitments(got.get(COMMITMENTS), threshold)
     return None
 
 
@@ -197,7 +206,10 @@ FLOWER_CURVE = generate_key_pairs()[1].curve.name  # the curve Flower's clients 
 class ScreeningGrid:
     """The grid the SecAgg+ workflow talks to: Flower's grid plus the checks of the
     module docstring. ``received``: the nodes whose masked vector arrived; ``rejected``:
-    the protocol replies it refused ({node, partition, reason})."""
+    the protocol replies it refused ({node, partition, reason}); ``commitments`` and
+    ``dealt``: each dealer's two commitments and its encrypted shares (holder ->
+    ciphertext), from the share-keys stage; ``excluded``: the nodes to leave out of the
+    run's later rounds although the round went on ({node id: why})."""
 
     def __init__(self, grid: Grid, strategy: RoundStrategy, client_manager: ClientManager,
                  min_clients: int):
@@ -209,6 +221,9 @@ class ScreeningGrid:
         self.rejected: list[dict[str, Any]] = []
         self.unmasking = False  # the unmask stage's replies were handed to Flower
         self.threshold = 0  # the setup's reconstruction threshold, as Flower rounded it
+        self.commitments: dict[int, list[bytes]] = {}
+        self.dealt: dict[int, dict[int, bytes]] = {}
+        self.excluded: dict[str, str] = {}
 
     def __getattr__(self, name: str):
         return getattr(self.grid, name)
@@ -220,6 +235,8 @@ class ScreeningGrid:
             Key.STAGE) if messages else None
         if stage == Stage.SETUP:
             self.check_setup(messages[0].content.config_records[RECORD_KEY_CONFIGS])
+        elif stage == Stage.COLLECT_MASKED_VECTORS:
+            self.relay_commitments(messages)
         elif stage == Stage.UNMASK:
             self.check_unmask_requests(messages)
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
@@ -238,10 +255,31 @@ class ScreeningGrid:
             refused, self.rejected = self.rejected[before:], self.rejected[:before]
             raise RoundRefused(f"{stage} replies refused before any vector was sent",
                                refused)
+        if stage == Stage.SHARE_KEYS:
+            for reply in screened:
+                if not reply.has_error():
+                    self.keep_dealing(reply)
         if stage == Stage.UNMASK:
-            self.check_shares(screened)
+            self.check_shares(screened, asked)
         self.unmasking = stage == Stage.UNMASK
         return screened
+
+    def keep_dealing(self, reply: Message) -> None:
+        """A dealer's commitments and encrypted shares, from its share-keys reply."""
+        record = reply.content.config_records[RECORD_KEY_CONFIGS]
+        dealer = reply.metadata.src_node_id
+        self.commitments[dealer] = list(record[COMMITMENTS])
+        self.dealt[dealer] = dict(zip(record[Key.DESTINATION_LIST],
+                                      record[Key.CIPHERTEXT_LIST], strict=True))
+
+    def relay_commitments(self, messages: list[Message]) -> None:
+        """Each collect-stage message also carries the commitments of the sources whose
+        shares it forwards, two per source in its source list's order: every holder
+        checks its shares against the commitments each dealer sent the server."""
+        for msg in messages:
+            record = msg.content.config_records[RECORD_KEY_CONFIGS]
+            record[COMMITMENTS] = [c for src in record[Key.SOURCE_LIST]
+                                   for c in self.commitments[src]]
 
     def node(self, node_id: int) -> dict[str, Any]:
         """{node, partition} of a node id, for a rejection's record."""
@@ -270,50 +308,50 @@ class ScreeningGrid:
                 raise RoundRefused(f"the unmask stage would rebuild the masks of node(s) "
                                    f"{sorted(dead & self.received)}, whose vectors arrived")
 
-    def check_shares(self, replies: list[Message]) -> None:
-        """Before Flower combines them: the holders whose shares of a secret disagree
-        with the other holders' (:func:`.share_check.bad_holders`) are rejected by name
-        and the round refused; shares too far gone to tell who refuse it unnamed."""
-        by_owner: dict[int, dict[int, bytes]] = {}
+    def check_shares(self, replies: list[Message], asked: dict[int, Message]) -> None:
+        """Before Flower combines them: every returned share is checked against its
+        owner's commitment (:func:`.share_check.wrong_shares`). A holder that returned
+        one that fails is rejected by name and left out of the run's later rounds (each
+        holder checked its shares on arrival, so the wrong one is its own), and its
+        wrong shares are taken out of its reply. If a secret is then left with fewer
+        shares than the threshold, the round is refused (nothing was unmasked; it does
+        not start again: a second unmasked sum of the same updates would give a curious
+        server the left-out node's update); else it goes on with the right ones."""
+        valid: dict[int, int] = {}
         for reply in replies:
             if reply.has_error():
                 continue
-            content = reply.content.config_records[RECORD_KEY_CONFIGS]
-            for owner, share in zip(content[Key.NODE_ID_LIST], content[Key.SHARE_LIST],
-                                    strict=True):
-                by_owner.setdefault(int(owner), {})[reply.metadata.src_node_id] = share
-        culprits: dict[int, list[int]] = {}
-        for owner, shares in sorted(by_owner.items()):
-            try:
-                wrong = bad_holders(shares, self.threshold)
-            except UndecidableShares as err:
-                raise RoundRefused(f"the unmask shares of node {owner}'s secret disagree "
-                                   f"and {err}; nothing was unmasked") from None
-            for holder in wrong:
-                culprits.setdefault(holder, []).append(owner)
-        excluded: dict[str, str] = {}
-        for holder, owners in sorted(culprits.items()):
-            reason = (f"its unmask shares of the secrets of node(s) {owners} disagree with "
-                      "the other holders' (off the polynomial they agree on)")
+            holder = reply.metadata.src_node_id
+            record = reply.content.config_records[RECORD_KEY_CONFIGS]
+            wrong = wrong_shares(asked[holder].content.config_records[RECORD_KEY_CONFIGS],
+                                 record, holder, self.commitments)
+            kept = [(owner, share) for owner, share in zip(record[Key.NODE_ID_LIST],
+                                                           record[Key.SHARE_LIST], strict=True)
+                    if owner not in wrong]
+            for owner, _ in kept:
+                valid[owner] = valid.get(owner, 0) + 1
+            if not wrong:
+                continue
+            record[Key.NODE_ID_LIST] = [owner for owner, _ in kept]
+            record[Key.SHARE_LIST] = [share for _, share in kept]
+            reason = "; ".join(wrong.values())
             self.rejected.append({**self.node(holder), "reason": reason})
+            self.excluded[str(holder)] = f"left out of the run: {reason}"
             log(WARNING, "secure round: node %s %s", holder, reason)
-            excluded[str(holder)] = f"left out of the run: {reason}"
-            if len(owners) == 1 and owners[0] != holder:  # a wrong share dealt, or returned
-                excluded.setdefault(str(owners[0]), (
-                    f"left out of the run: node {holder}'s share of its secret disagrees with "
-                    "the other holders' (dealt wrong by it, or returned wrong by node "
-                    f"{holder}: SecAgg+ cannot tell)"))
-        if culprits:
-            raise RoundRefused(f"node(s) {sorted(culprits)} returned unmask shares that "
-                               "disagree with the other holders'; nothing was unmasked, "
-                               f"node(s) {sorted(excluded, key=int)} left out of the run",
-                               excluded=excluded)
+        short = sorted(owner for owner in self.commitments
+                       if owner in self.received and valid.get(owner, 0) < self.threshold)
+        if self.excluded and short:
+            raise RoundRefused(f"node(s) {sorted(map(int, self.excluded))} returned unmask "
+                               "shares that fail their owners' commitments, and the secrets "
+                               f"of node(s) {short} are left with fewer than the threshold "
+                               f"{self.threshold}; nothing was unmasked",
+                               excluded=dict(self.excluded))
 
     def screen_protocol(self, stage: str, reply: Message, request: Message | None) -> Message:
         """``reply``, or an error reply in its place when it is malformed."""
         if reply.has_error():
             return reply
-        reason = bad_protocol_reply(stage, reply, request)
+        reason = bad_protocol_reply(stage, reply, request, self.threshold)
         if reason is None:
             return reply
         self.rejected.append({**self.node(reply.metadata.src_node_id), "reason": reason})
@@ -327,10 +365,15 @@ class ScreeningGrid:
         proxies = self.client_manager.all()
         results: list[tuple[ClientProxy, FitRes]] = []
         refused: list[dict[str, Any]] = []
+        excluded: dict[str, str] = {}
         for msg in replies:
             if msg.has_error():  # it failed before sending a vector: a dropout
                 continue
             nid = msg.metadata.src_node_id
+            complaints = msg.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(COMPLAINTS)
+            if complaints is not None:
+                self.judge(msg, refused, excluded)
+                continue
             try:
                 res = masked_reply(msg)
             except Exception as err:  # a client's bytes: any failure to read them
@@ -339,6 +382,10 @@ class ScreeningGrid:
                 continue
             results.append((proxies.get(str(nid)) or Sender(str(nid)), res))
         accepted = self.strategy.screen_masked(results)
+        if refused:  # complaints: the dealers' shares are in doubt, nothing is unmasked
+            raise RoundRefused("dealt shares failed their commitments: "
+                               + "; ".join(f"node {r['node']}: {r['reason']}" for r in refused),
+                               refused + self.strategy.screened.rejected, excluded)
         refused += self.strategy.screened.rejected
         if refused:
             raise RoundRefused("replies refused after their masked vector arrived", refused)
@@ -347,6 +394,41 @@ class ScreeningGrid:
                                f"min-secure-clients={self.min_clients}")
         self.received = {msg.metadata.src_node_id for msg in replies if not msg.has_error()}
         return replies
+
+
+    def judge(self, msg: Message, refused: list[dict[str, Any]],
+              excluded: dict[str, str]) -> None:
+        """A holder's complaints about the shares it was dealt (``fedefc_client/
+        share_holder.py``): a provable one names the dealer, or the holder whose
+        complaint does not hold (:func:`.share_check.judge_complaint`), who is refused
+        and left out of the run; an unprovable one (no key: the shares did not open, or
+        carried another commitment than the one relayed, which the dealer or the server
+        could have done) refuses the dealer and the holder for this round only."""
+        holder = msg.metadata.src_node_id
+        record = msg.content.config_records[RECORD_KEY_CONFIGS]
+        try:
+            entries = list(zip(record[COMPLAINTS], record[COMPLAINT_KEYS],
+                               record[COMPLAINT_REASONS], strict=True))
+        except (KeyError, ValueError):
+            refused.append({**self.node(holder), "reason": "a malformed complaint"})
+            return
+        named: dict[int, str] = {}
+        for dealer, key, why in entries:
+            if key:
+                culprit, reason = judge_complaint(holder, dealer,
+                                                  key, self.dealt.get(dealer, {}).get(holder),
+                                                  self.commitments.get(dealer, []))
+                named.setdefault(culprit, reason)
+                excluded.setdefault(str(culprit), f"left out of the run: {reason}")
+            else:
+                for node in (dealer, holder):
+                    named.setdefault(node, (
+                        f"node {holder} reports that node {dealer}'s dealt shares {why}, "
+                        "which the server cannot check: both are left out of this round"))
+        for node, reason in named.items():
+            if all(r["node"] != str(node) for r in refused):
+                refused.append({**self.node(node), "reason": reason})
+                log(WARNING, "secure round: node %s %s", node, reason)
 
 
 class CheckedSecAggPlus(SecAggPlusWorkflow):
@@ -469,11 +551,12 @@ class SecureRound:
                                  cfg.min_secure_clients)
             refusal = self.attempt(grid, strategy, parameters)
             attempts.rejected += grid.rejected
+            excluded = {**grid.excluded, **(refusal.excluded if refusal else {})}
+            for cid, why in excluded.items():
+                strategy.pipeline.registry.exclude(cid, why)
             if refusal is None:
                 break
             attempts.rejected += refusal.refused
-            for cid, why in refusal.excluded.items():
-                strategy.pipeline.registry.exclude(cid, why)
             nodes = {r["node"] for r in refusal.refused}
             if not nodes:
                 return refusal.reason

@@ -15,10 +15,14 @@ An honest sum satisfies, up to the quantization:
 3. the tail's count slot sums to the K clients (each contributes (q_k / 2^22)(c M / 2 n_k),
    about c/2; within K quantization steps 2c / 2^22);
 4. every mean of the tail lies in its slot's bounds (:func:`common.secure_means.bad_means`);
-5. where the run bounds an update (``dp-clip``, ``max-update-norm``:
-   :func:`common.update_bound.norm_bound`), the decoded mean update is no longer than
-   that bound B (:func:`bad_mean_update`): a weighted mean of updates each within B of
-   the global model lies within B of it, whatever their weights.
+5. where the round bounds an update (``dp-clip``, ``max-update-norm`` or, in a secure
+   run without either, ``secure-update-bound`` times the global model's norm:
+   :func:`common.update_bound.round_bound`), the decoded mean update is no longer than
+   that bound B, nor than the clients' own reported norms allow (:func:`bad_mean_update`):
+   a weighted mean of updates each within B of the global model lies within B of it,
+   whatever their weights, and within the weighted mean of their norms, which is at
+   most K max_k n_k / sum_k n_k times the mean of the norms the clients report in the
+   tail's last slot (each over B, in [0, 1]).
 
 The clients send their updates (trained minus received arrays), not their weights, and
 the quantizer's range c follows the run's bound (:func:`common.update_bound.
@@ -42,7 +46,7 @@ from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_t
 
 from common.config import RunConfig
 from common.messages import FitReply
-from common.secure_means import SUMMED_KEYS, bad_means, decode_tail
+from common.secure_means import SUMMED_KEYS, UPDATE_RATIO, bad_means, decode_tail
 from common.update_bound import rounding_slack, secure_range
 
 from .plan import RoundPlan
@@ -87,20 +91,26 @@ def check_secure_sum(arrays: list[np.ndarray], weight_total: int | None, counts:
 
 def bad_mean_update(mean: list[np.ndarray], reference: list[np.ndarray], max_norm: float,
                     norm_key: str, clients: int, weight_total: int,
-                    clipping_range: float) -> str | None:
+                    clipping_range: float, reported: float | None = None) -> str | None:
     """Why the decoded mean update ``mean`` (of the float arrays of the global model
     ``reference``) is longer than ``max_norm``, the bound ``norm_key`` sets for every
-    update, or None. Allowed for: the clients' float32 rounding (as a plain update's,
-    :func:`common.update_bound.rounding_slack`, of the weights' norm) and the quantizer,
-    whose stochastic rounding moves each of the ``clients`` weighted values by less than
-    a step 2c / 2^22, so each coordinate of the mean by less than clients x 2c /
-    weight_total, and the mean's norm by that times the square root of its size."""
+    update, or than ``reported``, the longest its clients' reported norms allow (module
+    docstring, check 5), or None. Allowed for: the clients' float32 rounding (as a plain
+    update's, :func:`common.update_bound.rounding_slack`, of the weights' norm) and the
+    quantizer, whose stochastic rounding moves each of the ``clients`` weighted values by
+    less than a step 2c / 2^22, so each coordinate of the mean by less than clients x 2c
+    / weight_total, and the mean's norm by that times the square root of its size."""
     floats = [(m, r) for m, r in zip(mean, reference) if r.dtype.kind == "f"]
     norm = float(np.sqrt(sum(float(np.sum(m.astype(np.float64) ** 2)) for m, _ in floats)))
     size = float(np.sqrt(sum(float(np.sum(r.astype(np.float64) ** 2)) for _, r in floats)))
     coords = sum(m.size for m, _ in floats)
     quantizer = clients * 2 * clipping_range / weight_total * np.sqrt(coords)
     slack = rounding_slack(max_norm, size + max_norm) + quantizer
+    if reported is not None and reported < max_norm and not norm <= reported + slack:
+        return (f"the decoded mean update has norm {norm:.6g}, above {reported:.6g}, the "
+                f"longest its {clients} clients' reported update norms allow (the bound "
+                f"{max_norm:.6g} that {norm_key} sets): a client's update is longer than it "
+                "reports, from inside its mask")
     if not norm <= max_norm + slack:  # also a norm that overflowed to inf
         return (f"the decoded mean update has norm {norm:.6g}, above {max_norm:.6g}, the "
                 f"bound {norm_key} sets for every update: a client moved the model further "
@@ -194,9 +204,11 @@ def decode_sum(summed: SecureSum, plan: RoundPlan, counts: list[int], cfg: RunCo
     *update, tail = arrays
     expected = plan.expected
     if reason is None and expected.max_norm is not None:
+        ratio = decode_tail(tail)[UPDATE_RATIO]
+        reported = expected.max_norm * ratio * len(counts) * max(counts) / sum(counts)
         reason = bad_mean_update(update, parameters_to_ndarrays(plan.sent),
                                  expected.max_norm, expected.norm_key, len(counts),
-                                 summed.weight_total, c)
+                                 summed.weight_total, c, reported)
     return (None, {}, reason) if reason else (update, decode_tail(tail), None)
 
 
@@ -230,5 +242,8 @@ def decode_sums(sums: list[SecureSum], plan: RoundPlan, accepted: list[tuple[Any
     means, group_fields = group_means(
         [(m, len(summed.partitions)) for summed, _, m in kept], cfg.accuracy_aggregation,
         asks_accuracy)
+    if plan.expected.max_norm is not None:  # the round's bound and its clients' norms
+        fields.update(update_bound=plan.expected.max_norm,
+                      update_ratio=means.get(UPDATE_RATIO))
     return Decoded(ndarrays_to_parameters(weights), means, None, {**fields, **group_fields},
                    frozenset(p for summed, _, _ in kept for p in summed.partitions))

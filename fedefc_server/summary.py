@@ -17,7 +17,8 @@ A run stopped because a restarted SuperLink may have lost a round's messages
 <reason>``, and resuming it from its checkpoint finishes it.
 
 The summary says which nodes the run admitted and how their declared sizes were
-bounded (``admission``: :func:`.declarations.admission`). It also counts what went wrong
+bounded (``admission``: :func:`.declarations.admission`), and which bound one update
+had (``update_bound``: :func:`common.update_bound.bound_text`). It also counts what went wrong
 on the way: client failures and refused replies, failed and refused federated
 evaluations, and per partition the rounds it missed (``missed_rounds``) and the
 federated evaluations it missed (``missed_evaluations``).
@@ -36,6 +37,7 @@ from common.config import RunConfig
 from common.dp_accounting import run_guarantee
 from common.durations import duration_text
 from common.results import machine_record
+from common.update_bound import bound_text
 
 from .attendance import degradation, last_reasons, missed_by_partition, ranges
 from .curves import FILE as CURVES
@@ -78,6 +80,7 @@ def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
         **({"degraded": degraded} if degraded else {}),
         "notes": [] if facts.failure else facts.notes,
         **({"dp": dp.as_record()} if dp else {}),
+        "update_bound": bound_text(cfg),
         **facts.method_fields,
         "client_failures": count(rounds, "failures"),
         "rejected_replies": count(rounds, "rejected"),
@@ -158,6 +161,8 @@ def summary_lines(summary: dict[str, Any], dp_text: str | None = None
     lines.append((INFO, f"results: {summary['out_dir']}"))
     if "admission" in summary:
         lines.append((INFO, admission_text(summary["admission"])))
+    if "update_bound" in summary:
+        lines.append((INFO, f"update bound: {summary['update_bound']}"))
     lines += [(WARNING, f"NOTE: {note}") for note in summary["notes"]]
     if summary["status"] == "failed":
         lines.append((ERROR, FAILED_PREFIX + summary["failure"]))

@@ -218,7 +218,10 @@ def make_pipeline(cfg, plan_sizes: list[int] | None = None, max_private: int = 4
                   plan_held_out: list[int] | None = None, allowlist=None) -> RoundPipeline:
     """The round pipeline of run config ``cfg`` (its method's server hooks)."""
     server = load_object(method_of(cfg).server)(cfg, shape)
-    rule = SizeRule(cfg.num_clients, plan_sizes, max_private, plan_held_out)
+    weight = (cfg.max_client_samples or max(plan_sizes or [max_private])
+              if cfg.secure_aggregation else None)  # common.data_plan.secure_weight's M
+    rule = SizeRule(cfg.num_clients, plan_sizes, max_private, plan_held_out,
+                    secure_weight=weight)
     return RoundPipeline(cfg, method_of(cfg), server,
                          PartitionRegistry(rule, allowlist=allowlist,
                                            wait_for_nodes=cfg.wait_for_nodes),

@@ -19,6 +19,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
+from common.data_files import DatasetError
 from common.disk_cache import DataCache
 from common.errors import ConfigError
 from common.methods import load_run_config
@@ -127,12 +128,32 @@ def test_scrub_removes_paths_and_keeps_other_text(text, want):
      f"FileNotFoundError: [Errno 2] No such file or directory: '{PATH}'"),
     (ConfigError("method 'fedavg' is not one of 'a', 'b'"),
      "ConfigError: method 'fedavg' is not one of 'a', 'b'"),
-], ids=["sample-id", "label", "path-with-spaces", "the-projects-own"])
+    (ValueError("unknown label Jane_Doe in row 42 (patient-0042)"),
+     "ValueError: unknown label <id> in row 42 (<id>)"),
+    (ValueError("unknown label \u2018Jane Doe\u2019 in \u201cward 7\u201d"),
+     "ValueError: unknown label '<text>' in '<text>'"),
+], ids=["sample-id", "label", "path-with-spaces", "the-projects-own", "unquoted-identifiers",
+        "curly-quotes"])
 def test_a_foreign_exception_quotes_no_data_and_the_projects_own_keep_their_text(err, want):
     """Issue 29 (5): a label or sample id quoted by another package's exception reached
     the server at 6a260ce; the project's own errors quote only what the project wrote
-    (their values are the run's, which the server sent)."""
+    (their values are the run's, which the server sent). Issue 47 (4): at 550afb3 an
+    unquoted identifier and typographic quotes went through as they were."""
     assert exception_text(err, {}) == want
+
+
+def test_the_projects_own_error_carrying_another_packages_text_scrubs_that_text():
+    """Issue 47 (4): a DatasetError quoting another package's exception (``({err})``,
+    raised ``from None``, as common/data_files.py does) kept the label and the sample id
+    at 550afb3; the project's own words stay."""
+    try:
+        try:
+            raise ValueError("unknown label 'Jane Doe' in row 42 (patient-0042)")
+        except ValueError as inner:
+            raise DatasetError(f"labels of site.npz cannot be read ({inner})") from None
+    except DatasetError as err:
+        assert exception_text(err, {}) == ("DatasetError: labels of site.npz cannot be read "
+                                           "(unknown label '<text>' in row 42 (<id>))")
 
 
 def test_scrub_names_node_config_values_and_cuts_long_text(tmp_path):

@@ -20,16 +20,20 @@ from flwr.common import (
 from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
+from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
+from common.data_plan import data_plan, secure_weight
 from common.dp_accounting import epsilon
 from common.methods import load_run_config
 from fedefc_client.client_app import app as client_app
 from fedefc_client.mods import MODS
 from fedefc_client.policy import NodePolicy, PolicyError, load_policy
 from fedefc_server.dishonest import with_server_faults
-from tests.helpers import InProcessGrid
-from tests.test_privacy import micro_config, secure_round
+from fedefc_server.secure_round import SecureRound
+from fedefc_server.strategy import RoundStrategy
+from tests.helpers import InProcessGrid, manager
+from tests.test_privacy import micro_config, secure_round, server
 
 
 def write_policy(path, text: str, mode: int = 0o600):
@@ -75,10 +79,23 @@ def test_a_policy_file_is_read_and_validated(tmp_path):
     ("require-secure-aggregation = ", 0o600, "is not valid TOML"),
     ("max-rounds = 5", 0o666, "is writable by others than its owner (mode 0666)"),
     ("max-rounds = 5", 0o620, "chmod go-w"),
+    ("max-epsilon = inf", 0o600, "max-epsilon = inf: Input should be a finite number"),
+    ("min-dp-noise-multiplier = nan", 0o600, "Input should be a finite number"),
+    ("require-secure-aggregation = 'yes'", 0o600,
+     "require-secure-aggregation = 'yes': Input should be a valid boolean"),
+    ("require-secure-aggregation = 1", 0o600,
+     "require-secure-aggregation = 1: Input should be a valid boolean"),
+    ("allow-faults = \"false\"", 0o600, "allow-faults = 'false': Input should be a valid "
+                                        "boolean"),
+    ("max-epsilon = \"10\"", 0o600, "max-epsilon = '10': Input should be a valid number"),
+    ("max-rounds = 5.0", 0o600, "max-rounds = 5.0: Input should be a valid integer"),
 ], ids=["typo", "negative", "type", "method", "relative-dir", "delta", "toml",
-        "world-writable", "group-writable"])
+        "world-writable", "group-writable", "infinite-epsilon", "nan", "yes", "one",
+        "string-bool", "string-number", "float-integer"])
 def test_a_bad_policy_file_is_refused_naming_the_key_and_the_fix(tmp_path, text, mode,
                                                                  message):
+    """Issue 47 (4): at 550afb3 ``max-epsilon = inf`` read as no bound and ``'yes'`` or
+    ``1`` as true; every value is now strict and finite, failing closed."""
     path = write_policy(tmp_path / "policy.toml", text, mode)
     with pytest.raises(PolicyError) as err:
         load_policy(path)
@@ -230,16 +247,17 @@ def test_the_node_clips_with_the_runs_dp_clip_whatever_norm_a_message_carries():
         assert np.linalg.norm(arrays_of(reply)[0] - RECEIVED[0]) == pytest.approx(2.0, rel=1e-5)
 
 
-def setup_message(clients: int, shares: int, threshold: int, clipping_range: float = 8.0
-                  ) -> Message:
+def setup_message(clients: int, shares: int, threshold: int, clipping_range: float = 8.0,
+                  max_weight: float = 100.0, extra: dict | None = None) -> Message:
     return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({
         Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: clients, Key.SHARE_NUMBER: shares,
         Key.THRESHOLD: threshold, Key.CLIPPING_RANGE: clipping_range,
-        Key.TARGET_RANGE: 2**22, Key.MOD_RANGE: 2**32, Key.MAX_WEIGHT: 100.0})}),
-        1000, MessageType.TRAIN, group_id="1")
+        Key.TARGET_RANGE: 2**22, Key.MOD_RANGE: 2**32, Key.MAX_WEIGHT: max_weight,
+        **(extra or {})})}), 1000, MessageType.TRAIN, group_id="1")
 
 
-SECURE_RUN = {"secure-aggregation": True, "num-clients": 10, "fraction": 1.0}
+SECURE_RUN = {"secure-aggregation": True, "num-clients": 10, "fraction": 1.0,
+              "max-client-samples": 100}  # M = 100: the setup's max_weight
 
 
 @pytest.mark.parametrize("numbers, node_policy, reason", [
@@ -252,14 +270,24 @@ SECURE_RUN = {"secure-aggregation": True, "num-clients": 10, "fraction": 1.0}
     ((4, 4, 3), {"min-secure-clients": 5},
      "sums 4 client(s), below this node's policy's min-secure-clients=5"),
     ((4, 4, 3, 1e6), {}, "quantizer (clipping range, grid, modulus) is (1000000.0, "),
+    ((4, 4, 3, 8.0, 1e12), {}, "the SecAgg+ setup's max_weight is 1000000000000.0, but the "
+                               "run's is 100.0 (max-client-samples"),
+    ((4, 4, 3, 8.0, 99.0), {}, "max_weight is 99.0, but the run's is 100.0"),
+    ((11, 11, 8), {}, "sums 11 clients, above the run's 10 clients per round"),
+    ((4, 4, 3, 8.0, 100.0, {"extra": 1}), {},
+     "carries field(s) ['extra'] that Flower's setup does not have"),
 ], ids=["one-client", "two-clients", "half-threshold", "minority-of-10", "policy-minimum",
-        "clipping-range"])
+        "clipping-range", "isolating-max-weight", "other-max-weight", "more-than-the-run",
+        "unknown-field"])
 def test_a_node_refuses_a_secagg_setup_that_breaks_the_run_or_its_policy(
         tmp_path, numbers, node_policy, reason):
     """Issue 29 (2a): a setup of sample = shares = threshold = 1 was accepted (Flower's
     client checks types only), and the server then unmasked that node's update alone.
-    The run's own numbers for a round the policy allows (secagg_shares: 4 clients, 4
-    shares, threshold 3; 5, 5 and 3) are accepted."""
+    Issue 47 (1): every field is bound to the run config: a max_weight other than the
+    run's M (here max-client-samples = 100; at 550afb3 any was accepted), more clients
+    than the run's round, a field Flower's setup does not have. The run's own numbers
+    for a round the policy allows (secagg_shares: 4 clients, 4 shares, threshold 3; 5, 5
+    and 3) are accepted."""
     text = "\n".join(f"{k} = {v}" for k, v in node_policy.items())
     config = {"policy-file": write_policy(tmp_path / "policy.toml", text)} if text else {}
     reply = client_app(setup_message(*numbers), node(SECURE_RUN, config))
@@ -326,6 +354,50 @@ def test_a_node_with_a_policy_refuses_what_a_dishonest_server_sends(micro_mnist_
     honest = {**flat, "server-faults": ""}
     _, params = secure_round(honest, InProcessGrid(client_app, honest, 4, nodes))
     assert params is not None
+
+
+def test_a_server_that_weighs_all_but_one_node_by_1e12_is_refused_by_each_of_them(
+        micro_mnist_dir, tmp_path):
+    """Issue 47 (1), the isolation attack: a dishonest server sends max_weight = 1e12 in
+    the SecAgg+ setup to every node but partition 0's, and nothing else changes. At
+    550afb3 no node refused (each with a policy requiring secure aggregation and sums of
+    at least 5): the four weight factors rounded to 0 and the ordinary unmask stage gave
+    the server partition 0's update alone. Now each of the four refuses the setup,
+    naming the field, the value sent and the run's M (max-client-samples, else the data
+    plan's largest partition); the victim accepts its honest setup, but no masked vector
+    leaves any node and no unmask request is sent: nothing is decoded."""
+    policy_file = write_policy(tmp_path / "policy.toml", """
+        require-secure-aggregation = true
+        min-secure-clients = 5
+    """)
+    flat = micro_config(micro_mnist_dir, tmp_path / "out", 5, diagnostics=False, **{
+        "secure-aggregation": True, "server-faults": "secagg-max-weight=1e12@1-4"})
+    cfg = load_run_config(flat)
+    weight = float(secure_weight(cfg, data_plan(cfg)))
+    inner = InProcessGrid(client_app, flat, 5, {k: {"policy-file": policy_file}
+                                                 for k in range(5)})
+    grid = with_server_faults(inner, cfg)
+    _, pipeline, _, init = server(flat, inner)
+    mgr = manager([GridClientProxy(nid, grid, 1) for nid in inner.contexts])  # the
+    params = ndarrays_to_parameters(init)  # server's proxies send through its grid
+    plan = pipeline.plan(1, params, mgr)
+    outcome = SecureRound(grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
+        RoundStrategy(pipeline, plan), params)
+    assert outcome.parameters is None and outcome.record["skipped"]
+    setups = [(q, r) for q, r in zip(inner.sent, inner.received) if stage_of(q) == Stage.SETUP]
+    forged = {q.metadata.dst_node_id: r for q, r in setups
+              if q.content.config_records[RECORD_KEY_CONFIGS][Key.MAX_WEIGHT] == 1e12}
+    assert sorted(forged) == [1001, 1002, 1003, 1004]
+    for reply in forged.values():
+        assert reply.has_error() and (
+            f"the SecAgg+ setup's max_weight is 1000000000000.0, but the run's is {weight!r}"
+            in reply.error.reason)
+    [(victim, accepted)] = [(q, r) for q, r in setups if q.metadata.dst_node_id == 1000]
+    assert victim.content.config_records[RECORD_KEY_CONFIGS][Key.MAX_WEIGHT] == weight
+    assert not accepted.has_error()
+    assert not any(Key.MASKED_PARAMETERS in r.content.config_records.get(RECORD_KEY_CONFIGS, {})
+                   for r in inner.received if not r.has_error())
+    assert Stage.UNMASK not in {stage_of(q) for q in inner.sent}
 
 
 def test_the_epsilon_a_node_enforces_counts_the_releases_it_made_and_is_audited(tmp_path):

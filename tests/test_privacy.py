@@ -274,8 +274,10 @@ def test_the_server_learns_a_t_and_never_a_clients_accuracy(rounds):
     # the server obtains A(t) ...
     assert fields["A"] == pytest.approx(np.mean(accuracies), abs=1e-6)
     assert fields["client_acc"] is None and fields["n_clients"] == 4
-    assert fields["server_saw"]["sum_only"] == ["weights", "accuracy", "train-loss"]
-    assert "accuracy" not in fields["server_saw"]["per_client"]
+    # the update's norm over the round's bound (issue 47) is summed too, never per client
+    assert fields["server_saw"]["sum_only"] == ["weights", "accuracy", "train-loss",
+                                                "update-ratio"]
+    assert not {"accuracy", "update-ratio"} & set(fields["server_saw"]["per_client"])
     # ... from messages none of which holds one client's accuracy in the clear
     replies = secure_grid.received
     assert replies and not any(m.has_error() for m in replies)

@@ -1,120 +1,179 @@
-"""Error-locating decoding of SecAgg+'s Shamir shares (fedefc_server/share_check.py;
-docs/THREAT-MODEL.md, "Malformed secure replies"), against Flower's own sharing and
-combining (flwr.common.secure_aggregation.crypto.shamir) and PyCryptodome's field."""
+"""Verifiable shares of SecAgg+'s secrets (common/verifiable_shares.py) and the server's
+verdicts on them (fedefc_server/share_check.py; docs/THREAT-MODEL.md, "A lying
+dealer"), against the polynomial recovered from the shares by other means (a
+Vandermonde system solved over Z_q here), PyCryptodome's points and Flower's own
+channel encryption."""
 
 from __future__ import annotations
 
+import importlib
+import itertools
+import os
 import random
-from types import SimpleNamespace
 
 import pytest
-from Crypto.Protocol.SecretSharing import _Element
-from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.app.message_type import MessageType
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
-
-from fedefc_server.secure_round import RoundRefused, ScreeningGrid
-from fedefc_server.share_check import (
-    UndecidableShares,
-    bad_holders,
-    gf_inverse,
-    gf_mul,
-    split_share,
+from Crypto.PublicKey.ECC import EccPoint
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
+    encrypt,
+    generate_shared_key,
 )
+from flwr.common.secure_aggregation.secaggplus_constants import Key
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
+from flwr.supercore.primitives.asymmetric import generate_key_pairs
 
-RNG = random.Random(29)
+from common.faults import off_by_one
+from common.verifiable_shares import (
+    PATCHED,
+    Q,
+    ShareError,
+    combine,
+    deal,
+    deal_for_flower,
+    dealing,
+    read_share,
+    verify,
+)
+from fedefc_server import secure_round  # noqa: F401  (installs the shares, as the app does)
+from fedefc_server.share_check import bad_commitments, judge_complaint, wrong_shares
 
-
-def wrong(share: bytes, chunk: int = 0, bit: int = 0) -> bytes:
-    """``share`` with one bit of one chunk flipped (still well formed)."""
-    raw = bytearray(share)
-    raw[4 + 16 * chunk + bit // 8] ^= 1 << (bit % 8)
-    return bytes(raw)
-
-
-def test_the_field_is_pycryptodomes_the_one_flowers_shares_live_in():
-    for _ in range(200):
-        a, b = RNG.getrandbits(128), RNG.getrandbits(128)
-        assert gf_mul(a, b) == int(_Element(a) * _Element(b))
-    a = RNG.getrandbits(128) | 1
-    assert gf_mul(a, gf_inverse(a)) == 1 and gf_inverse(1) == 1
-    with pytest.raises(ZeroDivisionError):
-        gf_inverse(0)
-
-
-def test_honest_shares_name_no_one_and_combine_to_the_secret():
-    secret = RNG.randbytes(200)  # 13 chunks, like a serialized private key
-    shares = create_shares(secret, 4, 7)
-    assert bad_holders(dict(enumerate(shares, start=100)), 4) == set()
-    assert split_share(shares[2])[0] == 3 and len(split_share(shares[2])[1]) == 13
-    assert combine_shares(shares) == secret
+RNG = random.Random(47)
+HOLDERS = [1000, 1001, 1002, 1003, 1004]
 
 
-@pytest.mark.parametrize("n, t, bad", [
-    (5, 3, {1}), (7, 4, {6}), (9, 5, {0, 4}), (10, 4, {2, 5, 9})],
-    ids=["5-of-3", "7-of-4", "two-of-9", "three-of-10"])
-def test_wrong_shares_are_located_as_long_as_the_others_outvote_them(n, t, bad):
-    """Up to (n - t) // 2 wrong shares (random values, or one bit of one chunk): exactly
-    their holders; Flower combines the others to the secret, and all of them to
-    something else."""
-    secret = RNG.randbytes(32)
-    shares = create_shares(secret, t, n)
-    sent = {h: (s[:4] + RNG.randbytes(len(s) - 4) if h % 2 else wrong(s, chunk=2, bit=h))
-            if h in bad else s for h, s in enumerate(shares)}
-    assert bad_holders(sent, t) == bad
-    assert combine_shares([s for h, s in sent.items() if h not in bad]) == secret
-    try:  # Flower alone: a wrong secret, or none
-        combined = combine_shares(list(sent.values()))
-    except ValueError:
-        combined = None
-    assert combined != secret
+def coefficients_from(shares: list[bytes], t: int) -> list[int]:
+    """The coefficients a_0..a_{t-1} of the polynomial through the first t shares,
+    from their Vandermonde system solved by Gauss-Jordan elimination modulo q."""
+    rows = []
+    for share in shares[:t]:
+        x, y, _ = read_share(share)
+        rows.append([pow(x, j, Q) for j in range(t)] + [y])
+    for col in range(t):
+        pivot = next(r for r in range(col, t) if rows[r][col])
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        inv = pow(rows[col][col], -1, Q)
+        rows[col] = [v * inv % Q for v in rows[col]]
+        for r in range(t):
+            if r != col and rows[r][col]:
+                factor = rows[r][col]
+                rows[r] = [(a - factor * b) % Q for a, b in zip(rows[r], rows[col])]
+    return [row[t] for row in rows]
 
 
-def test_too_many_wrong_shares_are_undecidable_and_malformed_ones_are_named():
-    secret = RNG.randbytes(16)
-    shares = create_shares(secret, 3, 5)  # (5 - 3) // 2 = 1 wrong share can be placed
-    two = {h: wrong(s) if h in (0, 1) else s for h, s in enumerate(shares)}
-    with pytest.raises(UndecidableShares, match="more than 1 of 5 shares"):
-        bad_holders(two, 3)
-    assert bad_holders({0: shares[0], 1: shares[1], 2: wrong(shares[2])}, 3) == set()
-    short = {**dict(enumerate(shares)), 1: shares[1][:-16]}
-    assert bad_holders(short, 3) == {1}
-    copied = {**dict(enumerate(shares)), 4: shares[0]}  # a share relabelled as another's
-    assert bad_holders(copied, 3) == {0, 4}
-    zero = {**dict(enumerate(shares)), 2: bytes(4) + shares[2][4:]}
-    assert bad_holders(zero, 3) == {2}
-    with pytest.raises(ValueError, match="threshold 0 must be at least 1"):
-        bad_holders(dict(enumerate(shares)), 0)
+def points_of(commitment: bytes) -> list[EccPoint]:
+    t = int.from_bytes(commitment[:2], "big")
+    return [EccPoint(int.from_bytes(commitment[i:i + 32], "big"),
+                     int.from_bytes(commitment[i + 32:i + 64], "big"), "p256")
+            for i in range(2, 2 + 64 * t, 64)]
 
 
-def unmask_reply(holder: int, shares: dict[int, bytes]) -> Message:
-    """Node ``holder``'s unmask reply: its shares of each owner's secret."""
-    request = Message(RecordDict(), dst_node_id=holder, message_type=MessageType.TRAIN)
-    content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({
-        Key.NODE_ID_LIST: list(shares), Key.SHARE_LIST: list(shares.values())})})
-    return Message(content, reply_to=request)
+@pytest.mark.parametrize("t", [1, 3, 4])
+def test_the_commitment_commits_to_the_polynomial_the_shares_lie_on(t):
+    """The points are a_j G for the coefficients the shares determine (solved here from
+    t shares), every other share lies on that polynomial, and f(0) opens the secret."""
+    secret = os.urandom(306)  # the length of Flower's sk1 PEM
+    commitment, shares = deal(secret, t, HOLDERS)
+    a = coefficients_from(shares, t)
+    generator = EccPoint(0x6B17D1F2E12C4247F8BCE6E563A440F277037D812DEB33A0F4A13945D898C296,
+                         0x4FE342E2FE1A7F9B8EE7EB4A7C0F9E162BCE33576B315ECECBB6406837BF51F5,
+                         "p256")  # FIPS 186-4's P-256 base point
+    assert points_of(commitment) == [generator * coefficient for coefficient in a]
+    for share in shares:
+        x, y, carried = read_share(share)
+        assert y == sum(c * pow(x, j, Q) for j, c in enumerate(a)) % Q
+        assert carried == commitment
+    assert all(verify(share, commitment, x) is None for share, x in zip(shares, HOLDERS))
 
 
-def test_a_holder_wrong_for_one_owner_only_takes_that_owner_out_with_it():
-    """Node 1003 returns a wrong share of node 1001's secret only: SecAgg+ cannot tell
-    whether 1001 dealt it wrong or 1003 returned it wrong, so both leave the run; node
-    1003 is the one named in the round's record. Honest shares refuse nothing."""
-    secrets = {owner: create_shares(RNG.randbytes(32), 3, 5) for owner in (1000, 1001)}
-    holders = range(1000, 1005)
-    partitions = SimpleNamespace(partition_of=lambda cid: int(cid) - 1000)
-    grid = ScreeningGrid(None, SimpleNamespace(pipeline=SimpleNamespace(registry=partitions)),
-                         None, 3)
-    grid.threshold = 3
-    honest = [unmask_reply(h, {o: s[h - 1000] for o, s in secrets.items()}) for h in holders]
-    grid.check_shares(honest)
-    assert grid.rejected == []
-    lied = [unmask_reply(h, {o: wrong(s[h - 1000]) if (h, o) == (1003, 1001) else s[h - 1000]
-                             for o, s in secrets.items()}) for h in holders]
-    with pytest.raises(RoundRefused) as refusal:
-        grid.check_shares(lied)
-    assert sorted(refusal.value.excluded) == ["1001", "1003"]
-    assert "dealt wrong by it, or returned wrong by node 1003" in refusal.value.excluded["1001"]
-    assert grid.rejected == [{"node": "1003", "partition": 3, "reason": (
-        "its unmask shares of the secrets of node(s) [1001] disagree with the other holders' "
-        "(off the polynomial they agree on)")}]
+def test_any_threshold_of_shares_combine_to_the_secret_and_fewer_do_not():
+    secret = os.urandom(32)
+    _, shares = deal(secret, 3, HOLDERS)
+    for subset in itertools.combinations(shares, 3):
+        assert combine(list(subset)) == secret
+    assert combine(shares) == secret
+    with pytest.raises(ShareError, match="2 distinct share"):
+        combine(shares[:2])
+    with pytest.raises(ShareError, match="2 distinct share"):
+        combine([shares[0], shares[0], shares[1]])
+
+
+def test_feldmans_check_refuses_every_share_off_the_committed_polynomial():
+    commitment, shares = deal(os.urandom(32), 3, HOLDERS)
+    other, _ = deal(os.urandom(32), 3, HOLDERS)
+    x, y, _ = read_share(shares[0])
+    assert verify(off_by_one(shares[0]), commitment, 1000) == (
+        "it fails its dealer's commitment (Feldman's check)")
+    for _ in range(20):  # any other value
+        value = RNG.randrange(Q)
+        if value != y:
+            assert verify(x.to_bytes(8, "big") + value.to_bytes(32, "big") + commitment,
+                          commitment, 1000) is not None
+    assert verify(shares[1], commitment, 1000) == (
+        "its index 1001 is not its holder's node id 1000")
+    assert verify(shares[0], other, 1000) == "it carries another commitment than the dealer's"
+    broken = commitment[:2] + bytes(range(64)) + commitment[66:]
+    assert verify(shares[0], broken, 1000) == "a commitment point is not on P-256"
+    assert verify(b"short", commitment, 1000) == "a share is too short"
+
+
+def test_flowers_sharing_and_combining_are_the_verifiable_ones():
+    """Both apps install the shares into the two Flower modules that call Shamir's
+    functions; dealing outside :func:`dealing` (no holders known) fails loudly."""
+    (client, _), (server, _) = PATCHED  # by module path: the packages export functions
+    assert importlib.import_module(client).create_shares is deal_for_flower
+    assert importlib.import_module(server).combine_shares is combine
+    with pytest.raises(RuntimeError, match="outside fedefc's dealing"):
+        deal_for_flower(b"seed", 2, 3)
+    with dealing(HOLDERS[:3]) as made:
+        shares = deal_for_flower(b"seed" * 8, 2, 3)
+    assert [read_share(s)[0] for s in shares] == HOLDERS[:3] and len(made) == 1
+    assert verify(shares[2], made[0], 1002) is None
+
+
+def channel(holder_keys, dealer_keys) -> bytes:
+    return generate_shared_key(dealer_keys[0], holder_keys[1])
+
+
+def test_a_provable_complaint_names_the_dealer_or_the_false_complainer():
+    """The server opens the dealer's ciphertext it relayed with the complaint's key
+    (Flower's Fernet channel): shares failing the dealer's commitments name the dealer;
+    shares that pass name the holder; a key that does not open them names the holder."""
+    holder, dealer = generate_key_pairs(), generate_key_pairs()
+    key = channel(holder, dealer)
+    commitments, dealt = zip(*(deal(os.urandom(n), 3, HOLDERS) for n in (32, 306)))
+    honest = encrypt(key, share_keys_plaintext_concat(1001, 1000, dealt[0][0], dealt[1][0]))
+    lying = encrypt(key, share_keys_plaintext_concat(1001, 1000, dealt[0][0],
+                                                     off_by_one(dealt[1][0])))
+    culprit, reason = judge_complaint(1000, 1001, key, lying, list(commitments))
+    assert culprit == 1001 and reason == ("it dealt node 1000 a share of sk1 that fails its "
+                                          "dealer's commitment (Feldman's check)")
+    culprit, reason = judge_complaint(1000, 1001, key, honest, list(commitments))
+    assert culprit == 1000 and reason.endswith("a false complaint")
+    other = channel(generate_key_pairs(), dealer)
+    culprit, reason = judge_complaint(1000, 1001, other, lying, list(commitments))
+    assert culprit == 1000 and "does not open them" in reason
+    assert judge_complaint(1000, 1001, key, None, list(commitments))[0] == 1000
+
+
+def test_the_server_checks_each_returned_share_and_each_commitment():
+    """An unmask reply's shares: b's commitment for the nodes the request calls active,
+    sk1's for the dropped; a holder's own share of another owner, or one off the
+    polynomial, is wrong. A share-keys reply must carry two commitments of the round's
+    threshold."""
+    dealings = {owner: [deal(os.urandom(n), 3, HOLDERS) for n in (32, 306)]
+                for owner in HOLDERS}
+    commitments = {o: [c for c, _ in d] for o, d in dealings.items()}
+    share = {o: [s[HOLDERS.index(1002)] for _, s in d] for o, d in dealings.items()}
+    request = {Key.ACTIVE_NODE_ID_LIST: [1000, 1001], Key.DEAD_NODE_ID_LIST: [1003]}
+    reply = {Key.NODE_ID_LIST: [1000, 1001, 1003],
+             Key.SHARE_LIST: [share[1000][0], share[1001][0], share[1003][1]]}
+    assert wrong_shares(request, reply, 1002, commitments) == {}
+    reply[Key.SHARE_LIST] = [share[1000][1], off_by_one(share[1001][0]), share[1003][1]]
+    assert wrong_shares(request, reply, 1002, commitments) == {
+        1000: "its share of node 1000's b carries another commitment than the dealer's",
+        1001: "its share of node 1001's b fails its dealer's commitment (Feldman's check)"}
+    assert bad_commitments(commitments[1000], 3) is None
+    assert "has 3 point(s), not the round's threshold 4" in bad_commitments(
+        commitments[1000], 4)
+    assert bad_commitments([commitments[1000][0]], 3) == (
+        "share-keys reply without its two commitments")
+    assert "unreadable" in bad_commitments([b"\x00", b"\x00"], 3)
