@@ -33,6 +33,7 @@ import argparse
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -621,11 +622,13 @@ def flwr_words(message: str) -> str:
 
 
 def wait_for_superlink(connection: str, env: dict[str, str], cwd: Path,
-                       timeout: float = 60.0, refused_s: float = REFUSED_S) -> None:
+                       timeout: float = 60.0, refused_s: float = REFUSED_S
+                       ) -> dict[str, Any]:
     """Wait until the SuperLink of ``connection`` answers ``flwr ls`` (one started just
     before, as in the quick start, may need a few seconds); LaunchError after ``timeout``,
     or after ``refused_s`` while nothing listens at its address (the port refuses: no
-    SuperLink there, or the connection's address is wrong), said at the first refusal."""
+    SuperLink there, or the connection's address is wrong), said at the first refusal.
+    Returns what ``flwr ls`` said (its runs)."""
     start = time.monotonic()
     address = connection_address(connection, env)
     where = f"{address[0]}:{address[1]}" if address else connection
@@ -648,7 +651,7 @@ def wait_for_superlink(connection: str, env: dict[str, str], cwd: Path,
             continue
         res = flwr_json(["ls", connection], env, cwd)
         if res.get("success", True):
-            return
+            return res
         message = flwr_words(str(res.get("error-message", res)))
         if "unavailable" not in message:
             raise UsageError(f"flwr cannot use connection {connection!r}: {message} (add it "
@@ -692,11 +695,13 @@ def cmd_register(args: argparse.Namespace) -> int:
     return 0
 
 
-def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path) -> None:
-    """UsageError naming the runs that have not finished on the SuperLink: a second run
-    would share the SuperNodes with them (each slowing the other, both recorded as if
-    alone) and its out-dir may be theirs."""
-    busy = active_runs(connection, env, cwd)
+def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path,
+                            listing: dict[str, Any] | None = None) -> None:
+    """UsageError naming the runs that have not finished on the SuperLink (``listing``:
+    what ``flwr ls`` said just now, else asked again): a second run would share the
+    SuperNodes with them (each slowing the other, both recorded as if alone) and its
+    out-dir may be theirs."""
+    busy = active_runs(connection, env, cwd, listing)
     if busy:
         listed = ", ".join(f"{run_id} ({status})" for run_id, status in busy)
         first = busy[0][0]
@@ -738,6 +743,25 @@ def resume_command(args: argparse.Namespace, out_dir: str) -> str:
     return (f"FLWR_HOME={shlex.quote(home)} " if home else "") + shlex.join(words)
 
 
+SILENT_NODE = re.compile(r"node (\d+) failed to declare: no reply within")
+
+
+def silent_nodes_hint(reason: str, connection: str = "CONNECTION") -> str | None:
+    """What to do about the nodes that a failed run's ``reason`` names as never
+    answering: each may be stuck (docs/RELIABILITY.md, "A SuperLink restart
+    mid-round"), and restarting it clears whatever it holds."""
+    nodes = sorted(set(SILENT_NODE.findall(reason)))
+    if not nodes:
+        return None
+    return (f"Node{'s' * (len(nodes) > 1)} {', '.join(nodes)} never answered: if "
+            f"{'they are' if len(nodes) > 1 else 'it is'} online (flwr supernode ls "
+            f"{connection} lists the node ids, each by its key's name with node "
+            "authentication), a SuperNode may be stuck: restart it on its machine (Ctrl-C "
+            "its fedefc deploy supernode and start it again, or sudo systemctl restart "
+            "fedefc-supernode-K), then submit the run again; its supernode.log says what it "
+            "received last")
+
+
 def explain_failure(outcome: RunOutcome, out_dir: str, connection: str,
                     resume: str | None = None) -> str:
     """What the operator reads when a run did not complete: its status, the reason its
@@ -750,6 +774,8 @@ def explain_failure(outcome: RunOutcome, out_dir: str, connection: str,
     if outcome.superlink_lost:
         lines.append(superlink_lost_text(connection, outcome.superlink_lost, resume or (
             f"fedefc deploy submit {connection} --resume {out_dir}")))
+    if hint := silent_nodes_hint(reason, connection):
+        lines.append(hint)
     if "already holds results" in reason:
         lines.append(f"Its out-dir {out_dir} holds an earlier run's results, left untouched; "
                      "this run wrote nothing there. Submit again with a new out-dir.")
@@ -852,8 +878,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         sign = (key, args.key_id or Path(key).name)
     env = flwr_env(default_flwr_home())
     progress(f"asking the SuperLink of connection {args.connection!r} (flwr ls)")
-    wait_for_superlink(args.connection, env, Path.cwd())
-    refuse_a_busy_superlink(args.connection, env, Path.cwd())
+    listing = wait_for_superlink(args.connection, env, Path.cwd())
+    refuse_a_busy_superlink(args.connection, env, Path.cwd(), listing)
     try:
         outcome = submit_resuming(args.connection, cfg.to_flat(), env, sign,
                                   args.max_resumes, args.reconnect_wait)
@@ -916,7 +942,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     print(f"fetched {args.source} -> {dest}: "
           f"{', '.join(sorted(p.name for p in dest.iterdir()))}")
     if summary.get("status") == "failed":
-        print(f"fedefc deploy: the run FAILED: {summary.get('failure', 'no reason recorded')}",
+        failure = summary.get("failure", "no reason recorded")
+        hint = silent_nodes_hint(failure)
+        print(f"fedefc deploy: the run FAILED: {failure}" + (f"\n{hint}" if hint else ""),
               file=sys.stderr)
         return 1
     if summary.get("status") == "degraded":

@@ -127,9 +127,11 @@ def flower_reason(connection: str, run_id: str, env: dict[str, str], cwd: Path
     return f"Flower says: {details}" if details else None
 
 
-def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[str, str]]:
-    """(run id, status) of every run of the SuperLink that has not finished."""
-    res = flwr_json(["ls", connection], env, cwd)
+def active_runs(connection: str, env: dict[str, str], cwd: Path,
+                listing: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(run id, status) of every run of the SuperLink that has not finished, from
+    ``listing`` (what ``flwr ls`` said just now) or a new ``flwr ls``."""
+    res = listing if listing is not None else flwr_json(["ls", connection], env, cwd)
     return [(str(r["run-id"]), str(r["status"])) for r in res.get("runs") or []
             if not str(r.get("status", "")).startswith("finished")]
 

@@ -48,12 +48,16 @@ its log, its first record and its summary's notes, or, when no partition is serv
 fails at once. It also fails at once (after :data:`SETTLE_S`, so that nodes connecting
 together are all asked) when every node that connected refused for a reason that
 waiting does not change: its declaration refused here, or an error reply that is a
-config mismatch or its policy's refusal (:attr:`.failures.NodeRefused.permanent`).
+config mismatch or its policy's refusal (:attr:`.failures.NodeRefused.permanent`);
+without that pause when those nodes are the whole federation they were started for
+(each refused the run's num-clients for the same ``num-partitions`` N, and N of them are
+connected: no node is still to come; :meth:`PartitionRegistry.whole_federation_refused`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 from logging import INFO, WARNING
 from typing import Any
@@ -77,6 +81,8 @@ POLL_S = 1.0  # how often the wait for the nodes looks again
 REPORT_S = 15.0  # how often it logs who is missing
 RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
 SETTLE_S = 20.0  # how long every node must stand by a lasting refusal before the run fails
+# a node's refusal of the run's num-clients (fedefc_client/node.py: partition_of)
+NUM_PARTITIONS_REFUSED = re.compile(r"num-partitions=(\d+) differs from the run's num-clients")
 
 
 def ranges(ids: list[int], limit: int = 12) -> str:
@@ -310,7 +316,8 @@ class PartitionRegistry:
             if not serving and nodes and all(map(self.refused_for_good, nodes)):
                 if refused_since is None or refused_since[0] != frozenset(nodes):
                     refused_since = (frozenset(nodes), now)
-                elif now - refused_since[1] >= min(SETTLE_S, self.wait_for_nodes / 2):
+                elif (now - refused_since[1] >= min(SETTLE_S, self.wait_for_nodes / 2)
+                      or self.whole_federation_refused(nodes)):
                     raise RunFailed(
                         f"every node that connected refused the run for a reason that "
                         f"waiting does not change (its config or its policy), so the run "
@@ -332,6 +339,15 @@ class PartitionRegistry:
         was refused, or replied with an error (a node that did not answer may still)."""
         return (cid in self._pid_of_cid or cid in self._refused or cid in self._waiting
                 or self._failed.get(cid, ("", 0.0, False))[2])
+
+    def whole_federation_refused(self, nodes) -> bool:
+        """Whether ``nodes`` (every one refused for good) are the whole federation they
+        were started for: each refused the run's num-clients naming the same
+        num-partitions N, and N of them are connected, so no node is still to come and the
+        pause of :data:`SETTLE_S` would change nothing."""
+        counts = {int(m.group(1)) if (m := NUM_PARTITIONS_REFUSED.search(
+            self._failed.get(cid, ("",))[0])) else None for cid in nodes}
+        return len(counts) == 1 and None not in counts and len(nodes) >= counts.pop()
 
     def absences(self, served) -> list[dict[str, Any]]:
         """The run's partitions not among ``served``, each with why no node serves it

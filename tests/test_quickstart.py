@@ -619,6 +619,27 @@ def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, 
     assert deployment.flwr_words(said).endswith("connection configuration")
 
 
+def test_a_node_that_never_answered_is_named_with_what_to_do(tmp_path, capsys):
+    """Issue 49's trial: the resumed run failed after 300 s naming node 0 as failed to
+    declare, and neither the error nor the docs said that the node was stuck and that
+    restarting it clears it. submit and fetch now say so for each such node."""
+    reason = ("waited 300 s (wait-for-nodes) for a node of each of the run's 2 partitions "
+              "(num-clients); 1 of 2 partitions served by 2 connected nodes; missing "
+              "partitions 0; node 8127 failed to declare: no reply within 300 s")
+    told = deployment.explain_failure(RunOutcome("5", "finished:failed", reason), "/srv/r",
+                                      "site")
+    assert "Node 8127 never answered: if it is online (flwr supernode ls site lists" in told
+    assert "restart it on its machine" in told and "fedefc-supernode-K" in told
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "failure": reason}))
+    assert main(["deploy", "fetch", str(run), str(tmp_path / "here")]) == 1
+    assert "Node 8127 never answered" in capsys.readouterr().err
+    refused = reason.replace("no reply within 300 s", "error 0: ConfigError: mismatch")
+    assert "never answered" not in deployment.explain_failure(
+        RunOutcome("5", "finished:failed", refused), "/srv/r", "site")
+
+
 def attempts(monkeypatch, outcomes: list[RunOutcome]) -> list[dict]:
     """``fedefc deploy submit`` against a SuperLink whose attempts end as ``outcomes``, in
     turn; the run configs it submitted."""
