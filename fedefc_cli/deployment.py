@@ -587,7 +587,8 @@ def default_flwr_home() -> Path:
     return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
 
 
-REFUSED_S = 10.0  # how long a first ask waits for a SuperLink whose port refuses
+REFUSED_S = 30.0  # how long a first ask waits for a SuperLink whose port refuses (one
+# started just before, as in the quick start, can take that long to listen on a busy machine)
 
 
 def connection_address(connection: str, env: dict[str, str]) -> tuple[str, int] | None:

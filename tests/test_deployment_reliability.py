@@ -247,8 +247,11 @@ class Supervised:
                           rf"[^\n]*\n[^\n]*{step} successfully")
         return log.is_file() and bool(done.search(log.read_text(errors="replace")))
 
-    def wait_restarted(self, program: str, victim: int) -> None:
-        """Until ``fedefc deploy superlink`` runs ``program`` again (not ``victim``)."""
+    def crash(self, program: str) -> None:
+        """SIGKILL ``program`` of the SuperLink machine, then wait until ``fedefc deploy
+        superlink`` runs it again."""
+        victim = self.superlink_machine(program)
+        os.kill(victim, signal.SIGKILL)
         wait_until(lambda: named(descendants(self.foreground["superlink"].pid)[1:], program)
                    not in ([], [victim]), f"{program} not started again", patience(600))
 
@@ -359,9 +362,7 @@ def test_a_killed_superexec_is_restarted_and_the_run_resumes_itself(supervised, 
     submit = supervised.submit("submit-superexec", cfg)
     try:
         wait_for_round(out, 1)
-        victim = supervised.superlink_machine("flower-superexec")
-        os.kill(victim, signal.SIGKILL)
-        supervised.wait_restarted("flower-superexec", victim)
+        supervised.crash("flower-superexec")
         code = submit.wait(timeout=patience(RUN_LIMIT_S))
     finally:
         stop_submit(submit)
@@ -416,9 +417,7 @@ def test_superlink_killed_at_three_moments_of_a_round_the_run_resumes_each_time(
             wait_until(lambda m=moment: (run := supervised.current_run("submit-superlink"))
                        is not None and m(run), "the moment to kill the SuperLink not reached",
                        patience(1800))
-            victim = supervised.superlink_machine("flower-superlink")
-            os.kill(victim, signal.SIGKILL)
-            supervised.wait_restarted("flower-superlink", victim)
+            supervised.crash("flower-superlink")
         code = submit.wait(timeout=patience(RUN_LIMIT_S))
     finally:
         stop_submit(submit)
