@@ -33,6 +33,8 @@ import argparse
 import ipaddress
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -55,6 +57,7 @@ from .app_signing import SigningKeyError
 from .end_of_run import tell_run
 from .errors import EXIT_DEGRADED, LaunchError, UsageError
 from .flower import (
+    COLOUR,
     RunOutcome,
     SuperLinkGone,
     active_runs,
@@ -64,6 +67,7 @@ from .flower import (
     free_port,
     submit_run,
 )
+from .flower_repairs import command as repaired
 from .prepare_data import write_image_folder
 from .procs import Processes, ProcessGroup, wait_for_port
 from .run_configs import APP_DIR, inexact_resume_note, merged_config, resume_config, toml_value
@@ -164,13 +168,12 @@ def supernode_flags(superlink: str, node_config: dict[str, Any], host: str, port
 
 def superexec_command(runtime_address: str, ca_cert: str | None, superexec_secret: str | None,
                       trusted_keys: str | None, state: Path) -> list[str]:
-    """The SuperExec's command line: ``flower-superexec`` with :func:`superexec_flags`; with
-    ``trusted_keys`` it runs only apps signed by one of them (:mod:`.trusted_apps`, its
-    launchers in ``state/bin``)."""
+    """The SuperExec's command line: ``flower-superexec`` with :func:`superexec_flags` and
+    the repairs of :mod:`.flower_repairs`; with ``trusted_keys`` it runs only apps signed
+    by one of them (:mod:`.trusted_apps`, its launchers in ``state/bin``)."""
     try:
-        return superexec_argv(flower_bin("flower-superexec"),
-                              superexec_flags(runtime_address, ca_cert, superexec_secret),
-                              trusted_keys, state)
+        return superexec_argv(repaired("superexec", superexec_flags(
+            runtime_address, ca_cert, superexec_secret)), trusted_keys, state)
     except SigningKeyError as err:
         raise UsageError(f"--trusted-keys: {err}") from None
 
@@ -269,11 +272,10 @@ class LocalDeployment(ProcessGroup):
         """Start one SuperNode and its SuperExec (folder ``work_dir/name``)."""
         folder, env = state_dir(self.work_dir / name)
         port = free_port()
-        proc = self.procs.start(f"{name} flower-supernode", [flower_bin("flower-supernode"),
-                                *supernode_flags(self.address, node.node_config, "127.0.0.1",
-                                                 port, self.ca_cert, node.auth_key,
-                                                 node.superexec_secret), *node.extra_flags],
-                                env, folder, folder / "supernode.log")
+        proc = self.procs.start(f"{name} flower-supernode", repaired("supernode", [
+            *supernode_flags(self.address, node.node_config, "127.0.0.1", port, self.ca_cert,
+                             node.auth_key, node.superexec_secret), *node.extra_flags]),
+            env, folder, folder / "supernode.log")
         self.procs.start(f"{name} flower-superexec", superexec_command(
             f"127.0.0.1:{port}", None, node.superexec_secret, node.trusted_keys, folder),
             env, folder, folder / "superexec.log")
@@ -370,7 +372,8 @@ class Supervisor:
     killer, an operator's kill); one that exits by itself sooner (it could not start: a
     flag, a port, a key), or more than ``max_restarts`` times in ``window_s``, stops them
     all. Every exit is reported
-    with the end of its log and ``hint(name, log text)``, when that explains it."""
+    with the end of its log (its colour codes only on a terminal) and ``hint(name, log
+    text)``, when that explains it."""
 
     def __init__(self, procs: Processes, hint=None, settle_s: float = 30.0,
                  pause_s: float = 2.0, max_restarts: int = 5, window_s: float = 600.0,
@@ -388,6 +391,8 @@ class Supervisor:
     def report(self, name: str, code: int | None, log: Path | None) -> None:
         text = log.read_text(errors="replace") if log and log.exists() else ""
         tail = "\n".join(text.splitlines()[-15:])
+        if not sys.stderr.isatty():  # Flower's colour codes, for a terminal only
+            tail = COLOUR.sub(b"", tail.encode()).decode(errors="replace")
         print(f"fedefc deploy: {name} exited with code {code} at "
               f"{time.strftime('%H:%M:%S')}; the end of its log {log}:\n{tail}",
               file=sys.stderr, flush=True)
@@ -456,6 +461,7 @@ class Pair:
     ``fedefc deploy service`` writes as systemd units (the same commands)."""
 
     name: str  # "superlink" or "supernode-K"
+    program: str  # "flower-superlink" or "flower-supernode": what ``main`` runs
     main: list[str]  # flower-superlink / flower-supernode and its flags
     superexec: list[str]  # the SuperExec's command (superexec_command)
     state: Path  # its folder (FLWR_HOME, database, logs)
@@ -486,7 +492,8 @@ def superlink_pair(args: argparse.Namespace, state: Path | None = None) -> Pair:
     summary = (f"SuperLink on {args.host}:{args.port} ({'TLS' if tls else 'insecure'}"
                f"{', SuperNode authentication' if args.node_auth else ''}"
                f"{', signed apps only' if args.trusted_keys else ''})")
-    return Pair("superlink", main, superexec, state, (local, args.port), summary)
+    return Pair("superlink", "flower-superlink", main, superexec, state, (local, args.port),
+                summary)
 
 
 def supernode_pair(args: argparse.Namespace, port: int, state: Path | None = None,
@@ -508,14 +515,14 @@ def supernode_pair(args: argparse.Namespace, port: int, state: Path | None = Non
     key = check_private(args.auth_key, "--auth-key") if args.auth_key else None
     secret = (check_private(args.superexec_secret, "--superexec-secret")
               if args.superexec_secret else None)
-    main = [flower_bin("flower-supernode"), *supernode_flags(
-        args.superlink, node_config, "127.0.0.1", port, ca, key, secret)]
+    main = repaired("supernode", supernode_flags(args.superlink, node_config, "127.0.0.1",
+                                                 port, ca, key, secret))
     superexec = superexec_command(f"127.0.0.1:{port}", None, secret, args.trusted_keys, state)
     summary = (f"SuperNode (partition-id {args.partition_id}) -> SuperLink {args.superlink}; "
                f"Runtime API 127.0.0.1:{port}"
                f"{'; signed apps only' if args.trusted_keys else ''}")
-    return Pair(f"supernode-{args.partition_id}", main, superexec, state, ("127.0.0.1", port),
-                summary)
+    return Pair(f"supernode-{args.partition_id}", "flower-supernode", main, superexec, state,
+                ("127.0.0.1", port), summary)
 
 
 def cmd_superlink(args: argparse.Namespace) -> int:
@@ -554,7 +561,7 @@ def _run_pair(pair: Pair, hint=None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     procs = Processes()
-    name = Path(pair.main[0]).name
+    name = pair.program
     try:
         procs.start(name, pair.main, pair.env, pair.state,
                     pair.state / f"{name.removeprefix('flower-')}.log")
@@ -581,20 +588,77 @@ def default_flwr_home() -> Path:
     return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
 
 
+REFUSED_S = 30.0  # how long a first ask waits for a SuperLink whose port refuses (one
+# started just before, as in the quick start, can take that long to listen on a busy machine)
+
+
+def connection_address(connection: str, env: dict[str, str]) -> tuple[str, int] | None:
+    """(host, port) of ``connection`` in ``$FLWR_HOME/config.toml``, if it is there."""
+    path = Path(env.get("FLWR_HOME") or default_flwr_home()) / "config.toml"
+    try:
+        with open(path, "rb") as fh:
+            address = str(tomllib.load(fh)["superlink"][connection]["address"])
+        host, _, port = address.rpartition(":")
+        return host.strip("[]"), int(port)
+    except (OSError, KeyError, TypeError, ValueError, tomllib.TOMLDecodeError):
+        return None
+
+
+def port_refuses(address: tuple[str, int] | None) -> bool:
+    """Whether nothing listens at ``address`` (the connection is refused at once)."""
+    if address is None:
+        return False
+    try:
+        with socket.create_connection(address, timeout=5.0):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # a timeout, a name that does not resolve: flwr says what it is
+        return False
+
+
+def flwr_words(message: str) -> str:
+    """flwr's error text without its progress lines, as one sentence without a closing
+    full stop (it ends its own with two)."""
+    return message.strip().split("\n\n")[-1].strip().rstrip(".")
+
+
 def wait_for_superlink(connection: str, env: dict[str, str], cwd: Path,
-                       timeout: float = 60.0) -> None:
+                       timeout: float = 60.0, refused_s: float = REFUSED_S
+                       ) -> dict[str, Any]:
     """Wait until the SuperLink of ``connection`` answers ``flwr ls`` (one started just
-    before, as in the quick start, may need a few seconds); LaunchError after ``timeout``."""
-    deadline = time.monotonic() + timeout
+    before, as in the quick start, may need a few seconds); LaunchError after ``timeout``,
+    or after ``refused_s`` while nothing listens at its address (the port refuses: no
+    SuperLink there, or the connection's address is wrong), said at the first refusal.
+    Returns what ``flwr ls`` said (its runs)."""
+    start = time.monotonic()
+    address = connection_address(connection, env)
+    where = f"{address[0]}:{address[1]}" if address else connection
+    said = False
     while True:
+        if port_refuses(address):
+            if not said:
+                print(f"fedefc deploy: nothing listens on {where} (connection {connection!r} "
+                      f"refused); waiting up to {refused_s:.0f} s for a SuperLink to start "
+                      "there", file=sys.stderr, flush=True)
+                said = True
+            if time.monotonic() - start > refused_s:
+                raise LaunchError(
+                    f"nothing listens on {where}, the address of connection {connection!r}: "
+                    f"the connection was refused for {refused_s:.0f} s. Is the SuperLink "
+                    "running (deploy/start-superlink.sh; its log says which --host and "
+                    "--port it serves), and is the connection's address right (fedefc "
+                    f"deploy connection {connection} HOST:PORT)?")
+            time.sleep(1.0)
+            continue
         res = flwr_json(["ls", connection], env, cwd)
         if res.get("success", True):
-            return
-        message = str(res.get("error-message", res)).strip()
+            return res
+        message = flwr_words(str(res.get("error-message", res)))
         if "unavailable" not in message:
             raise UsageError(f"flwr cannot use connection {connection!r}: {message} (add it "
                              f"with: fedefc deploy connection {connection} HOST:PORT)")
-        if time.monotonic() > deadline:
+        if time.monotonic() - start > timeout:
             raise LaunchError(f"the SuperLink of connection {connection!r} did not answer "
                               f"within {timeout:.0f} s: {message}. "
                               "Is it running (deploy/start-superlink.sh), and is the "
@@ -633,11 +697,13 @@ def cmd_register(args: argparse.Namespace) -> int:
     return 0
 
 
-def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path) -> None:
-    """UsageError naming the runs that have not finished on the SuperLink: a second run
-    would share the SuperNodes with them (each slowing the other, both recorded as if
-    alone) and its out-dir may be theirs."""
-    busy = active_runs(connection, env, cwd)
+def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path,
+                            listing: dict[str, Any] | None = None) -> None:
+    """UsageError naming the runs that have not finished on the SuperLink (``listing``:
+    what ``flwr ls`` said just now, else asked again): a second run would share the
+    SuperNodes with them (each slowing the other, both recorded as if alone) and its
+    out-dir may be theirs."""
+    busy = active_runs(connection, env, cwd, listing)
     if busy:
         listed = ", ".join(f"{run_id} ({status})" for run_id, status in busy)
         first = busy[0][0]
@@ -647,26 +713,71 @@ def refuse_a_busy_superlink(connection: str, env: dict[str, str], cwd: Path) -> 
             f"or stop it (flwr stop {first} {connection}), then submit again")
 
 
-def superlink_lost_text(connection: str, when: str, out_dir: str) -> str:
-    """Where to look when the SuperLink stopped during a run, and how to go on."""
+def superlink_lost_text(connection: str, when: str, resume: str) -> str:
+    """Where to look when the SuperLink stopped during a run, and how to go on (the
+    command ``resume``: :func:`resume_command`)."""
     return (f"The SuperLink of connection {connection!r} stopped answering at {when}. Its "
             "log is superlink.log in its state folder on the SuperLink machine (the "
             "folder fedefc deploy superlink printed; ~/.fedefc/superlink/ by default), or "
             "journalctl -u fedefc-superlink for the service; its SuperExec's is "
             "superexec.log beside it. A SuperLink that restarts ends the run it was "
-            "running as failed; once it answers again, continue the run with: fedefc "
-            f"deploy submit {connection} --resume {out_dir}")
+            f"running as failed; once it answers again, continue the run with: {resume}")
 
 
-def explain_failure(outcome: RunOutcome, out_dir: str, connection: str) -> str:
+def resume_command(args: argparse.Namespace, out_dir: str) -> str:
+    """The ``fedefc deploy submit`` command that resumes the run of ``args`` (a submit's
+    flags) whose out-dir is ``out_dir``, complete for the deployment it came from: its
+    connection (with ``FLWR_HOME`` where one is set), its signing key and key id, and,
+    where the out-dir is not on this machine (its config.json cannot be read here), the
+    preset and ``--set`` of the submission, which the resumed run must repeat."""
+    words = ["fedefc", "deploy", "submit", args.connection]
+    if args.preset and not (Path(out_dir) / "config.json").is_file():
+        words.append(args.preset)
+    words += ["--resume", out_dir]
+    if not (Path(out_dir) / "config.json").is_file():
+        for override in args.overrides:
+            words += ["--set", override]
+    if args.sign_key:
+        words += ["--sign-key", str(Path(args.sign_key).expanduser().resolve())]
+    if args.key_id:
+        words += ["--key-id", args.key_id]
+    home = os.environ.get("FLWR_HOME")
+    return (f"FLWR_HOME={shlex.quote(home)} " if home else "") + shlex.join(words)
+
+
+SILENT_NODE = re.compile(r"node (\d+) failed to declare: no reply within")
+
+
+def silent_nodes_hint(reason: str, connection: str = "CONNECTION") -> str | None:
+    """What to do about the nodes that a failed run's ``reason`` names as never
+    answering: each may be stuck (docs/RELIABILITY.md, "A SuperLink restart
+    mid-round"), and restarting it clears whatever it holds."""
+    nodes = sorted(set(SILENT_NODE.findall(reason)))
+    if not nodes:
+        return None
+    return (f"Node{'s' * (len(nodes) > 1)} {', '.join(nodes)} never answered: if "
+            f"{'they are' if len(nodes) > 1 else 'it is'} online (flwr supernode ls "
+            f"{connection} lists the node ids, each by its key's name with node "
+            "authentication), a SuperNode may be stuck: restart it on its machine (Ctrl-C "
+            "its fedefc deploy supernode and start it again, or sudo systemctl restart "
+            "fedefc-supernode-K), then submit the run again; its supernode.log says what it "
+            "received last")
+
+
+def explain_failure(outcome: RunOutcome, out_dir: str, connection: str,
+                    resume: str | None = None) -> str:
     """What the operator reads when a run did not complete: its status, the reason its
-    log gives, and what is (and is not) in its out-dir."""
+    log gives, and what is (and is not) in its out-dir; ``resume``: the command that
+    resumes it (:func:`resume_command`)."""
     reason = outcome.failure or "its log names no reason"
     lines = [f"run {outcome.run_id} ended {outcome.status}: it did not complete. "
              f"Reason: {reason}",
              f"Its whole log: flwr log {outcome.run_id} {connection}"]
     if outcome.superlink_lost:
-        lines.append(superlink_lost_text(connection, outcome.superlink_lost, out_dir))
+        lines.append(superlink_lost_text(connection, outcome.superlink_lost, resume or (
+            f"fedefc deploy submit {connection} --resume {out_dir}")))
+    if hint := silent_nodes_hint(reason, connection):
+        lines.append(hint)
     if "already holds results" in reason:
         lines.append(f"Its out-dir {out_dir} holds an earlier run's results, left untouched; "
                      "this run wrote nothing there. Submit again with a new out-dir.")
@@ -738,7 +849,7 @@ def submit_resuming(connection: str, run_config: dict[str, Any], env: dict[str, 
               f"{outcome.last_round} ({outcome.failure or 'its log names no reason'}); "
               f"resuming it from its checkpoint in {out_dir} (resume {resumes} of at most "
               f"{max_resumes}: --max-resumes)", file=sys.stderr, flush=True)
-        wait_for_superlink(connection, env, Path.cwd(), reconnect_s)
+        wait_for_superlink(connection, env, Path.cwd(), reconnect_s, refused_s=reconnect_s)
         outcome = submit_run(connection, {**run_config, "resume-from": out_dir,
                                           "out-dir": out_dir},
                              env, Path.cwd(), sign_key=sign, say=progress,
@@ -769,15 +880,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
         sign = (key, args.key_id or Path(key).name)
     env = flwr_env(default_flwr_home())
     progress(f"asking the SuperLink of connection {args.connection!r} (flwr ls)")
-    wait_for_superlink(args.connection, env, Path.cwd())
-    refuse_a_busy_superlink(args.connection, env, Path.cwd())
+    listing = wait_for_superlink(args.connection, env, Path.cwd())
+    refuse_a_busy_superlink(args.connection, env, Path.cwd(), listing)
     try:
         outcome = submit_resuming(args.connection, cfg.to_flat(), env, sign,
                                   args.max_resumes, args.reconnect_wait)
     except SuperLinkGone as gone:
-        print(f"fedefc deploy: the run did not end here: "
-              f"{superlink_lost_text(args.connection, gone.when, cfg.out_dir)}",
-              file=sys.stderr)
+        lost = superlink_lost_text(args.connection, gone.when,
+                                   resume_command(args, cfg.out_dir))
+        print(f"fedefc deploy: the run did not end here: {lost}", file=sys.stderr)
         return 1
     tell_run(cfg.out_dir)
     if outcome.degraded:
@@ -788,8 +899,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
               f"{outcome.run_id} {args.connection}", file=sys.stderr)
         return EXIT_DEGRADED
     if not outcome.completed:
-        print(f"fedefc deploy: {explain_failure(outcome, cfg.out_dir, args.connection)}",
-              file=sys.stderr)
+        explained = explain_failure(outcome, cfg.out_dir, args.connection,
+                                    resume_command(args, cfg.out_dir))
+        print(f"fedefc deploy: {explained}", file=sys.stderr)
         return 1
     print(f"run {outcome.run_id}: {outcome.status}; results in {cfg.out_dir} on the SuperLink "
           "machine (its SUMMARY line above counts client failures and rejected replies; "
@@ -834,7 +946,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
           f"{', '.join(sorted(p.name for p in dest.iterdir()))}")
     tell_run(dest)
     if summary.get("status") == "failed":
-        print(f"fedefc deploy: the run FAILED: {summary.get('failure', 'no reason recorded')}",
+        failure = summary.get("failure", "no reason recorded")
+        hint = silent_nodes_hint(failure)
+        print(f"fedefc deploy: the run FAILED: {failure}" + (f"\n{hint}" if hint else ""),
               file=sys.stderr)
         return 1
     if summary.get("status") == "degraded":

@@ -115,18 +115,24 @@ def flower_reason(connection: str, run_id: str, env: dict[str, str], cwd: Path
                   ) -> str | None:
     """Why Flower says the run ended (its status details, e.g. ``No heartbeat received
     from the task``: a SuperLink that was away longer than the ServerApp's heartbeat
-    patience ends its run so, and the ServerApp's last lines are then refused), or None
-    when it says nothing or cannot be asked. For a failed run whose log names no reason."""
+    patience ends its run so, and the ServerApp's last lines are then refused; for a
+    ServerApp that raised, its exception's text), or None when it says nothing or cannot
+    be asked. For a failed run whose log names no reason."""
     try:
         details = str(run_row(connection, run_id, env, cwd).get("status-details") or "")
     except LaunchError:  # SuperLinkGone too
         return None
-    return f"Flower says: {details.strip()}" if details.strip() else None
+    details = details.strip()
+    if details.startswith(SERVERAPP_RAISED):  # the ServerApp's own exception, not Flower's
+        return f"the ServerApp raised: {details.removeprefix(SERVERAPP_RAISED)}"
+    return f"Flower says: {details}" if details else None
 
 
-def active_runs(connection: str, env: dict[str, str], cwd: Path) -> list[tuple[str, str]]:
-    """(run id, status) of every run of the SuperLink that has not finished."""
-    res = flwr_json(["ls", connection], env, cwd)
+def active_runs(connection: str, env: dict[str, str], cwd: Path,
+                listing: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(run id, status) of every run of the SuperLink that has not finished, from
+    ``listing`` (what ``flwr ls`` said just now) or a new ``flwr ls``."""
+    res = listing if listing is not None else flwr_json(["ls", connection], env, cwd)
     return [(str(r["run-id"]), str(r["status"])) for r in res.get("runs") or []
             if not str(r.get("status", "")).startswith("finished")]
 
@@ -141,6 +147,13 @@ FAILED_LINE = re.compile(r"RUN FAILED: (.*)")
 DEGRADED_LINE = re.compile(r"RUN DEGRADED: (.*)")
 INTERRUPTED_LINE = re.compile(r"RUN INTERRUPTED: (.*)")
 ERROR_LINE = re.compile(r"\b(ERROR|Error|Exception)\b")
+# The last line of a Python traceback: the exception's type (with its module) and text,
+# e.g. "fedefc_cli.app_signing.UntrustedAppError: the app is not signed ...". A ServerApp
+# that raised logs its traceback, then Flower's ``Exit Code: 201`` (any exception), which
+# names no cause; Flower's status details say ``ServerApp failed with exception: TEXT``.
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+EXIT_CODE_LINE = re.compile(r"\bExit Code: \d+")
+SERVERAPP_RAISED = "ServerApp failed with exception: "
 
 
 @dataclass(frozen=True)
@@ -212,14 +225,21 @@ def last_round(lines: list[str]) -> int:
 def failure_reason(lines: list[str], status: str) -> str | None:
     """The last ``RUN FAILED:`` reason of a run's log; for a run Flower did not report
     completed, else its ``RUN INTERRUPTED:`` reason (the app stopped to be resumed), else
-    the last line that names an error (or None)."""
+    the exception the ServerApp raised (its traceback's last line: ``UntrustedAppError:
+    the app is not signed ...``), else the last line that names an error, Flower's
+    ``Exit Code: N`` lines left out (they name no cause), or None."""
     failed = last_reason(lines, FAILED_LINE)
     if failed is not None or status == "finished:completed":
         return failed
     interrupted = last_reason(lines, INTERRUPTED_LINE)
     if interrupted is not None:
         return interrupted
-    errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
+    raised = [f"{m.group(1)}: {m.group(2).strip()}" for line in lines
+              if (m := EXCEPTION_LINE.match(line.strip()))]
+    if raised:
+        return raised[-1]
+    errors = [line.strip() for line in lines
+              if ERROR_LINE.search(line) and not EXIT_CODE_LINE.search(line)]
     return errors[-1] if errors else None
 
 

@@ -6,7 +6,9 @@ commands run (:class:`.deployment.Pair`): the SuperLink or SuperNode, and its Su
 (bound to it: stopped and restarted with it). Each unit:
 
 - runs as the dedicated system user ``--user`` (which must exist and own every private
-  file it reads), never as root; ``UMask=0077`` so that whatever it writes is its own;
+  file it reads), never as root, with that user's primary group (``nogroup`` for
+  ``nobody`` on Debian: not always the user's name); ``UMask=0077`` so that whatever it
+  writes is its own;
 - restarts whenever it exits (``Restart=always``: a SuperExec that gave up on a busy
   SuperLink may exit with code 0) and starts at boot once enabled; the SuperExec alone
   when it exits, both when the SuperLink does (``PartOf=``);
@@ -22,6 +24,7 @@ docs/DEPLOYMENT.md, "Run it as a service", has the install commands.
 from __future__ import annotations
 
 import argparse
+import grp
 import pwd
 import re
 import sys
@@ -71,9 +74,19 @@ def check_service_user(user: str, private_files: list[str]) -> None:
                          f"{user}: {' '.join(foreign)} (they stay mode 0600)")
 
 
+def primary_group(user: str) -> str:
+    """The name of ``user``'s primary group (its number where the group has no name)."""
+    gid = pwd.getpwnam(user).pw_gid
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def unit(description: str, argv: list[str], user: str, state: Path,
          bound_to: str | None = None) -> str:
-    """A service unit running ``argv`` as ``user`` in ``state`` (absolute)."""
+    """A service unit running ``argv`` as ``user`` (with its primary group) in ``state``
+    (absolute)."""
     env = {**ENVIRONMENT, "FLWR_HOME": str(state / "flwr-home"),
            "PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}
     lines = ["[Unit]", f"Description={description}",
@@ -81,7 +94,7 @@ def unit(description: str, argv: list[str], user: str, state: Path,
              "After=network-online.target", "Wants=network-online.target"]
     if bound_to:
         lines += [f"Requires={bound_to}", f"After={bound_to}", f"PartOf={bound_to}"]
-    lines += ["", "[Service]", "Type=simple", f"User={user}", f"Group={user}",
+    lines += ["", "[Service]", "Type=simple", f"User={user}", f"Group={primary_group(user)}",
               f"WorkingDirectory={state}",
               *(f"Environment={systemd_word(f'{k}={v}')}" for k, v in sorted(env.items())),
               f"ExecStart={exec_line(argv)}",
@@ -162,7 +175,7 @@ def cmd_service(args: argparse.Namespace) -> int:
         print(f"fedefc deploy: WARNING: {warning}", file=sys.stderr)
     names = " ".join(p.name for p in paths)
     print(f"wrote {', '.join(str(p) for p in paths)}\ninstall and start them:\n"
-          f"  sudo install -d -o {args.user} -g {args.user} -m 700 {state}\n"
+          f"  sudo install -d -o {args.user} -g {primary_group(args.user)} -m 700 {state}\n"
           f"  sudo cp {' '.join(str(p) for p in paths)} /etc/systemd/system/\n"
           f"  sudo systemctl daemon-reload && sudo systemctl enable --now {names}\n"
           f"logs: journalctl -u {paths[0].name} -u {paths[1].name} (rotated by journald)")

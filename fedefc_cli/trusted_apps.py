@@ -1,6 +1,6 @@
 """``flwr-clientapp`` / ``flwr-serverapp`` that run only apps signed by a trusted key.
 
-    python -m fedefc_cli.trusted_apps superexec TRUSTED_KEYS FOLDER FLOWER_SUPEREXEC [flags]
+    python -m fedefc_cli.trusted_apps superexec TRUSTED_KEYS FOLDER SUPEREXEC [flags]
     python -m fedefc_cli.trusted_apps clientapp|serverapp TRUSTED_KEYS [Flower's args...]
 
 A SuperExec starts every app process by the name ``flwr-clientapp`` (on a SuperNode) or
@@ -8,7 +8,8 @@ A SuperExec starts every app process by the name ``flwr-clientapp`` (on a SuperN
 FILE``, ``fedefc deploy supernode|superlink`` (and the service units) start the SuperExec
 through the first form: it writes ``FOLDER/bin/flwr-clientapp`` and ``flwr-serverapp``
 (:func:`write_launchers`), each running the second form, puts that folder first on PATH
-and becomes ``flower-superexec`` (exec, same PID). The second form is Flower's own app
+and becomes the SuperExec (exec, same PID: ``flower-superexec`` with the repairs of
+:mod:`.flower_repairs`). The second form is Flower's own app
 process, with one check added between
 receiving the app and installing it: :func:`.app_signing.check_signed_fab` on the FAB and
 the run config the run will see. A refused app is never installed nor imported; the
@@ -79,16 +80,16 @@ def write_launchers(folder: Path, trusted_keys: str, python: str = sys.executabl
     return bin_dir
 
 
-def superexec_argv(flower_superexec: str, flags: list[str], trusted_keys: str | None,
-                   folder: Path) -> list[str]:
-    """The command of a SuperExec: ``flower-superexec FLAGS``, or, with ``trusted_keys``,
-    the same through this module's ``superexec`` form (launchers in ``folder/bin``)."""
+def superexec_argv(superexec: list[str], trusted_keys: str | None, folder: Path) -> list[str]:
+    """The command of a SuperExec: ``superexec`` (Flower's SuperExec and its flags), or,
+    with ``trusted_keys``, the same through this module's ``superexec`` form (launchers
+    in ``folder/bin``)."""
     if not trusted_keys:
-        return [flower_superexec, *flags]
+        return superexec
     keys = str(Path(trusted_keys).expanduser().resolve())
     load_trusted_keys(keys)  # refuse a bad file before anything starts
     return [sys.executable, "-m", "fedefc_cli.trusted_apps", "superexec", keys,
-            str(Path(folder).resolve()), flower_superexec, *flags]
+            str(Path(folder).resolve()), *superexec]
 
 
 def _exec_superexec(keys: str, folder: str, argv: list[str]) -> None:
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[0] not in ROLES:
         sys.exit("usage: python -m fedefc_cli.trusted_apps clientapp|serverapp TRUSTED_KEYS "
                  "[flwr-clientapp/flwr-serverapp arguments], or superexec TRUSTED_KEYS FOLDER "
-                 "FLOWER_SUPEREXEC [flags]")
+                 "SUPEREXEC [flags]")
     role, keys, rest = argv[0], argv[1], argv[2:]
     module_name, entry, name = ROLES[role]
     try:

@@ -17,7 +17,11 @@ so in its log, its first record and its summary's notes, or, when no partition i
 served, fails at once. It also fails at once (after :data:`SETTLE_S`, so that nodes
 connecting together are all asked) when every node that connected refused for a reason
 that waiting does not change: its declaration refused, or an error reply that is a
-config mismatch or its policy's refusal (:attr:`.failures.NodeRefused.permanent`).
+config mismatch or its policy's refusal (:attr:`.failures.NodeRefused.permanent`);
+without that pause when those nodes are the whole federation they were started for
+(each refused the run's num-clients for the same ``num-partitions`` N, and N of them are
+connected: no node is still to come;
+:meth:`.node_answers.NodeAnswers.whole_federation_refused`).
 """
 
 from __future__ import annotations
@@ -100,7 +104,8 @@ class Federation:
             if not serving and nodes and all(map(registry.answers.refused_for_good, nodes)):
                 if refused_since is None or refused_since[0] != frozenset(nodes):
                     refused_since = (frozenset(nodes), now)
-                elif now - refused_since[1] >= min(SETTLE_S, self.wait_for_nodes / 2):
+                elif (now - refused_since[1] >= min(SETTLE_S, self.wait_for_nodes / 2)
+                      or registry.answers.whole_federation_refused(nodes)):
                     raise RunFailed(
                         f"every node that connected refused the run for a reason that "
                         f"waiting does not change (its config or its policy), so the run "

@@ -18,6 +18,7 @@ asks a node that failed again only after :data:`RETRY_S`, the wait for the feder
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 from typing import Any
 
@@ -31,6 +32,8 @@ from common.durations import duration_text
 from .failures import NodeRefused
 
 RETRY_S = 30.0  # a node whose declaration failed is asked again after this long
+# a node's refusal of the run's num-clients (fedefc_client/node.py: partition_of)
+NUM_PARTITIONS_REFUSED = re.compile(r"num-partitions=(\d+) differs from the run's num-clients")
 
 
 def ask_declarations(proxies: list[ClientProxy], timeout: float | None, group_id: int,
@@ -124,6 +127,15 @@ class NodeAnswers:
         """Whether node ``cid`` refused in a way that waiting does not change: its
         declaration was refused, or it answered with a lasting refusal."""
         return cid in self.refused or cid in self.lasting
+
+    def whole_federation_refused(self, nodes) -> bool:
+        """Whether ``nodes`` (every one refused for good) are the whole federation they
+        were started for: each refused the run's num-clients naming the same
+        num-partitions N, and N of them are connected, so no node is still to come
+        (:mod:`.federation` then fails the run without its pause)."""
+        counts = {int(m.group(1)) if (m := NUM_PARTITIONS_REFUSED.search(
+            self.failed.get(cid, ("",))[0])) else None for cid in nodes}
+        return len(counts) == 1 and None not in counts and len(nodes) >= counts.pop()
 
     def problems(self) -> list[str]:
         """Each refused or failed node with its reason, refusals first."""

@@ -143,7 +143,8 @@ class RoundLoop(Server):
         done = max((r["round"] for r in self.recorder.rounds), default=0)  # checkpointed
         then = (f"its checkpoint of round {done} is kept: `fedefc deploy submit` resumes "
                 f"it on its own, or by hand `fedefc deploy submit CONNECTION --resume "
-                f"{self.recorder.out_dir}`" if done else
+                f"{self.recorder.out_dir}` with the first submission's --sign-key (and "
+                "--key-id) where its apps are signed" if done else
                 "no round was checkpointed yet: submit the run again")
         return (f"{err}; a message lost with a restarting SuperLink would leave the round "
                 f"waiting forever, so the run stops here, the round not recorded; {then}")

@@ -164,6 +164,8 @@ def link_federation(base: Path) -> dict:
     with LocalDeployment(base / "federation", [flower_check], link_trusted_keys=trusted) as dep:
         dep.wait_online(1)
         found["unsigned"] = outsider_run(dep, noop(base / "m-unsigned"), NOOP_APP)
+        found["forgot-key"] = submit_run(dep.CONNECTION, noop(base / "m-forgot"), dep.cli_env,
+                                         dep.cli_dir, NOOP_APP, timeout=TIMEOUT)
         found["signed"] = submit_run(dep.CONNECTION, noop(base / "m-signed", **{
             "out-dir": str(base / "out-signed")}), dep.cli_env, dep.cli_dir, NOOP_APP,
             timeout=TIMEOUT, sign_key=(str(keys / "coordinator"), "coordinator"))
@@ -233,6 +235,18 @@ def test_an_outsiders_serverapp_never_runs_on_a_checking_superlink(runs):
     unsigned = runs["link"].result()["unsigned"]
     assert unsigned["status"] == "finished:failed" and unsigned["marks"] == []
     assert "refused: the app is not signed" in unsigned["log"]
+
+
+def test_a_run_refused_as_unsigned_is_reported_with_the_refusal_not_an_exit_code(runs):
+    """Issue 49's trial: a resume submitted without --sign-key to a SuperLink that runs
+    signed apps only failed with `Reason: ERROR : Exit Code: 201`, Flower's code for
+    any exception; the cause was only in `flwr log`. submit's reason is now the
+    ServerApp's own exception."""
+    forgot = runs["link"].result()["forgot-key"]
+    assert forgot.status == "finished:failed" and not forgot.interrupted
+    assert forgot.failure.startswith("UntrustedAppError: ") and "the app is not signed" in \
+        forgot.failure, forgot.failure
+    assert "Exit Code" not in deployment.explain_failure(forgot, "/srv/r", "fedefc")
 
 
 def test_flowers_own_trusted_entities_refuse_every_app_sent_by_flwr_run(runs):

@@ -14,6 +14,7 @@ certificate renewal, bringing results home (docs/DEPLOYMENT.md).
 
 from __future__ import annotations
 
+import grp
 import importlib
 import io
 import json
@@ -316,6 +317,26 @@ def test_service_units_run_the_foreground_commands_as_a_dedicated_user(
         assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
+def test_service_units_run_with_the_users_own_primary_group(tmp_path, capsys):
+    """Issue 49's trial: the generator wrote Group=<user> and `install -g <user>`, which
+    fail where the user's group has another name (Debian's nobody is in nogroup). The
+    group is the user's primary group now, by the system's own records."""
+    user = next((u for u in pwd.getpwall() if u.pw_uid != 0
+                 and grp.getgrgid(u.pw_gid).gr_name != u.pw_name), None)
+    if user is None:
+        pytest.skip("no user here whose primary group has another name")
+    group = grp.getgrgid(user.pw_gid).gr_name
+    units = tmp_path / "units"
+    assert main(["deploy", "service", "superlink", "--host", "127.0.0.1", "--port", "8000",
+                 "--state-dir", "/var/lib/fedefc/superlink", "--user", user.pw_name,
+                 "--units-dir", str(units)]) == 0
+    for path in units.iterdir():
+        settings = unit_settings(path.read_text())
+        assert (settings["User"], settings["Group"]) == ([user.pw_name], [group])
+    assert f"sudo install -d -o {user.pw_name} -g {group} -m 700 /var/lib/fedefc/superlink" \
+        in capsys.readouterr().out
+
+
 def test_service_refuses_root_a_missing_user_and_files_it_cannot_read(
         tmp_path, service_user, capsys):
     certs, _, secret = tls_files(tmp_path)
@@ -421,6 +442,21 @@ def test_a_superexec_that_exits_is_started_again_and_the_superlink_kept(tmp_path
     finally:
         procs.stop()
     assert link.poll() is not None and second.poll() is not None  # nothing left running
+
+
+def test_a_crash_report_keeps_colour_codes_off_a_redirected_log(tmp_path, capsys):
+    """Issue 49's trial: the supervisor's report of a crash copied the colour codes of
+    Flower's log into the operator's redirected log. They reach a terminal only."""
+    flaky = ("import sys\nprint('\\x1b[91mERROR \\x1b[0m:     database is locked')\n"
+             "sys.exit(1)")
+    procs, supervisor = supervised(tmp_path, flaky, settle_s=0.0)
+    try:
+        first = procs.running[1][1]
+        assert supervise_until(supervisor, lambda: procs.running[1][1] is not first) is None
+    finally:
+        procs.stop()
+    err = capsys.readouterr().err
+    assert "ERROR :     database is locked" in err and "\x1b" not in err
 
 
 def test_a_process_killed_soon_after_it_started_is_started_again(tmp_path, capsys):
@@ -577,12 +613,51 @@ def test_noop_app_pyproject_is_valid_toml_with_declared_keys():
 CONTAINER_UID = 49999  # the flwr images' user "app"
 
 
-def compose_tls_block() -> list[str]:
+def compose_block(title: str) -> list[str]:
+    """The lines of the first bash block after ``title`` in docs/DEPLOYMENT.md, each
+    continued line joined."""
     text = (APP_DIR / "docs" / "DEPLOYMENT.md").read_text()
-    section = text[text.index("**TLS variant**"):]
+    section = text[text.index(title):]
     block = section[section.index("```bash\n") + 8:section.index("```", section.index(
         "```bash\n") + 8)]
     return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def compose_tls_block() -> list[str]:
+    return compose_block("**TLS variant**")
+
+
+def test_the_by_hand_compose_steps_are_those_of_the_demo_script():
+    """Issue 49's trial: the doc's by-hand compose block said `docker compose` with
+    Flower's registry images and the 20-round, 2-epoch demo config, where the machine
+    needed Compose v1 and the local stand-in images, and deploy/compose-demo.sh runs 3
+    rounds. The block now takes the script's steps: the CLI that is installed, the
+    classic builder, the script's stand-in build and image settings, its run."""
+    lines = compose_block("**By hand**, insecure")
+    demo = (DEPLOY_DIR / "compose-demo.sh").read_text()
+    assert 'compose="docker compose"; docker compose version >/dev/null 2>&1 || ' \
+           "compose=docker-compose" in lines
+    assert not [line for line in lines if line.startswith("docker compose ")]
+    up = next(line for line in lines if " up --build" in line)
+    assert up.startswith("DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 $compose -p fedefc ")
+    assert "DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0" in demo  # the script's build
+    build = next(line for line in lines if line.startswith("DOCKER_BUILDKIT=0 docker build"))
+    assert build.split()[:6] == ["DOCKER_BUILDKIT=0", "docker", "build", "-q", "--target",
+                                 "$t"]
+    assert '-t "local/flwr-$t:1.42.0" -f "$deploy_dir/flwr-standins.Dockerfile"' in demo
+    assert "-t local/flwr-$t:1.42.0 -f deploy/flwr-standins.Dockerfile deploy" in build
+    exports = " ".join(line for line in lines if line.startswith("export "))
+    for name in ("superlink", "supernode", "superexec"):
+        setting = f"FLWR_{name.upper()}_IMAGE=local/flwr-{name}:1.42.0"
+        assert setting in exports and f"export {setting}" in demo
+    assert "FLEET_FRONT_BASE_IMAGE=$base" in exports
+    submit = " ".join(next(line for line in lines if line.startswith(
+        "fedefc deploy submit")).split())
+    script_sets = re.search(r'--set "rounds=\$rounds" \\\n\s*--set start-round=1 --set '
+                            r"gamma-thr=1", demo)
+    assert script_sets and re.search(r"^rounds=3\b|\brounds=3 ", demo, re.M)
+    assert submit.endswith("deploy/demo-run-config.toml --set rounds=3 --set start-round=1 "
+                           "--set gamma-thr=1")
 
 
 def test_compose_tls_steps_leave_each_file_readable_by_who_needs_it_next(tmp_path):

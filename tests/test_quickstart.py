@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import stat
@@ -31,7 +32,8 @@ import pytest
 
 from common.methods import load_run_config
 from fedefc_cli import deployment, flower
-from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint
+from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint, write_connection
+from fedefc_cli.errors import LaunchError
 from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
@@ -522,6 +524,120 @@ def test_submit_says_when_the_superlink_stopped_and_where_its_log_is(
     assert "journalctl -u fedefc-superlink" in err
     assert f"fedefc deploy submit fedefc --resume {tmp_path}/r" in err
     assert ("run 12 ended finished:failed" in err) == back
+
+
+def test_the_printed_resume_command_is_complete_for_its_deployment(monkeypatch, capsys,
+                                                                  tmp_path):
+    """Issue 49's trial: after a lost SuperLink, submit printed a resume command without
+    the deployment's --sign-key, and run as printed it failed on the signed SuperLink.
+    The command now carries the signing key and key id, FLWR_HOME (where the connection
+    lives) and, for an out-dir that is not on this machine, the submission's preset and
+    --set; run as printed, it submits the same signed run."""
+    key = tmp_path / "coordinator"
+    key.write_text("key")
+    key.chmod(0o600)
+    home = tmp_path / "flwr home"
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    sent: list = []
+
+    def gone(connection, run_config, env, cwd, sign_key=None, **kwargs):
+        sent.append((connection, dict(run_config), sign_key, env["FLWR_HOME"]))
+        raise flower.SuperLinkGone(connection, "02:24:31")
+
+    monkeypatch.setattr(deployment, "submit_run", gone)
+    out = f"{tmp_path}/elsewhere/r"
+    assert main(["deploy", "submit", "site", "--sign-key", str(key), "--key-id", "coord",
+                 "--set", "rounds=8", "--set", f"out-dir={out}"]) == 1
+    printed = capsys.readouterr().err.split("continue the run with: ", 1)[1].strip()
+    words = shlex.split(printed)
+    assert words[0] == f"FLWR_HOME={home}" and words[1:5] == ["fedefc", "deploy", "submit",
+                                                               "site"]
+    assert ["--sign-key", str(key)] == words[words.index("--sign-key"):][:2]
+    assert ["--key-id", "coord"] == words[words.index("--key-id"):][:2]
+    assert "rounds=8" in words and ["--resume", out] == words[words.index("--resume"):][:2]
+    build_parser().parse_args(words[2:])  # every flag is the submit command's
+    assert main(words[2:]) == 1  # run as printed: the same run, signed, resumed
+    (_, first, first_key, _), (connection, again, again_key, again_home) = sent
+    assert (connection, again_key, again_home) == ("site", first_key, str(home))
+    assert first_key == (str(key), "coord")
+    assert again == {**first, "resume-from": out}
+
+
+def test_a_serverapp_that_raised_is_told_by_its_own_exception(monkeypatch, tmp_path):
+    """Issue 49's trial: a ServerApp refused as unsigned gave `Reason: ERROR : Exit Code:
+    201`, Flower's code for any exception; the cause was only in the log. The reason is
+    now the exception's own line, and where the log did not come through, the exception
+    text of Flower's status details."""
+    lines = ["INFO : Starting", "ERROR : ServerApp raised an exception",
+             "Traceback (most recent call last):", '  File "run_serverapp.py", line 170',
+             "    install_from_fab(fab.content)",
+             "fedefc_cli.app_signing.UntrustedAppError: refused: the app is not signed; "
+             "sign it with fedefc deploy submit --sign-key",
+             "ERROR : Exit Code: 201", "ServerApp raised an exception.",
+             "ERROR : For more information, visit: <https://flower.ai/docs/ref-exit-codes>"]
+    assert flower.failure_reason(lines, "finished:failed") == (
+        "UntrustedAppError: refused: the app is not signed; sign it with fedefc deploy "
+        "submit --sign-key")
+    assert flower.failure_reason(["ERROR : Exit Code: 201"], "finished:failed") is None
+    monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "runs": [{
+        "status": "finished:failed",
+        "status-details": "ServerApp failed with exception: refused: the app is not signed"}]})
+    assert flower.flower_reason("c", "1", {}, tmp_path) == (
+        "the ServerApp raised: refused: the app is not signed")
+
+
+def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, capsys,
+                                                                   tmp_path):
+    """Issue 49's trial: a connection whose port refused waited 60 s and printed flwr's
+    "configuration.. Is it running". Now the first refusal is said at once, the wait for
+    a SuperLink to start there lasts ``refused_s`` (not the 60 s of one that does not
+    answer yet), and flwr is not asked while nothing listens; once something listens,
+    flwr is asked as before."""
+    port = free_port()
+    write_connection(tmp_path, "site", f"127.0.0.1:{port}")
+    env = {"FLWR_HOME": str(tmp_path)}
+    asked: list = []
+    monkeypatch.setattr(deployment, "flwr_json",
+                        lambda args, env, cwd: asked.append(args) or {"success": True})
+    with pytest.raises(LaunchError) as err:
+        deployment.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
+    assert f"nothing listens on 127.0.0.1:{port}, the address of connection 'site'" in \
+        str(err.value) and ".." not in str(err.value)
+    assert f"nothing listens on 127.0.0.1:{port} (connection 'site' refused); waiting up " \
+           "to 0 s" in capsys.readouterr().err
+    assert asked == []
+    with socket.socket() as listener:  # a SuperLink that starts listening
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        deployment.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
+    assert asked == [["ls", "site"]]
+    said = ("Using SuperLink: x (127.0.0.1:1)\n Listing all runs...\n\nConnection to the "
+            "SuperLink is unavailable. Please check your network connection and 'address' "
+            "in the SuperLink connection configuration.")
+    assert deployment.flwr_words(said).endswith("connection configuration")
+
+
+def test_a_node_that_never_answered_is_named_with_what_to_do(tmp_path, capsys):
+    """Issue 49's trial: the resumed run failed after 300 s naming node 0 as failed to
+    declare, and neither the error nor the docs said that the node was stuck and that
+    restarting it clears it. submit and fetch now say so for each such node."""
+    reason = ("waited 300 s (wait-for-nodes) for a node of each of the run's 2 partitions "
+              "(num-clients); 1 of 2 partitions served by 2 connected nodes; missing "
+              "partitions 0; node 8127 failed to declare: no reply within 5 min 00 s")
+    told = deployment.explain_failure(RunOutcome("5", "finished:failed", reason), "/srv/r",
+                                      "site")
+    assert "Node 8127 never answered: if it is online (flwr supernode ls site lists" in told
+    assert "restart it on its machine" in told and "fedefc-supernode-K" in told
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "failure": reason}))
+    assert main(["deploy", "fetch", str(run), str(tmp_path / "here")]) == 1
+    assert "Node 8127 never answered" in capsys.readouterr().err
+    refused = reason.replace("no reply within 5 min 00 s", "error 0: ConfigError: mismatch")
+    assert "never answered" not in deployment.explain_failure(
+        RunOutcome("5", "finished:failed", refused), "/srv/r", "site")
 
 
 def attempts(monkeypatch, outcomes: list[RunOutcome]) -> list[dict]:

@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -251,6 +252,23 @@ def test_extra_messages_return_the_answers_despite_a_hung_and_a_failing_client()
         assert all(n.timeouts == [PROMPT_S] for n in nodes[:3])
     finally:
         release.set()
+
+
+def test_a_node_late_for_an_extra_message_is_told_with_the_wait_in_words(caplog):
+    """Issue 49 (5): waits were logged as a float's digits. A client-timeout of 0.1 + 0.2
+    (0.30000000000000004 s to the clock) is logged as 0.3 s."""
+    release = threading.Event()
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        assert send_tasks({2: HangingNode(2, release)}, PARAMS, {2: {"task": "t"}}, 3,
+                          timeout=0.1 + 0.2) == {}
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+        release.set()
+    # a set: where flwr's logger propagates, caplog sees each record twice
+    assert {r.getMessage() for r in caplog.records if "no reply" in r.getMessage()} == {
+        "partition 2: no reply to the extra message within 0.3 s"}
 
 
 @pytest.mark.parametrize("client_timeout, expected", [(PROMPT_S, PROMPT_S), (0.0, None)])

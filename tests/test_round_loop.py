@@ -269,6 +269,8 @@ def test_a_round_that_may_have_lost_messages_is_not_recorded_and_the_run_stops(t
     assert lines[-1].startswith("RUN INTERRUPTED: round 2: the link to the SuperLink failed")
     assert "its checkpoint of round 1 is kept" in lines[-1]
     assert f"--resume {tmp_path}" in lines[-1]
+    # issue 49's trial: the command as printed failed on a signed deployment without it
+    assert "with the first submission's --sign-key (and --key-id)" in lines[-1]
 
 
 def test_fedefc_that_never_leaves_phase_1_says_so_last(tmp_path):

@@ -241,6 +241,39 @@ def test_nodes_that_refuse_the_runs_config_fail_it_at_once_not_after_wait_for_no
                 "num-partitions=3 differs from the run's num-clients=4") in text
 
 
+class FakeClock:
+    """The federation's clock: its sleeps pass at once, and it says how long they were."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.mark.parametrize("connected, settles", [(3, False), (2, True)],
+                         ids=["whole-federation", "two-of-three"])
+def test_the_whole_federation_refusing_the_runs_num_clients_fails_it_without_a_pause(
+        monkeypatch, connected, settles):
+    """Issue 49's trial: every node refused a num-clients mismatch, and the run still
+    paused SETTLE_S (20 s) for nodes that might connect. When the nodes that refused are
+    all the nodes they were started for (each says num-partitions=3, and 3 are
+    connected), none is still to come: the run fails without the pause. Two of those
+    three still wait for the third."""
+    clock = FakeClock()
+    monkeypatch.setattr(federation, "time", clock)
+    flat = {"method": "fedavg", "num-clients": 4, "fraction": 1.0, "prestopping": False}
+    grid = InProcessGrid(client_app, flat, connected,
+                         {k: {"num-partitions": 3} for k in range(connected)})
+    with pytest.raises(RunFailed) as err:
+        make_driver(**flat).configure_fit(1, PARAMS, grid.manager())
+    assert str(err.value).startswith("every node that connected refused the run")
+    assert (clock.now >= federation.SETTLE_S) is settles, clock.now
+
+
 def test_a_node_whose_policy_refuses_the_run_fails_it_at_once(monkeypatch, tmp_path):
     """The one node there refuses by its own policy (a lasting refusal, Flower's code 6)."""
     monkeypatch.setattr(federation, "SETTLE_S", 1.0)

@@ -19,6 +19,8 @@ from flwr.common import Code, FitIns, FitRes, Parameters, Scalar
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 
+from common.durations import duration_text
+
 
 def send_tasks(proxies: dict[int, ClientProxy], parameters: Parameters,
                configs: dict[int, dict[str, Scalar]], server_round: int,
@@ -41,7 +43,8 @@ def send_tasks(proxies: dict[int, ClientProxy], parameters: Parameters,
     done, late = concurrent.futures.wait(futures, timeout=deadline)
     pool.shutdown(wait=False, cancel_futures=True)  # a hung call must not block the server
     for pid in sorted(futures[fut] for fut in late):
-        log(WARNING, "partition %d: no reply to the extra message within %s s", pid, deadline)
+        log(WARNING, "partition %d: no reply to the extra message within %s", pid,
+            duration_text(deadline))
     replies = {}
     for fut in done:
         pid = futures[fut]
