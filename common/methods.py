@@ -233,20 +233,27 @@ def shortest_useful_run(cfg: RunConfig) -> int:
 
 
 def short_run_warning(cfg: RunConfig) -> str | None:
-    """What to tell before a prestopping run too short for its phase 2 starts (None
-    when it is long enough, or the run has no prestopping)."""
+    """What to tell before a prestopping run shorter than :func:`shortest_useful_run`
+    starts (None when it is long enough, or the run has no prestopping): "too few" where
+    even the earliest T_e leaves fewer than gamma_thr + 1 phase-2 rounds, else that its
+    phase 2 needs A(t) to stop rising at once (docs/FEDEFC.md §3.5)."""
     if not (method_of(cfg).prestopping and cfg.prestopping):
         return None
     least = shortest_useful_run(cfg)
     if cfg.rounds >= least:
         return None
     earliest = cfg.start_round + cfg.gamma_thr + 1
-    return (f"rounds={cfg.rounds} is too few for {cfg.method}'s phase 2: T_e can come at "
-            f"round {earliest} at the earliest (start-round={cfg.start_round}, then A_max "
-            f"and gamma-thr={cfg.gamma_thr} rounds of patience), and only if A(t) stops "
-            "rising at once; a run that leaves gamma-thr rounds for A(t) to level and "
-            "gamma-thr + 1 phase-2 rounds to judge the correction needs "
-            f"rounds >= {least} (docs/FEDEFC.md §3.5). With fewer, expect a run that never "
+    why = (f"T_e can come at round {earliest} at the earliest (start-round="
+           f"{cfg.start_round}, then A_max and gamma-thr={cfg.gamma_thr} rounds of patience)")
+    budget = (f"a run that leaves gamma-thr rounds for A(t) to level and gamma-thr + 1 "
+              f"phase-2 rounds to judge the correction needs rounds >= {least} "
+              "(docs/FEDEFC.md §3.5)")
+    if cfg.rounds >= earliest + cfg.gamma_thr + 1:
+        return (f"rounds={cfg.rounds} leaves {cfg.method} a phase 2 only if A(t) stops "
+                f"rising at once: {why}, phase 2 then from round {earliest + 1}; {budget}. "
+                "If A(t) rises longer, the run stays in phase 1 (it then trains as FedAvg)")
+    return (f"rounds={cfg.rounds} is too few for {cfg.method}'s phase 2: {why}, and only "
+            f"if A(t) stops rising at once; {budget}. With fewer, expect a run that never "
             "leaves phase 1 (it then trains as FedAvg): raise rounds, or lower start-round "
             "or gamma-thr")
 
