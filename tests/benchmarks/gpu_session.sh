@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session, prepared to run as ONE command within BUDGET_S (docs/BENCHMARKS.md, "GPU").
-# PLAN is the order of its steps, each run while time is left:
+# PLAN is the order of its steps, each run while time is left (default: issue 46's one
+# call, `preset floor authors:mnist capture authors:cifar10`, the last ones skipped where
+# the budget ends: docs/BENCHMARKS.md, "The next GPU call"):
 #   cell:METHOD  a paper-scale MNIST cell, `fedefc run mnist` at (alpha-dir, p) = (10, 0.5),
 #                (rho, zeta) = (0.2, 0.8), seed 0 (the preset's own settings otherwise);
 #   silo:METHOD  the default run on the embedded data with num-clients=5, fraction=1.0
@@ -21,7 +23,7 @@
 #                after another (lenet, cnn9, resnet18): seconds, speed-up, samples/s;
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
 #                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
-#   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 5)
+#   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 3)
 #                as a plain single-process loop on the device and through Flower, same data:
 #                with the default (stacked-clients = 0, one message per client) and with a
 #                round's clients stepped together in groups of each size of STACKED
@@ -89,7 +91,7 @@ run_cell() {  # NAME ARGS...: one `fedefc run`, cut at the budget
   for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/$name-$f" 2>/dev/null; done
 }
 
-for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
+for step in ${PLAN:-preset floor authors:mnist capture authors:cifar10}; do
   [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
   case $step in
     bench) rm -rf /tmp/bench-gpu  # a warm machine keeps the last call's runs
@@ -111,7 +113,7 @@ for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
                   --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
     floor) if [ "${TINY:-0}" = 1 ]; then floor=(--preset mnist-lite --rounds 4 --set device=\"cpu\")
-           else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-5}" --set device=\"cuda\"); fi
+           else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-3}" --set device=\"cuda\"); fi
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_simulation.py \
                --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower,flower-stacked \
                --stacked "${STACKED:-10,3}" "${floor[@]}" 2>&1 \
