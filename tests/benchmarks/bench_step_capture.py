@@ -15,10 +15,10 @@ integer buffers (BatchNorm's step counts) left out:
   ``ok`` or ``OVER``: the captured step within the larger of the two eager runs'
   difference and 1e-6 of the state's largest magnitude. On the CPU there is no graph
   and the step is the eager one: 0;
-- **after all the steps** (the column ``steps``: 10 for the CNN, 50 for the ResNets at E = 1): the captured loop
-  against the eager loop, and the eager loop against itself started from weights one
-  float32 step away in one layer (``nextafter``): how far a one-ulp difference carries
-  through the run (the training is chaotic: see docs/BENCHMARKS.md, "The captured
+- **after all the steps** (the column ``steps``: 10 for the CNN, 50 for the ResNets at
+  E = 1): the captured loop against the eager loop, and the eager loop against itself
+  started from weights one float32 step away in one layer (``nextafter``): how far a
+  one-ulp difference carries through the run (see docs/BENCHMARKS.md, "The captured
   step"), beside the state's largest magnitude, which a BatchNorm running variance sets.
 
 ``gpu_session.sh`` runs it on the device (step ``capture``).
