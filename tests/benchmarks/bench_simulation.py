@@ -185,6 +185,7 @@ def main() -> None:
                                               "--noop-app", str(noop_dir)], log)
                 times[side].append(seconds)
                 peaks[side].append(peak)
+                print(f"{side}: {seconds:.1f} s", flush=True)  # a step cut later keeps it
             print(f"repeat {rep}: " + ", ".join(f"{side} {times[side][-1]:.1f} s"
                                                 for side in sides), flush=True)
     print(f"{args.preset}, {args.rounds} rounds (start-round 3), overrides {args.set}")
