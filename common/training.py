@@ -334,16 +334,20 @@ def predict_logits_features(model: nn.Module, x: torch.Tensor, transform: BatchT
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, transform: BatchTransform,
              batch_size: int = 1024) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on (x, y) in eval mode."""
+    """(mean cross-entropy, accuracy) of ``model`` on (x, y) in eval mode; the sums stay
+    on the device until the end (one copy back, not two per batch: on a GPU the batches
+    queue without waiting), the loss summed in float64 batch by batch as a Python float
+    would sum it."""
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
+    correct = torch.zeros((), dtype=torch.long, device=x.device)
     for i in range(0, len(x), batch_size):
         logits = model(transform(x[i:i + batch_size]))
         yb = y[i:i + batch_size]
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
+        loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
+        correct += (logits.argmax(1) == yb).sum()
     n = max(len(x), 1)
-    return loss_sum / n, correct / n
+    return float(loss_sum) / n, int(correct) / n
 
 
 @torch.no_grad()

@@ -38,16 +38,22 @@ class Member:
     proxy: ClientProxy
 
 
+def group_sizes(clients: int, size: int) -> list[int]:
+    """The sizes of the fewest groups of at most ``size`` that hold ``clients``, the first
+    ``clients % count`` of them one larger (module docstring)."""
+    count = -(-clients // size)
+    return [clients // count + (k < clients % count) for k in range(count)]
+
+
 def group_instructions(instructions: list[tuple[ClientProxy, FitIns]], size: int,
                        partition_of) -> tuple[list[tuple[ClientProxy, FitIns]],
                                               dict[str, list[Member]]]:
     """(the instructions to send, the members of each group by its lead node's id); a
     group of one is sent as it was."""
     sent, groups = [], {}
-    count = -(-len(instructions) // size)  # the fewest messages of at most ``size``
     stop = 0
-    for k in range(count):  # the first len % count groups one larger
-        start, stop = stop, stop + len(instructions) // count + (k < len(instructions) % count)
+    for count in group_sizes(len(instructions), size):
+        start, stop = stop, stop + count
         chunk = instructions[start:stop]
         if len(chunk) == 1:
             sent.extend(chunk)

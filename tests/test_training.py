@@ -233,3 +233,22 @@ def test_a_run_with_the_captured_step_replies_todays_weights_on_the_cpu():
     (w_off, n_off, m_off), (w_on, n_on, m_on) = replies
     assert n_off == n_on and m_off["train-loss"] == m_on["train-loss"]
     assert all(np.array_equal(a, b) for a, b in zip(w_off, w_on))
+
+
+def test_evaluation_sums_on_the_device_as_python_floats_would():
+    """``evaluate`` keeps its sums on the device (one copy back at the end) and gives,
+    bit for bit, the float64 sum of each batch's float32 loss sum in batch order, and the
+    accuracy of its argmax (ragged last batch included)."""
+    torch.manual_seed(0)
+    model = build_model("lenet", TaskShape((1, 28, 28), 10), 0)
+    x = torch.randint(0, 256, (30, 1, 28, 28), dtype=torch.uint8)
+    y = torch.randint(0, 10, (30,))
+    transform = BatchTransform((0.5,), (0.25,), torch.device("cpu"))
+    with torch.no_grad():
+        model.eval()
+        logits = [model(transform(x[i:i + 7])) for i in range(0, 30, 7)]
+    want_loss = sum(float(torch.nn.functional.cross_entropy(lg, y[i * 7:i * 7 + 7],
+                                                            reduction="sum"))
+                    for i, lg in enumerate(logits)) / 30
+    want_acc = float((torch.cat(logits).argmax(1) == y).sum()) / 30
+    assert evaluate(model, x, y, transform, batch_size=7) == (want_loss, want_acc)

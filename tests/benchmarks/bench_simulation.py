@@ -9,10 +9,11 @@ the wall times, their ratio (target: Flower <= 1.3x the plain loop on 2 cores) a
 final accuracies.
 
 Every side reports the peak memory of all its processes (the sum of their proportional
-set sizes, sampled twice a second: bench_gpu.py's sampler). The side ``flower-ungrouped``
-is the Flower run with ``stacked-clients = 0`` (one message per client), beside ``flower``
-with the default (``auto``: groups where the clients train on a GPU, so on the CPU the
-two are the same run).
+set sizes, sampled twice a second: bench_gpu.py's sampler). The side ``flower`` runs the
+default (``stacked-clients = 0``: one message per client); the side ``flower-stacked``
+runs once per group size of ``--stacked`` (default 10: a round's 10 clients in one
+message, stepped together; 3: four messages of 3, 3, 2 and 2), each printed with its
+ratio to ``flower`` measured in the same call.
 
 It also times Flower's floor: a no-op Flower app (FedAvg over 10 of 100 simulated nodes,
 one-element weights, clients that return what they get, no torch, no data) for the same
@@ -22,11 +23,12 @@ bound on the ratio that any implementation of the job could reach.
 
     python tests/benchmarks/bench_simulation.py --data-dir /abs/path/to/data [--rounds 10]
         [--preset mnist-lite] [--set KEY=VALUE ...]
-        [--sides flower,plain,floor[,flower-ungrouped]]
+        [--sides flower,plain,floor[,flower-stacked]] [--stacked 10,3]
 
-``--preset mnist --set device="cuda" --sides plain,flower,flower-ungrouped`` is the GPU
+``--preset mnist --set device="cuda" --sides plain,flower,flower-stacked`` is the GPU
 session's set (tests/benchmarks/gpu_session.sh, step ``floor``): the paper's MNIST preset
-as a plain loop on the device and through Flower, grouped and not, on the same data.
+as a plain loop on the device and through Flower, one message per client and grouped,
+on the same data.
 """
 
 from __future__ import annotations
@@ -36,70 +38,13 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 from bench_gpu import run_and_sample
-from flwr.app import RecordDict
 
-from common.data_plan import data_plan
-from common.methods import load_run_config
-from common.models import classifier_shape
-from common.params import get_weights
-from common.runtime import initial_model
-from common.training import configure_threads, pick_device
-from common.twin import delivered, paired
 from fedefc_cli.flower import LocalSimulation
 from fedefc_cli.run_configs import resolve_run_config
-from fedefc_client.client import MethodClient
-from fedefc_client.local_data import partition_data
-from fedefc_server.evaluation import TestSetEvaluator
-from fedefc_server.plan import round_config, sample_round
-from fedefc_server.prestopping_server import PrestoppingServer
-
-
-def sample_weighted_mean(replies: list[tuple[list, int, dict]], like: list) -> list:
-    """FedAvg's aggregate of ``(weights, num_examples, metrics)`` fit replies: each array
-    the mean of the replies' weighted by their sample counts, in ``like``'s dtypes (the
-    plain loops of this script and of the studies beside it)."""
-    total = sum(n for _, n, _ in replies)
-    return [sum(w[i] * (n / total) for w, n, _ in replies).astype(like[i].dtype)
-            for i in range(len(like))]
-
-
-def plain_loop(run_config: dict) -> dict:
-    """The FL job without Flower (same building blocks, one process)."""
-    start = time.monotonic()
-    cfg = load_run_config(run_config)
-    configure_threads(cfg.client_threads)
-    fed = data_plan(cfg)
-    device = pick_device(cfg.device)
-    evaluator = TestSetEvaluator(cfg, fed.data)
-    weights = get_weights(initial_model(cfg, fed.data.task))
-    weights = paired(weights) if cfg.twinned else weights  # docs/FEDEFC.md §3.8
-    server = PrestoppingServer(cfg, classifier_shape(initial_model(cfg, fed.data.task),
-                                                     fed.data.task))
-    stopper = server.prestopper
-    states = {pid: RecordDict() for pid in range(cfg.num_clients)}
-    accs, round_s = [], []
-    for rnd in range(1, cfg.rounds + 1):
-        round_start = time.monotonic()
-        phase = stopper.phase(rnd)
-        replies = []
-        for pid in sample_round(cfg, list(range(cfg.num_clients)), rnd):
-            client = MethodClient(cfg, pid, lambda p=pid: partition_data(cfg, p, device),
-                                  states[pid])
-            replies.append(client.fit(weights, {**round_config(cfg, pid, rnd),
-                                                **server.client_config(rnd, pid)}))
-        weights = sample_weighted_mean(replies, weights)
-        if phase == 1:
-            stopper.observe(rnd, float(np.mean([m["accuracy"] for _, _, m in replies])))
-        accs.append(evaluator(delivered(weights, cfg.twinned))[1])
-        round_s.append(time.monotonic() - round_start)
-    return {"final_acc": accs[-1], "t_e": stopper.t_e, "wall_time_s": time.monotonic() - start,
-            "round_s": round_s}
-
+from tests.plain_loop import plain_loop
 
 NOOP_APP = {
     "pyproject.toml": """[build-system]
@@ -165,7 +110,7 @@ def timed(cmd: list[str], log: Path) -> tuple[float, str, float]:
     return measured.wall_s, log.read_text(errors="replace"), measured.peak_sum
 
 
-SIDES = ("flower", "flower-ungrouped", "plain", "floor")
+SIDES = ("flower", "flower-stacked", "plain", "floor")
 
 
 def main() -> None:
@@ -177,7 +122,10 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a run-config override for both sides (repeatable)")
     ap.add_argument("--sides", default="flower,plain,floor",
-                    help="which of flower, plain, floor to run (comma-separated)")
+                    help="which of flower, flower-stacked, plain, floor to run "
+                         "(comma-separated)")
+    ap.add_argument("--stacked", default="10",
+                    help="the group sizes of the side flower-stacked (comma-separated)")
     ap.add_argument("--plain-config", help=argparse.SUPPRESS)  # internal: run the plain loop
     ap.add_argument("--noop-app", help=argparse.SUPPRESS)  # internal: run the no-op app
     args = ap.parse_args()
@@ -187,9 +135,14 @@ def main() -> None:
     if args.noop_app:
         noop_flower_run(Path(args.noop_app), args.rounds)
         return
-    sides = [side for side in SIDES if side in args.sides.split(",")]
-    if not sides or set(args.sides.split(",")) - set(SIDES):
+    asked = args.sides.split(",")
+    if set(asked) - set(SIDES) or not asked:
         raise SystemExit(f"--sides {args.sides!r}: give some of {', '.join(SIDES)}")
+    sizes = [int(g) for g in args.stacked.split(",")]
+    if any(g < 2 for g in sizes):
+        raise SystemExit(f"--stacked {args.stacked!r}: give group sizes of 2 or more")
+    sides = [name for side in SIDES if side in asked for name in (
+        [f"{side}-{g}" for g in sizes] if side == "flower-stacked" else [side])]
     times = {side: [] for side in sides}
     peaks = {side: [] for side in sides}
     results = {}
@@ -205,7 +158,8 @@ def main() -> None:
                 log = Path(tmp) / f"{side}-{rep}.log"
                 if side.startswith("flower"):
                     out = Path(tmp) / f"{side}-{rep}"
-                    extra = ["stacked-clients=0"] if side == "flower-ungrouped" else []
+                    groups = side.rpartition("-")[2] if side.startswith("flower-stacked") else 0
+                    extra = [f"stacked-clients={groups}"]
                     sets = [arg for o in [*overrides, *extra] for arg in ("--set", o)]
                     seconds, _, peak = timed([sys.executable, "-m", "fedefc_cli", "run",
                                               args.preset, *sets, "--out-dir", str(out)], log)
@@ -231,6 +185,7 @@ def main() -> None:
                                               "--noop-app", str(noop_dir)], log)
                 times[side].append(seconds)
                 peaks[side].append(peak)
+                print(f"{side}: {seconds:.1f} s", flush=True)  # a step cut later keeps it
             print(f"repeat {rep}: " + ", ".join(f"{side} {times[side][-1]:.1f} s"
                                                 for side in sides), flush=True)
     print(f"{args.preset}, {args.rounds} rounds (start-round 3), overrides {args.set}")
@@ -247,14 +202,18 @@ def main() -> None:
               f"outside rounds s {statistics.median(times[side]) - sum(rs):.1f}; final "
               f"accuracy {results[side]['final_acc']:.4f}, T_e {results[side]['t_e']}"
               f"{grouped}")
-    for side in ("flower", "flower-ungrouped"):
-        if side in times and "plain" in times:
-            ratios = [f / p for f, p in zip(times[side], times["plain"])]
-            steady = [statistics.median(results[k]["round_s"][1:] or results[k]["round_s"])
-                      for k in (side, "plain")]
-            print(f"ratio {side}/plain: wall, median {statistics.median(ratios):.2f} "
-                  f"{[round(r, 2) for r in ratios]} (target <= 1.3); steady round "
-                  f"{steady[0] / steady[1]:.2f}")
+
+    def steady(side: str) -> float:
+        return statistics.median(results[side]["round_s"][1:] or results[side]["round_s"])
+
+    for side in (s for s in sides if s.startswith("flower")):
+        for base in ("plain", "flower"):
+            if base in times and base != side:
+                ratios = [f / p for f, p in zip(times[side], times[base])]
+                print(f"ratio {side}/{base}: wall, median {statistics.median(ratios):.2f} "
+                      f"{[round(r, 2) for r in ratios]}"
+                      f"{' (target <= 1.3)' if base == 'plain' else ''}; steady round "
+                      f"{steady(side) / steady(base):.2f}")
     if "floor" in times:
         floor = statistics.median(times["floor"])
         print(f"no-op Flower app wall s: median {floor:.1f} {times['floor']} (Flower's floor "

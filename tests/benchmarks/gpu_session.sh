@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # One GPU session, prepared to run as ONE command within BUDGET_S (docs/BENCHMARKS.md, "GPU").
-# PLAN is the order of its steps, each run while time is left:
+# PLAN is the order of its steps, each run while time is left (default: issue 46's one
+# call, `preset floor authors:mnist capture authors:cifar10`, the last ones skipped where
+# the budget ends: docs/BENCHMARKS.md, "The next GPU call"):
 #   cell:METHOD  a paper-scale MNIST cell, `fedefc run mnist` at (alpha-dir, p) = (10, 0.5),
 #                (rho, zeta) = (0.2, 0.8), seed 0 (the preset's own settings otherwise);
 #   silo:METHOD  the default run on the embedded data with num-clients=5, fraction=1.0
 #                (every client in every round: the cross-silo run of docs/FEDEFC.md §3.1),
 #                seed 0;
 #   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS;
+#   preset       the paper's MNIST preset start to summary, `fedefc run mnist` for its 100
+#                rounds on the default (stacked-clients = 0), seed 0; its seconds from the
+#                step's start to the summary into cells.log, its summary.json and metrics.jsonl;
 #   bench-groups the same sweep with the clients sent in groups of GROUP_SIZE (default 5:
 #                --set stacked-clients=5, and q-pooling="none", which groups need and the
 #                paper's cells use), into bench-groups-results.json;
 #   capture      bench_step_capture.py: one client's local update with its step replayed
 #                from a CUDA graph against the eager loop (cnn9, resnet18, resnet34):
-#                ms/step, speed-up, the weights' largest difference;
+#                ms/step, speed-up, the weights' largest difference after one step (against
+#                two eager runs' own) and after all steps (against a one-ulp start's);
 #   stacked      bench_stacked.py: 10 clients' local updates stepped together against one
 #                after another (lenet, cnn9, resnet18): seconds, speed-up, samples/s;
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
 #                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
-#   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 5)
+#   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 3)
 #                as a plain single-process loop on the device and through Flower, same data:
-#                with the default (stacked-clients = "auto": groups of 5 on a GPU) and with
-#                one message per client (stacked-clients = 0, the path before groups);
+#                with the default (stacked-clients = 0, one message per client) and with a
+#                round's clients stepped together in groups of each size of STACKED
+#                (default "10,3": one message of 10; four of 3, 3, 2 and 2);
 #   authors:P    bench_authors.py: the authors' code (a checkout in AUTHORS, default
 #                .authors/FedEFC, carried uncommitted) on preset P (mnist, cifar10, cifar100),
 #                AUTHORS_ROUNDS rounds (default 5), synthetic data of P's shape.
@@ -84,7 +91,7 @@ run_cell() {  # NAME ARGS...: one `fedefc run`, cut at the budget
   for f in summary.json metrics.jsonl; do cp "$run/$f" "$OUT/$name-$f" 2>/dev/null; done
 }
 
-for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
+for step in ${PLAN:-preset floor authors:mnist capture authors:cifar10}; do
   [ "$(left)" -gt 90 ] || { echo "no time left for $step" | tee -a "$OUT/cells.log"; continue; }
   case $step in
     bench) rm -rf /tmp/bench-gpu  # a warm machine keeps the last call's runs
@@ -106,11 +113,15 @@ for step in ${PLAN:-capture stacked overhead bench cell:fedefc cell:fedavg}; do
               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
                   --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
     floor) if [ "${TINY:-0}" = 1 ]; then floor=(--preset mnist-lite --rounds 4 --set device=\"cpu\")
-           else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-5}" --set device=\"cuda\"); fi
+           else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-3}" --set device=\"cuda\"); fi
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_simulation.py \
-               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower,flower-ungrouped \
-               "${floor[@]}" 2>&1 \
+               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower,flower-stacked \
+               --stacked "${STACKED:-10,3}" "${floor[@]}" 2>&1 \
                | tee -a "$OUT/bench.log" ;;
+    preset) began=$(date +%s)
+            run_cell preset mnist --set data-dir="\"$MNIST_DIR\""
+            echo "== preset: start to summary $(( $(date +%s) - began )) s" \
+                | tee -a "$OUT/cells.log" "$OUT/bench.log" ;;
     authors:*) if [ "${TINY:-0}" = 1 ]; then authors=(--tiny --device cpu)
                else authors=(--rounds "${AUTHORS_ROUNDS:-5}" --device cuda); fi
                timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_authors.py \

@@ -37,7 +37,6 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-from bench_simulation import sample_weighted_mean
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
@@ -53,6 +52,7 @@ from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.guard import Phase2Guard
 from fedefc_server.plan import round_config, sample_round
 from fedefc_server.prestopping import Prestopper
+from tests.plain_loop import sample_weighted_mean
 
 
 def run(flat: dict) -> tuple[dict[str, list[float]], list[float | None], int | None]:

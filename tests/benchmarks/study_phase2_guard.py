@@ -34,7 +34,6 @@ import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
-from bench_simulation import sample_weighted_mean
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
@@ -49,6 +48,7 @@ from fedefc_client.local_data import partition_data
 from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.plan import round_config, sample_round
 from fedefc_server.prestopping import Prestopper
+from tests.plain_loop import sample_weighted_mean
 
 SIGNALS = ("guard", "plain")  # the guard's A(t), and the plain held-out accuracy
 
