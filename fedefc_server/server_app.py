@@ -57,6 +57,7 @@ from common.twin import paired
 
 from . import checkpoint
 from .allowlist import Allowlist
+from .clean_set import attach_clean_set
 from .declarations import SizeRule, admission
 from .dishonest import DishonestGrid, with_server_faults
 from .evaluation import TestSetEvaluator
@@ -171,6 +172,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
                              PartitionRegistry(rule, allowlist=allowlist,
                                                wait_for_nodes=cfg.wait_for_nodes),
                              evaluator)
+    attach_clean_set(pipeline.server, cfg, simulation)
     if ckpt:
         pipeline.load_state(ckpt.strategy)
         pipeline.server.load_models(ckpt.models)
