@@ -18,7 +18,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -108,32 +107,6 @@ def accuracy_signal_mode(signal: str, num_clients: int, fraction: float,
 # for another partition in one message
 STATELESS_CLIENTS = ("fedavg", "fedprox", "fedefc", "forward-correction",
                      "confident-learning", "fednoro", "rofl")
-
-
-# the group size of stacked-clients = "auto" where it groups: a paper cell's 10 clients a
-# round in two messages, each stepping 5 clients together in one GPU worker (a step there
-# is bound by launching kernels, docs/BENCHMARKS.md, "GPU"), while the members' own work
-# besides training (their prediction pass, Q) runs in turn within a group
-AUTO_GROUP = 5
-
-
-def trains_on_cuda(device: str) -> bool:
-    """Whether a run's clients train on a GPU: ``device = "cuda"``, or ``auto`` where this
-    machine sees one (as ``common.training.pick_device`` decides for the client)."""
-    if device != "auto":
-        return device == "cuda"
-    return torch.cuda.is_available()
-
-
-def group_size(cfg: RunConfig, simulation: bool = True) -> int:
-    """``stacked-clients`` as a number: the clients of one message, 0 for one message per
-    client. ``auto`` is :data:`AUTO_GROUP` in a simulation whose clients train on a GPU
-    and that groups can serve (:func:`stacked_obstacle`), else 0: on the CPU a stacked
-    step is slower (docs/BENCHMARKS.md, "Several clients stepped together")."""
-    if cfg.stacked_clients != "auto":
-        return cfg.stacked_clients
-    servable = simulation and not stacked_obstacle(cfg) and trains_on_cuda(cfg.device)
-    return AUTO_GROUP if servable else 0
 
 
 TWIN_MODELS = ("auto", "on", "off")
@@ -295,10 +268,11 @@ class RunConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     step_capture: Literal["off", "cuda-graph"] = "off"  # common/step_capture.py
-    # a simulation's sampled clients sent G to a message and stepped together
-    # (fedefc_server/client_groups.py, common/stacked_training.py); 0: one message each;
-    # "auto": AUTO_GROUP where the clients train on a GPU and can be grouped, else 0
-    stacked_clients: int | Literal["auto"] = "auto"
+    # a simulation's sampled clients sent at most G to a message and stepped together
+    # (fedefc_server/client_groups.py, common/stacked_training.py); 0 (the default, the
+    # fastest path measured on a GPU: docs/BENCHMARKS.md, "The default of stacked-clients"):
+    # one message per client
+    stacked_clients: int = 0
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
@@ -351,12 +325,10 @@ class RunConfig(BaseModel):
 
     @field_validator("stacked_clients", mode="before")
     @classmethod
-    def _group_size(cls, value: Any) -> int | str:
-        if value == "auto":
-            return value
+    def _group_size(cls, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
-            raise ValueError("give \"auto\" (the default), 0 (one message per client) or a "
-                             "group size from 2 to 1024")
+            raise ValueError("give 0 (one message per client, the default) or a group size "
+                             "from 2 to 1024")
         return value
 
     @field_validator("dataset")
@@ -533,7 +505,7 @@ class RunConfig(BaseModel):
         """``stacked-clients``: what a group of clients in one message cannot have
         (docs/BENCHMARKS.md, "Several clients stepped together")."""
         g = self.stacked_clients
-        if g in (0, "auto"):  # auto groups only where nothing stands in the way
+        if g == 0:
             return
         if g == 1:
             raise ValueError("stacked-clients=1 groups nothing; set 0 (one message per "

@@ -35,7 +35,6 @@ from .config import (
     RunConfig,
     accuracy_signal_mode,
     config_differences,
-    group_size,
     parse_run_config,
     phase_2_guard_mode,
     q_estimator_mode,
@@ -241,20 +240,27 @@ def shortest_useful_run(cfg: RunConfig) -> int:
 
 
 def short_run_warning(cfg: RunConfig) -> str | None:
-    """What to tell before a prestopping run too short for its phase 2 starts (None
-    when it is long enough, or the run has no prestopping)."""
+    """What to tell before a prestopping run shorter than :func:`shortest_useful_run`
+    starts (None when it is long enough, or the run has no prestopping): "too few" where
+    even the earliest T_e leaves fewer than gamma_thr + 1 phase-2 rounds, else that its
+    phase 2 needs A(t) to stop rising at once (docs/FEDEFC.md §3.5)."""
     if not (method_of(cfg).prestopping and cfg.prestopping):
         return None
     least = shortest_useful_run(cfg)
     if cfg.rounds >= least:
         return None
     earliest = cfg.start_round + cfg.gamma_thr + 1
-    return (f"rounds={cfg.rounds} is too few for {cfg.method}'s phase 2: T_e can come at "
-            f"round {earliest} at the earliest (start-round={cfg.start_round}, then A_max "
-            f"and gamma-thr={cfg.gamma_thr} rounds of patience), and only if A(t) stops "
-            "rising at once; a run that leaves gamma-thr rounds for A(t) to level and "
-            "gamma-thr + 1 phase-2 rounds to judge the correction needs "
-            f"rounds >= {least} (docs/FEDEFC.md §3.5). With fewer, expect a run that never "
+    why = (f"T_e can come at round {earliest} at the earliest (start-round="
+           f"{cfg.start_round}, then A_max and gamma-thr={cfg.gamma_thr} rounds of patience)")
+    budget = (f"a run that leaves gamma-thr rounds for A(t) to level and gamma-thr + 1 "
+              f"phase-2 rounds to judge the correction needs rounds >= {least} "
+              "(docs/FEDEFC.md §3.5)")
+    if cfg.rounds >= earliest + cfg.gamma_thr + 1:
+        return (f"rounds={cfg.rounds} leaves {cfg.method} a phase 2 only if A(t) stops "
+                f"rising at once: {why}, phase 2 then from round {earliest + 1}; {budget}. "
+                "If A(t) rises longer, the run stays in phase 1 (it then trains as FedAvg)")
+    return (f"rounds={cfg.rounds} is too few for {cfg.method}'s phase 2: {why}, and only "
+            f"if A(t) stops rising at once; {budget}. With fewer, expect a run that never "
             "leaves phase 1 (it then trains as FedAvg): raise rounds, or lower start-round "
             "or gamma-thr")
 
@@ -292,8 +298,7 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     one; ``prestopping-min-gain`` by its setting where a share is kept (0 without one;
     a recorded run whose T_e another setting leaves unchanged is that setting's run too,
     which only its records can tell: ``fedefc_server/prestopping_replay.py``);
-    ``stacked-clients`` by the group size it gives a simulation on this machine (a run
-    records the number: ``fedefc_server/server_app.py``); ``twin-model`` by whether the
+    ``twin-model`` by whether the
     clients trained a twin (docs/FEDEFC.md §3.8)."""
     defaults = default_config()
     return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
@@ -319,12 +324,14 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
     kept = keeps_share(method, signal)
     entry = METHODS.get(method)
     groups, twin = given("stacked-clients"), given("twin-model")
-    if "auto" in (groups, twin):  # read, not validated: a stored config is compared as is
+    if twin == "auto":  # read, not validated: a stored config is compared as is
         cfg = RunConfig.model_construct(**{k.replace("-", "_"): v for k, v in {
-            **defaults, **config, "stacked-clients": groups, "twin-model": twin}.items()})
-        groups, twin = group_size(cfg), twin_mode(cfg)
+            **defaults, **config, "twin-model": twin}.items()})
+        twin = twin_mode(cfg)
     return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
-            "stacked-clients": int(groups), "twin-model": twin,
+            # "auto" (before 0 became the default) is in the configs of plain loops only,
+            # which train one client at a time; a run recorded the number it used
+            "stacked-clients": 0 if groups == "auto" else int(groups), "twin-model": twin,
             "q-pooling": pooling_used(method, pooling),
             "q-estimator": estimator_used(method, estimator),
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",

@@ -8,6 +8,7 @@
                   renew-cert|export ...
                                                     a deployment across machines
     fedefc data SOURCE OUT --size N                 a folder of images -> a node's data.npz
+    fedefc labels DATA.npz [--per-class N]          check labels in the browser -> verified
 
 Bad input exits 2 before anything starts; a failed run exits 1, a degraded one 3
 (:mod:`.errors`).
@@ -22,7 +23,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import deployment, flower, prepare_data, services
+from . import deployment, flower, labels, prepare_data, services
 from .errors import EXIT_DEGRADED, exit_code
 from .ray_cluster import check_reachable, ray_address
 from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=deployment.cmd_export)
 
     prepare_data.add_parser(sub)
+    labels.add_parser(sub)
     return ap
 
 

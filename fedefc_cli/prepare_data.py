@@ -12,11 +12,16 @@ SuperNode's ``--data-path``.
 - Classes: each folder directly under SOURCE is a class; its images are gathered from it
   and every folder beneath it (e.g. one folder per patient). Files directly under SOURCE
   and hidden files and folders are not read (the former are named in the summary).
-- Class map: ``{class name: index}``, indices 0..K-1. Without ``--class-map`` it is made
-  from the folder names, sorted (by value when every name is a number), and written to
-  OUT/classes.json. ``--class-map FILE`` reads FILE when it exists (another site's map:
-  a folder it does not name is an error, or gets the next index with
-  ``--extend-class-map``, which rewrites FILE) and writes it there when it does not.
+- Class map: ``{class name: index}``, indices 0..K-1, fixed by the names every site
+  shares, never by the folders one site happens to hold (a first site that lacks class
+  "6" would otherwise number "7" as 6 and tell the run K = 9): the federation's class
+  names given up front (``--classes a,b,c``: indices in their sorted order, by value
+  when every name is a number), or the federation's map file (``--class-map FILE``,
+  when it exists). Without either the command refuses, naming this site's folders. The
+  map is written to OUT/classes.json, and to FILE when ``--classes`` makes it there. A
+  folder the map does not name is an error, or gets the next index with
+  ``--extend-class-map``, which rewrites FILE; a class of the map without a folder is
+  absent at this site (listed, K unchanged).
 - Pixels (:func:`decode`): EXIF rotation applied; images of more than 8 bits per sample
   (16-bit PNG or TIFF, 32-bit integer or float TIFF) stretched from their own minimum to
   their own maximum onto 0..255; transparency composited onto black; then converted to
@@ -41,7 +46,7 @@ import sys
 import tempfile
 import unicodedata
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,44 +152,70 @@ def read_class_map(path: Path) -> dict[str, int]:
     return {unicodedata.normalize("NFC", name): index for name, index in loaded.items()}
 
 
+def parse_classes(text: str) -> list[str]:
+    """``--classes``: the federation's class names, comma-separated, each once."""
+    names = [unicodedata.normalize("NFC", n.strip()) for n in text.split(",")]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if any(not n for n in names) or repeated or len(names) < 2:
+        why = (f"names {', '.join(map(repr, repeated))} more than once" if repeated else
+               "an empty name" if any(not n for n in names) else "fewer than two classes")
+        raise PrepareError(f"--classes={text!r} has {why}; give every class of the "
+                           "federation once, comma-separated, the same list at every site, "
+                           "e.g. --classes benign,malignant,naevus")
+    return names
+
+
 def assign_indices(names: list[str], known: dict[str, int] | None, extend: bool,
-                   map_path: Path | None) -> tuple[dict[str, int], list[str]]:
-    """The class map for the class folder ``names``: new from the names, or ``known``
-    (another site's), extended by the names it lacks when ``extend``. Returns the map
-    and the names added to ``known``."""
-    if known is None:
-        if len(names) == 1:
-            raise PrepareError(
-                f"SOURCE holds one class folder, {names[0]!r}: a classifier needs two classes "
-                "or more. If the classes are folders inside it, point SOURCE at that "
-                "folder; if this site has one class only, give the federation's class map "
-                "with --class-map")
-        return {name: i for i, name in enumerate(natural_order(names))}, []
+                   map_path: Path | None, classes: list[str] | None
+                   ) -> tuple[dict[str, int], list[str]]:
+    """The class map for the class folder ``names``: the federation's ``classes`` in
+    their natural order, or ``known`` (the federation's map file), extended by the names
+    it lacks when ``extend``; never the folders alone. Returns the map and the names
+    added to ``known``."""
+    if classes is not None and known is not None:
+        raise PrepareError(f"--classes and --class-map={str(map_path)!r}, which exists, both "
+                           "name the classes; give one (the map already fixes the indices)")
+    if classes is None and known is None:
+        shown = ",".join(natural_order(names))
+        hint = (f" (SOURCE holds one class folder, {names[0]!r}: if the classes are folders "
+                "inside it, point SOURCE at that folder)" if len(names) == 1 else
+                f" (--class-map={str(map_path)!r} does not exist yet: --classes writes it "
+                "there)" if map_path is not None else "")
+        raise PrepareError(
+            "the class map must be the federation's, not made from the folders this site "
+            f"happens to hold{hint}: give every class of the federation with --classes "
+            f"(e.g. --classes {shown} if this site holds them all; the same list at every "
+            "site), or the federation's class map with --class-map FILE (the classes.json "
+            "another site or fedefc deploy export wrote)")
+    source = f"--class-map={str(map_path)!r}"
+    if classes is not None:
+        known, source = {name: i for i, name in enumerate(natural_order(classes))}, "--classes"
     unknown = natural_order([n for n in names if n not in known])
     if unknown and not extend:
         raise PrepareError(
             f"class folder(s) {', '.join(map(repr, unknown))} are not in the class map "
-            f"--class-map={str(map_path)!r} (classes: {', '.join(known)}); rename each to a "
-            "class of the map (the same class must have the same name at every site), or "
-            "add --extend-class-map to give it the next index (then give the new map to "
-            "every site)")
+            f"{source} (classes: {', '.join(known)}); rename each to a class of the map (the "
+            "same class must have the same name at every site), or "
+            + ("add the class to --classes at every site" if classes is not None else
+               "add --extend-class-map to give it the next index (then give the new map to "
+               "every site)"))
     extended = dict(known)
     for name in unknown:
         extended[name] = len(extended)
     return extended, unknown
 
 
-def check_layout(folders: dict[str, Path], known: dict[str, int] | None,
-                 source: Path) -> None:
-    """Refuse SOURCE/train, SOURCE/test, ...: a layout one level above the classes."""
-    splits = sorted(n for n in folders if n.lower() in SPLIT_NAMES and n not in (known or {}))
+def check_layout(folders: dict[str, Path], named: Collection[str], source: Path) -> None:
+    """Refuse SOURCE/train, SOURCE/test, ...: a layout one level above the classes (a
+    folder of a split's name that the federation's classes, ``named``, hold is a class)."""
+    splits = sorted(n for n in folders if n.lower() in SPLIT_NAMES and n not in named)
     if splits and len(splits) == len(folders):
         first = folders[splits[0]]
         raise PrepareError(
             f"SOURCE={str(source)!r} holds the split folders {', '.join(splits)}, not class "
             f"folders; prepare each split on its own with one class map, e.g. fedefc data "
-            f"{first} OUT/{splits[0]} --size ..., then the others with --class-map "
-            f"OUT/{splits[0]}/classes.json")
+            f"{first} OUT/{splits[0]} --size ... --classes ..., then the others with "
+            f"--class-map OUT/{splits[0]}/classes.json")
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -248,10 +279,11 @@ def skip_reason(err: Exception) -> str:
 
 def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb",
             fit: str = "crop", class_map: Path | None = None, extend: bool = False,
-            progress: Callable[[str], None] | None = None, shared: bool = False) -> dict:
+            progress: Callable[[str], None] | None = None, shared: bool = False,
+            classes: list[str] | None = None) -> dict:
     """Write OUT/data.npz, OUT/classes.json and OUT/summary.json from the class folders
-    of ``source`` (module docstring), owner-only unless ``shared``
-    (:func:`write_output`); returns the summary."""
+    of ``source`` with the federation's ``classes`` or ``class_map`` (module docstring),
+    owner-only unless ``shared`` (:func:`write_output`); returns the summary."""
     source, out = source.expanduser().resolve(), out.expanduser().resolve()
     if channels not in CHANNELS or fit not in FITS:
         raise PrepareError(f"channels={channels!r}, fit={fit!r}: use channels "
@@ -262,8 +294,8 @@ def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb
     folders, loose = class_folders(source)
     map_path = class_map.expanduser().resolve() if class_map else None
     known = read_class_map(map_path) if map_path and map_path.exists() else None
-    check_layout(folders, known, source)
-    mapping, added = assign_indices(list(folders), known, extend, map_path)
+    check_layout(folders, set(known or classes or ()), source)
+    mapping, added = assign_indices(list(folders), known, extend, map_path, classes)
 
     c = CHANNELS[channels]
     files = [(name, f) for name in natural_order(list(folders)) for f in image_files(folders[name])]
@@ -397,7 +429,8 @@ def describe(summary: dict) -> str:
         lines += [f"    {s['file']}: {s['reason']}" for s in summary["skipped"]]
     lines.append(f"wrote {summary['data']}: {summary['input_shape']} (C x H x W) uint8 images, "
                  f"fit {summary['fit']}")
-    origin = {"new": "written: give it to every other site with --class-map",
+    origin = {"new": "written from --classes: every other site gives the same --classes, "
+                     "or this file with --class-map",
               "given": "given, unchanged",
               "extended": f"extended by {', '.join(summary['classes_added'])}: give the new "
                           "map to every site"}[summary["class_map_origin"]]
@@ -428,7 +461,8 @@ def cmd_data(args: argparse.Namespace) -> int:
                       args.fit, Path(args.class_map) if args.class_map else None,
                       args.extend_class_map,
                       progress=lambda line: print(line, file=sys.stderr, flush=True),
-                      shared=args.readable_by_others)
+                      shared=args.readable_by_others,
+                      classes=parse_classes(args.classes) if args.classes else None)
     print(describe(summary))
     return 0
 
@@ -446,9 +480,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--fit", choices=FITS, default="crop",
                       help="crop: cover and cut the centre; pad: fit inside, black borders; "
                            "stretch: ignore the aspect ratio; default %(default)s")
+    data.add_argument("--classes", default=None, metavar="NAME,NAME,...",
+                      help="every class of the federation, comma-separated, the same list "
+                           "at every site (indices: their sorted order, by value when all "
+                           "are numbers), e.g. --classes benign,malignant; or --class-map")
     data.add_argument("--class-map", default=None,
-                      help="class map JSON {name: index}: read when it exists (the same "
-                           "indices at every site), else written")
+                      help="the federation's class map JSON {name: index}: read when it "
+                           "exists (the same indices at every site); written there from "
+                           "--classes when it does not")
     data.add_argument("--extend-class-map", action="store_true",
                       help="give class folders missing from --class-map the next indices "
                            "and rewrite it")

@@ -37,7 +37,7 @@ from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
 from common.twin import halves, paired
 
-from .client_group import fit_group
+from .client_group import Group, fit_group
 from .job import LocalJob
 from .local_data import LocalData, partition_sizes
 from .local_update import Update, twin
@@ -72,7 +72,7 @@ class MethodClient(NumPyClient):
         # stacked-clients (.client_group): the client of another partition, for a group
         # message; and the group's meeting point while this client is a member
         self.member: Callable[[int], MethodClient] | None = None
-        self.trainer: Callable | None = None
+        self.group: Group | None = None
         self.slot = "main"  # the process's model instance it trains (a member: its own)
 
     # The registry asks every node once which partition it serves and how many samples
@@ -126,7 +126,7 @@ class MethodClient(NumPyClient):
             return get_weights(model), 0, metrics, None
         phase = int(config[FitConfig.PHASE]) if FitConfig.PHASE in config else None
         job = LocalJob(self.cfg, local, model, phase, server_round,
-                       int(config[FitConfig.SEED]), self.state, dict(config), self.trainer)
+                       int(config[FitConfig.SEED]), self.state, dict(config), self.group)
         carries = carries_accuracy(job.phase, self.cfg.guarded)
         received = received_model_accuracy(job) if carries else None
         num_examples, extra, stats = self.local_update(job)

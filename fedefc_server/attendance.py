@@ -133,6 +133,18 @@ def last_reasons(records: list[dict[str, Any]], field: str = "missing") -> dict[
     return out
 
 
+def ranges(ids: list[int], limit: int = 12) -> str:
+    """Sorted ids as ranges ("0-3, 7"), at most ``limit`` ranges then a count."""
+    parts: list[str] = []
+    for pid in sorted(ids):
+        if parts and parts[-1].split("-")[-1] == str(pid - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{pid}"
+        else:
+            parts.append(str(pid))
+    more = f" and {len(parts) - limit} more ranges" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
+
+
 def describe(absences: list[Absence], limit: int = 6) -> str:
     """One log line's worth: ``partition 2 (node 123): its node left; ...``."""
     parts = [f"partition {a['partition']}"

@@ -4,9 +4,12 @@ per group of G partitions, whose local updates the node steps together
 "Several clients stepped together").
 
 Send (:func:`group_instructions`): the plan's instructions, one per partition in
-partition order, are cut into groups of G; a group becomes one instruction to its first
-member's node, carrying the global model once, its first member's round config, and
-every member's partition id and round config as JSON under ``FitConfig.GROUP``.
+partition order, are cut into as few groups of at most G as hold them, their sizes
+differing by at most one (10 clients at G = 4: 4, 3 and 3, three workers training at
+once, where 4, 4 and 2 would keep two waiting on the third; G = 10: one message); a
+group becomes one instruction to its first member's node, carrying the global model
+once, its first member's round config, and every member's partition id and round config
+as JSON under ``FitConfig.GROUP``.
 
 Receive (:func:`ungroup`): a group's reply holds its members' weights one after another
 and their counts and metrics as JSON under ``FitReply.GROUP``; it is cut back into one
@@ -41,8 +44,11 @@ def group_instructions(instructions: list[tuple[ClientProxy, FitIns]], size: int
     """(the instructions to send, the members of each group by its lead node's id); a
     group of one is sent as it was."""
     sent, groups = [], {}
-    for start in range(0, len(instructions), size):
-        chunk = instructions[start:start + size]
+    count = -(-len(instructions) // size)  # the fewest messages of at most ``size``
+    stop = 0
+    for k in range(count):  # the first len % count groups one larger
+        start, stop = stop, stop + len(instructions) // count + (k < len(instructions) % count)
+        chunk = instructions[start:stop]
         if len(chunk) == 1:
             sent.extend(chunk)
             continue

@@ -2,8 +2,8 @@
 (docs/ARCHITECTURE.md, "One round").
 
 :class:`RoundPipeline` holds what a run fixes (the config, the method's entry and server
-hooks, the partition registry, the server's test set) and no state of any round: each
-step takes the values it needs and returns new ones.
+hooks, the partition registry and the wait for its federation, the server's test set)
+and no state of any round: each step takes the values it needs and returns new ones.
 
 - :meth:`~RoundPipeline.plan`: the method's work between rounds, the round's partitions
   (the registry learns the nodes it has not seen), every client's fit config and what
@@ -59,9 +59,11 @@ from common.update_bound import norm_bound, secure_range
 
 from .baselines.extra_messages import send_tasks
 from .failures import attributed_failures, describe_failures
+from .federation import Federation
 from .method_server import Aggregated, MethodServer
 from .plan import RoundPlan, round_config
 from .registry import PartitionRegistry
+from .registry_report import absences
 from .round_evaluation import Evaluator, RoundEvaluation, evaluation_text
 from .secure_sum import SecureSum, decode_sums
 from .validation import Expected, check_reply, sort_replies
@@ -114,8 +116,9 @@ class RoundPipeline:
         self.method = method
         self.server = server
         self.registry = registry
+        self.federation = Federation(registry)  # the first round waits for its nodes
         self.evaluator = evaluator
-        self.evaluation = RoundEvaluation(cfg, registry, evaluator)  # the evaluate step
+        self.evaluation = RoundEvaluation(cfg, self.federation, evaluator)  # evaluate step
         self.secure = cfg.secure_aggregation
         self.schema = CORE_REPLY + method.reply
 
@@ -124,7 +127,7 @@ class RoundPipeline:
              client_manager: ClientManager) -> RoundPlan:
         """The round's partitions and instructions (the method's work between rounds
         first, with the current global model)."""
-        serving = self.registry.serving(client_manager, server_round)
+        serving = self.federation.serving(client_manager, server_round)
         start, sent = time.monotonic(), []
         extra = self.server.before_round(
             server_round, self.task_sender(serving, parameters, server_round, sent),
@@ -153,7 +156,7 @@ class RoundPipeline:
         instructions = [(serving[pid], FitIns(parameters, {
             **round_config(self.cfg, pid, server_round),
             **self.server.client_config(server_round, pid), **privacy})) for pid in chosen]
-        unserved = self.registry.absences(serving)
+        unserved = absences(self.registry, serving)
         return RoundPlan(server_round, instructions, expected, bound,
                          {"sampled": drawn, **self.registry.take_news(), **extra,
                           **({"unserved": unserved} if unserved else {})}, parameters)
@@ -285,7 +288,7 @@ class RoundPipeline:
     def notes(self) -> list[str]:
         """Plain-words remarks on a completed run: the registry's (partitions the run
         started without) and the method's (FedEFC that never left phase 1)."""
-        return [*self.registry.notes(), *self.server.notes()]
+        return [*self.federation.notes(), *self.server.notes()]
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the run's server side: the declared sizes and the

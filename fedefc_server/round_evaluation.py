@@ -1,12 +1,13 @@
 """The evaluate step of a round (docs/ARCHITECTURE.md, "One round"): the global model on
 the server's test set, and with federated evaluation on every node's held-out data.
 
-:class:`RoundEvaluation` holds what a run fixes (the config, the partition registry, the
-server's test set) and no state of any round: :meth:`~RoundEvaluation.plan` says which
-nodes evaluate (every node serving a partition), :meth:`~RoundEvaluation.close` screens
-their replies (:func:`.validation.check_evaluate_reply`; failures and refusals recorded
-with their reasons, and the partitions that missed the evaluation named:
-:mod:`.attendance`) and averages them weighted by the held-out counts.
+:class:`RoundEvaluation` holds what a run fixes (the config, the run's federation and its
+partition registry, the server's test set) and no state of any round:
+:meth:`~RoundEvaluation.plan` says which nodes evaluate (every node serving a
+partition), :meth:`~RoundEvaluation.close` screens their replies
+(:func:`.validation.check_evaluate_reply`; failures and refusals recorded with their
+reasons, and the partitions that missed the evaluation named: :mod:`.attendance`) and
+averages them weighted by the held-out counts.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from common.twin import delivered, halves
 
 from .attendance import absent_among
 from .failures import attributed_failures, describe_failures
-from .registry import PartitionRegistry
+from .federation import Federation
+from .registry_report import absences
 from .validation import check_evaluate_reply, sort_replies
 
 Evaluator = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
@@ -69,10 +71,10 @@ def evaluation_text(record: dict[str, Any]) -> str:
 class RoundEvaluation:
     """The evaluate step of every round of one run (module docstring)."""
 
-    def __init__(self, cfg: RunConfig, registry: PartitionRegistry,
+    def __init__(self, cfg: RunConfig, federation: Federation,
                  evaluator: Evaluator | None = None):
         self.cfg = cfg
-        self.registry = registry
+        self.federation = federation
         self.evaluator = evaluator
 
     def central(self, parameters: Parameters) -> tuple[float, float] | None:
@@ -88,9 +90,9 @@ class RoundEvaluation:
         data (None without federated evaluation)."""
         if not self.cfg.federated_evaluation:
             return None
-        serving = self.registry.serving(client_manager, server_round)
+        serving = self.federation.serving(client_manager, server_round)
         serving = {pid: serving[pid]
-                   for pid in self.registry.declare(list(serving), server_round)}
+                   for pid in self.federation.registry.declare(list(serving), server_round)}
         if self.cfg.twinned:  # the nodes evaluate the model the run delivers (§3.8)
             parameters = ndarrays_to_parameters(halves(parameters_to_ndarrays(parameters))[0])
         ins = EvaluateIns(parameters, {FitConfig.ROUND: server_round})
@@ -104,10 +106,11 @@ class RoundEvaluation:
         (partition-id order); the partitions that missed it, named
         (``federated_missing``)."""
         seen: set[int] = set()
+        registry = self.federation.registry
         valid, rejected = sort_replies(
-            plan.round, "evaluation reply", results, self.registry.partition_of,
+            plan.round, "evaluation reply", results, registry.partition_of,
             lambda res, node_pid: check_evaluate_reply(res, plan.partitions, seen,
-                                                       self.registry.held_out.get(node_pid),
+                                                       registry.held_out.get(node_pid),
                                                        node_pid))
         failed = describe_failures(plan.round, "client evaluation", failures)
         held = sorted((r for _, r in valid if r.num_examples > 0),
@@ -142,7 +145,7 @@ class RoundEvaluation:
         registry's reason), or asked and failed or refused."""
         node_of = {pid: proxy.cid for (proxy, _), pid in
                    zip(plan.instructions, sorted(plan.partitions))}
-        unserved = self.registry.absences(plan.partitions)
+        unserved = absences(self.federation.registry, plan.partitions)
         asked = absent_among(
             plan.partitions, [int(r.metrics[EvaluateReply.PARTITION_ID]) for _, r in valid],
             [*attributed_failures(failures),

@@ -31,6 +31,7 @@ go through Flower's SecAgg+ workflow (:mod:`.secure_round`). One loop, both mode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,14 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp.grid import Grid
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+from torch import nn
 
-from common.config import OWN_DATASETS, ConfigError, RunConfig, group_size
+from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
 from common.methods import load_object, load_run_config, method_of, short_run_warning
-from common.models import classifier_shape
+from common.models import TaskShape, classifier_shape
 from common.params import get_weights
 from common.results import RunRecorder, atomic_write_json, run_folder
 from common.runtime import initial_model
@@ -92,70 +94,105 @@ def is_simulation(grid: Grid | None) -> bool:
     return isinstance(inner, InMemoryGrid)
 
 
-def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
-          ) -> tuple[RoundLoop, ServerConfig]:
-    """Validate everything before round 1, then build the method's server hooks, the
-    round pipeline and a round loop that starts at round 1 or after the checkpoint's
-    round; ``link``: a deployment's watched grid under ``grid`` (:mod:`.link_watch`)."""
-    cfg = load_run_config(context.run_config)
-    method = method_of(cfg)
-    configure_threads(cfg.client_threads)
+@dataclass(frozen=True)
+class DataSource:
+    """What the server reads of the run's data: the task's shape, the facts
+    ``data.json`` keeps, its test set (None: the server evaluates nothing itself), the
+    rule that bounds the sizes nodes declare, and the run header's words for it."""
+
+    task: TaskShape
+    info: dict[str, Any]
+    evaluator: TestSetEvaluator | None
+    rule: SizeRule
+    text: str
+
+
+def data_source(cfg: RunConfig) -> DataSource:
+    """The data the server holds: the coordinator's clean test set alone (own data
+    held by the nodes), the run's dataset (its test set, and the data plan whose
+    partitions bound the nodes' sizes), or nothing but the task's shape (``evaluation =
+    federated``; the module docstring)."""
     if cfg.server_evaluation and coordinator_test_set_only(cfg):
         # the nodes hold the training data, the coordinator its clean test set
         data = load_dataset(cfg)
         task, info = data.task, {"test_samples": len(data.test_y)}
         evaluator, rule = TestSetEvaluator(cfg, data), SizeRule.for_run(cfg, None)
-        source = (f"{cfg.dataset} (training data held by the clients; the coordinator's "
-                  f"test set: {len(data.test_y)} samples of {shape_text(task.input_shape)}, "
-                  f"K={task.num_classes})")
+        text = (f"{cfg.dataset} (training data held by the clients; the coordinator's "
+                f"test set: {len(data.test_y)} samples of {shape_text(task.input_shape)}, "
+                f"K={task.num_classes})")
     elif cfg.server_evaluation:
         # the noise the run config puts on the dataset's partitions; a deployed node with
         # its own data-path keeps its own labels, whose noise the server cannot know
         data = load_dataset(cfg)
         task, info = data.task, data_summary(cfg)
         evaluator, rule = TestSetEvaluator(cfg, data), SizeRule.for_run(cfg, data_plan(cfg))
-        source = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
-                  f"realized noise rate {info['realized_noise_rate']:.4f} on the data plan's "
-                  "partitions" + (" (a node serving its own data-path keeps its own labels)"
-                                  if cfg.dataset in OWN_DATASETS else ""))
+        text = (f"{cfg.dataset} ({len(data.train_y)} train / {len(data.test_y)} test) | "
+                f"realized noise rate {info['realized_noise_rate']:.4f} on the data plan's "
+                "partitions" + (" (a node serving its own data-path keeps its own labels)"
+                                if cfg.dataset in OWN_DATASETS else ""))
     else:  # the clients hold the data: nothing is read here but the shape and K
         task, info, evaluator = task_shape(cfg, "the server"), {}, None
         rule = SizeRule.for_run(cfg, None)
-        source = (f"{cfg.dataset} (held by the clients: {shape_text(task.input_shape)} "
-                  f"inputs, K={task.num_classes})")
+        text = (f"{cfg.dataset} (held by the clients: {shape_text(task.input_shape)} "
+                f"inputs, K={task.num_classes})")
     info.update(evaluation=cfg.evaluation_mode, input_shape=list(task.input_shape),
                 num_classes=task.num_classes)
-    simulation = is_simulation(grid)
-    if cfg.stacked_clients not in (0, "auto") and not simulation:
+    return DataSource(task, info, evaluator, rule, text)
+
+
+def refuse_groups_in_deployment(cfg: RunConfig, simulation: bool) -> None:
+    """A group size in a deployment is refused (each node trains its own data)."""
+    if cfg.stacked_clients and not simulation:
         raise ConfigError(
             f"stacked-clients={cfg.stacked_clients} sends a simulation's clients to one node "
             "in groups; in a deployment each node holds its own data and trains it alone: "
             "set stacked-clients=0")
-    # from here on the group size is a number (what config.json and a checkpoint hold)
-    cfg = cfg.model_copy(update={"stacked_clients": group_size(cfg, simulation)})
-    if (simulation and rule.max_private is None and not coordinator_test_set_only(cfg)):
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Which nodes the run admits: the rule their declared sizes must meet, the
+    operator's allowlist (None: none), and the summary's record of both."""
+
+    rule: SizeRule
+    allowlist: Allowlist | None
+    record: dict[str, Any]
+
+
+def admission_for(cfg: RunConfig, simulation: bool, rule: SizeRule) -> Admission:
+    """The run's admission (:func:`.declarations.admission`): in a simulation whose data
+    the server does not read, the data plan's partitions bound the simulated nodes."""
+    if simulation and rule.max_private is None and not coordinator_test_set_only(cfg):
         # Flower's simulated nodes serve partitions of the run's data: the plan bounds them
         rule = SizeRule.for_run(cfg, data_plan(cfg))
-    admitted = admission(cfg, simulation, rule)
-    model = initial_model(cfg, task)
-    init = paired(get_weights(model)) if cfg.twinned else get_weights(model)
-    ckpt = None
-    if cfg.resume_from:
-        ckpt = checkpoint.load(cfg.resume_from)
-        checkpoint.check_compatible(ckpt, cfg.to_flat(), cfg.resume_from, [w.shape for w in init])
-        if cfg.out_dir and cfg.out_dir != cfg.resume_from:
-            raise ConfigError(f"out-dir={cfg.out_dir!r} differs from resume-from="
-                              f"{cfg.resume_from!r}: a resumed run continues in its own folder; "
-                              "leave out-dir empty or equal to resume-from")
-    out_dir = run_folder(cfg.out_dir, cfg.resume_from, cfg.method, cfg.dataset, cfg.seed)
-    if ckpt:
-        log(INFO, "resuming %s after round %d", out_dir, ckpt.round)
-    recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
-                           resume_round=ckpt.round if ckpt else None)
+    record = admission(cfg, simulation, rule)
+    allowlist = Allowlist.load(cfg.allowlist, cfg.num_clients) if cfg.allowlist else None
+    return Admission(rule, allowlist, record)
+
+
+def resume_point(cfg: RunConfig, shapes: list[tuple[int, ...]]) -> checkpoint.Checkpoint | None:
+    """The checkpoint a ``resume-from`` run continues after (None: the run starts at
+    round 1), checked against the run's config and model ``shapes``; a resumed run
+    writes in its own folder."""
+    if not cfg.resume_from:
+        return None
+    ckpt = checkpoint.load(cfg.resume_from)
+    checkpoint.check_compatible(ckpt, cfg.to_flat(), cfg.resume_from, shapes)
+    if cfg.out_dir and cfg.out_dir != cfg.resume_from:
+        raise ConfigError(f"out-dir={cfg.out_dir!r} differs from resume-from="
+                          f"{cfg.resume_from!r}: a resumed run continues in its own folder; "
+                          "leave out-dir empty or equal to resume-from")
+    log(INFO, "resuming %s after round %d", cfg.resume_from, ckpt.round)
+    return ckpt
+
+
+def announce(cfg: RunConfig, source: DataSource, out_dir: str, admitted: Admission) -> None:
+    """The run's header in the log: what runs on which data, where its results go, who
+    is admitted, and the warnings of its config."""
     log(INFO, "FedEFC run | method %s | %s | %d clients, %d per round | %d rounds | "
-        "evaluation: %s | results -> %s", cfg.method, source, cfg.num_clients,
+        "evaluation: %s | results -> %s", cfg.method, source.text, cfg.num_clients,
         cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
-    log(INFO, "%s", admission_text(admitted))
+    log(INFO, "%s", admission_text(admitted.record))
     if cfg.stacked_clients:
         log(INFO, "the sampled clients go %d to a message, stepped together "
             "(stacked-clients; 0 sends one message per client)", cfg.stacked_clients)
@@ -166,23 +203,54 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     short = short_run_warning(cfg)
     if short:
         log(WARNING, "%s", short)
-    server_hooks: type[MethodServer] = load_object(method.server)
-    allowlist = Allowlist.load(cfg.allowlist, cfg.num_clients) if cfg.allowlist else None
-    pipeline = RoundPipeline(cfg, method, server_hooks(cfg, classifier_shape(model, task)),
-                             PartitionRegistry(rule, allowlist=allowlist,
+
+
+def pipeline_for(cfg: RunConfig, model: nn.Module, source: DataSource, admitted: Admission,
+                 ckpt: checkpoint.Checkpoint | None, simulation: bool) -> RoundPipeline:
+    """The round pipeline: the method's server hooks, the partition registry of the
+    run's admission and its test set, the coordinator's clean validation set where the
+    run has one (docs/FEDEFC.md §3.9), with a resumed run's state put back."""
+    server_hooks: type[MethodServer] = load_object(method_of(cfg).server)
+    pipeline = RoundPipeline(cfg, method_of(cfg),
+                             server_hooks(cfg, classifier_shape(model, source.task)),
+                             PartitionRegistry(admitted.rule, allowlist=admitted.allowlist,
                                                wait_for_nodes=cfg.wait_for_nodes),
-                             evaluator)
+                             source.evaluator)
     attach_clean_set(pipeline.server, cfg, simulation)
     if ckpt:
         pipeline.load_state(ckpt.strategy)
         pipeline.server.load_models(ckpt.models)
-    atomic_write_json(Path(out_dir) / "data.json", info)
+    return pipeline
+
+
+def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
+          ) -> tuple[RoundLoop, ServerConfig]:
+    """Validate everything before round 1, then build the method's server hooks, the
+    round pipeline and a round loop that starts at round 1 or after the checkpoint's
+    round; ``link``: a deployment's watched grid under ``grid`` (:mod:`.link_watch`).
+    Each step is a function named for what it decides."""
+    cfg = load_run_config(context.run_config)
+    configure_threads(cfg.client_threads)
+    source = data_source(cfg)
+    simulation = is_simulation(grid)
+    refuse_groups_in_deployment(cfg, simulation)
+    admitted = admission_for(cfg, simulation, source.rule)
+    model = initial_model(cfg, source.task)
+    init = paired(get_weights(model)) if cfg.twinned else get_weights(model)
+    ckpt = resume_point(cfg, [w.shape for w in init])
+    out_dir = run_folder(cfg.out_dir, cfg.resume_from, cfg.method, cfg.dataset, cfg.seed)
+    recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
+                           resume_round=ckpt.round if ckpt else None)
+    announce(cfg, source, out_dir, admitted)
+    pipeline = pipeline_for(cfg, model, source, admitted, ckpt, simulation)
+    atomic_write_json(Path(out_dir) / "data.json", source.info)
     manager = SimpleClientManager()
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,
                      parameters=ndarrays_to_parameters(ckpt.weights if ckpt else init),
                      cfg=cfg, recorder=recorder, model=model,
-                     run_info={**{k: v for k, v in info.items() if k != "noise_matrices"},
-                               "admission": admitted},
+                     run_info={**{k: v for k, v in source.info.items()
+                                  if k != "noise_matrices"},
+                               "admission": admitted.record},
                      first_round=ckpt.round + 1 if ckpt else 1,
                      elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
                      secure_round=(SecureRound(grid, context, manager, cfg)

@@ -32,7 +32,6 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from common.config import group_size
 from common.messages import FitReply
 
 from .client_groups import Member, group_instructions, ungroup
@@ -76,7 +75,7 @@ class RoundStrategy(Strategy):
         if self.pipeline.secure:
             return list(self.plan.instructions)
         instructions = self.attributed(self.plan.instructions)
-        size = group_size(self.pipeline.cfg)  # a number once server_app.build resolved it
+        size = self.pipeline.cfg.stacked_clients
         if size:
             instructions, self.groups = group_instructions(
                 instructions, size, self.pipeline.registry.partition_of)

@@ -15,6 +15,7 @@ depend on the order) to about all of the change.
 """
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from common import config
-from common.config import AUTO_GROUP, ConfigError, group_size, trains_on_cuda
+from common.config import ConfigError
 from common.messages import FitConfig, FitReply, group_dumps, group_loads
 from common.methods import load_run_config
 from common.params import get_weights
@@ -46,6 +46,7 @@ from fedefc_server.plan import round_config
 from tests.helpers import FakeProxy, records, small_job
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 OK = Status(Code.OK, "")
 
 
@@ -137,13 +138,18 @@ def fit_ins(pid: int) -> FitIns:
 
 
 def test_the_server_cuts_a_round_into_groups_and_puts_their_replies_back():
-    """Five partitions in groups of 2: two group messages and one lone one; a group's
+    """Five partitions in groups of 2: two group messages and one lone one (ten in
+    groups of at most 4: three messages of 4, 3 and 3, not 4, 4 and 2); a group's
     reply comes back as its members' replies, each under its own node; a reply that
     holds other partitions, and a group that failed, fail each member by name."""
     nodes = [Attributed(FakeProxy(f"node-{p}", p), p) for p in range(5)]
     sent, groups = group_instructions([(n, fit_ins(n.partition)) for n in nodes], 2,
                                       lambda cid: int(cid.split("-")[1]))
     assert [proxy.cid for proxy, _ in sent] == ["node-0", "node-2", "node-4"]
+    ten = [(FakeProxy(f"node-{p}", p), fit_ins(p)) for p in range(10)]
+    for size, cut in ((4, [4, 3, 3]), (3, [3, 3, 2, 2]), (5, [5, 5]), (10, [10])):
+        _, by_lead = group_instructions(ten, size, lambda cid: int(cid.split("-")[1]))
+        assert [len(m) for m in by_lead.values()] == cut, size  # the fewest, even messages
     assert json.loads(sent[1][1].config[FitConfig.GROUP]) == [
         [2, {"round": 1, "seed": 12}], [3, {"round": 1, "seed": 13}]]
     assert FitConfig.GROUP not in sent[2][1].config  # a group of one goes as it was
@@ -183,42 +189,38 @@ def test_what_a_group_cannot_hold_is_refused(keys, names):
         load_run_config(keys)
 
 
-def test_auto_groups_only_a_simulation_on_a_gpu_that_groups_can_serve(monkeypatch):
-    """``stacked-clients = "auto"`` (the default): groups of AUTO_GROUP where the clients
-    train on a GPU, none on the CPU (where a stacked step is slower), none where a group
-    cannot be served or in a deployment; a number is taken as given."""
-    assert load_run_config({}).stacked_clients == "auto"
-    assert trains_on_cuda("auto") == torch.cuda.is_available()
-    assert trains_on_cuda("cuda") and not trains_on_cuda("cpu")
-    monkeypatch.setattr(config, "trains_on_cuda", lambda device: False)
-    assert group_size(load_run_config({})) == 0
-    monkeypatch.setattr(config, "trains_on_cuda", lambda device: device != "cpu")
-    assert group_size(load_run_config({})) == AUTO_GROUP  # the paper's sampling
-    assert group_size(load_run_config({}), simulation=False) == 0
-    assert group_size(load_run_config({"device": "cpu"})) == 0
-    for keys in ({"method": "fedditto"}, {"num-clients": 4, "fraction": 1.0},
-                 {"secure-aggregation": True}, {"step-capture": "cuda-graph"}):
-        assert group_size(load_run_config(keys)) == 0, keys  # each an obstacle above
-    assert group_size(load_run_config({"stacked-clients": 3}), simulation=False) == 3
-    assert group_size(load_run_config({"stacked-clients": 0})) == 0
+def gpu_table(heading: str) -> dict[int, float]:
+    """{stacked-clients: s per round} of the table under ``heading`` in
+    docs/BENCHMARKS.md."""
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    lines = text[text.index(heading):].splitlines()
+    first = next(k for k, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    columns = rows[0]
+    key, secs = columns.index("`stacked-clients`"), columns.index("s per round")
+    return {int(row[key]): float(row[secs]) for row in rows[2:]}
 
 
-@pytest.mark.parametrize("bad", [1.5, -1, 2000, "five", True])
-def test_a_group_size_that_is_neither_auto_nor_a_count_is_refused_naming_it(bad):
-    with pytest.raises(ConfigError, match=r"'stacked-clients' = .*give \"auto\""):
+def test_the_default_is_the_path_a_gpu_measured_fastest():
+    """``stacked-clients``'s default is the row of docs/BENCHMARKS.md's GPU table with
+    the fewest seconds per round: a path measured slower (groups of 5 on an H200,
+    2026-12-04), or one not measured, cannot be the default."""
+    table = gpu_table("### The default of `stacked-clients`, from a GPU's numbers")
+    assert len(table) >= 2 and 0 in table
+    fastest = min(table, key=table.get)
+    assert load_run_config({}).stacked_clients == fastest
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert declared["tool"]["flwr"]["app"]["config"]["stacked-clients"] == fastest
+
+
+@pytest.mark.parametrize("bad", [1.5, -1, 2000, "five", True, "auto"])
+def test_a_group_size_that_is_not_a_count_is_refused_naming_it(bad):
+    with pytest.raises(ConfigError, match=r"'stacked-clients' = .*give 0"):
         load_run_config({"stacked-clients": bad})
-
-
-def test_a_run_records_the_group_size_auto_gave_it(micro_mnist_dir, tmp_path, monkeypatch):
-    """What ``auto`` resolved to is what config.json (and a checkpoint) holds: a
-    deployment never groups, even where the clients would train on a GPU."""
-    monkeypatch.setattr(config, "trains_on_cuda", lambda device: True)
-    flat = load_run_config({"dataset": "mnist", "data-dir": str(micro_mnist_dir),
-                            "model": "lenet", "num-clients": 4, "out-dir": str(tmp_path),
-                            "open-deployment": True}).to_flat()
-    loop, _ = server_app.build(Context(1, 0, {}, RecordDict(), flat), None)
-    assert loop.cfg.stacked_clients == 0
-    assert json.loads((tmp_path / "config.json").read_text())["stacked-clients"] == 0
 
 
 def test_a_deployment_refuses_groups(micro_mnist_dir, tmp_path):

@@ -7,6 +7,8 @@ that shifts every class to the next), which the guard must notice and undo.
 """
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -531,23 +533,53 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
 # -- runs too short for a phase 2 (docs/FEDEFC.md §3.5) ---------------------------------------
 
 
-@pytest.mark.parametrize("keys, least", [
-    ({"rounds": 8, "start-round": 2, "gamma-thr": 2}, 10),
-    ({"rounds": 15, "start-round": 5, "gamma-thr": 3}, 16),
-    ({"rounds": 16, "start-round": 5, "gamma-thr": 3}, None),
-    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "method": "fedavg"}, None),
-    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "prestopping": False}, None),
-    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "method": "confident-learning"}, 10),
+@pytest.mark.parametrize("keys, least, too_few", [
+    ({"rounds": 7, "start-round": 2, "gamma-thr": 2}, 10, True),
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2}, 10, False),
+    ({"rounds": 12, "start-round": 5, "gamma-thr": 3}, 16, True),
+    ({"rounds": 15, "start-round": 5, "gamma-thr": 3}, 16, False),
+    ({"rounds": 16, "start-round": 5, "gamma-thr": 3}, None, False),
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "method": "fedavg"}, None, False),
+    ({"rounds": 8, "start-round": 2, "gamma-thr": 2, "prestopping": False}, None, False),
+    ({"rounds": 7, "start-round": 2, "gamma-thr": 2, "method": "confident-learning"}, 10,
+     True),
 ])
-def test_a_run_too_short_for_its_phase_2_is_told_with_the_rounds_it_needs(keys, least):
+def test_a_run_too_short_for_its_phase_2_is_told_with_the_rounds_it_needs(keys, least,
+                                                                          too_few):
+    """Below start-round + 2 gamma-thr + 2 rounds even the earliest T_e leaves fewer than
+    gamma-thr + 1 phase-2 rounds: "too few"; from there to the shortest useful run, the
+    run has a phase 2 only if A(t) stops rising at once, and is told so."""
     cfg = load_run_config(keys)
     warning = short_run_warning(cfg)
     if least is None:
         assert warning is None
         return
+    earliest = cfg.start_round + cfg.gamma_thr + 1
     assert shortest_useful_run(cfg) == least
     assert f"rounds >= {least}" in warning and f"rounds={cfg.rounds}" in warning
-    assert f"round {cfg.start_round + cfg.gamma_thr + 1} at the earliest" in warning
+    assert f"round {earliest} at the earliest" in warning
+    assert ("is too few" in warning) == too_few
+    assert (cfg.rounds < earliest + cfg.gamma_thr + 1) == too_few
+    assert (f"phase 2 then from round {earliest + 1}" in warning) != too_few
+
+
+def test_the_deployment_quick_starts_settings_are_told_the_t_e_its_docs_promise():
+    """Issue 49: DEPLOYMENT.md's quick start (rounds=5 start-round=1 gamma-thr=1)
+    promises `PRESTOPPING POINT T_e = 3` and phase 2 in rounds 4-5, and the warning
+    said the run was "too few for phase 2" and would never leave phase 1. Its settings
+    and its promise, read from the doc, now agree with the warning."""
+    doc = (Path(__file__).parents[1] / "docs" / "DEPLOYMENT.md").read_text()
+    block = doc[doc.index("## Quick start on one machine"):]
+    block = block[:block.index("kill $(jobs -p)")]
+    keys = dict(re.findall(r"--set ([a-z-]+)=(\S+)", block))
+    cfg = load_run_config({k: keys[k] for k in ("num-clients", "fraction", "rounds",
+                                                "start-round", "gamma-thr")})
+    [promised] = {int(t) for t in re.findall(r"PRESTOPPING POINT T_e = (\d+)", doc[
+        doc.index("## Quick start on one machine"):doc.index("kill $(jobs -p)") + 3000])}
+    warning = short_run_warning(cfg)
+    assert "too few" not in warning
+    assert f"round {promised} at the earliest" in warning
+    assert f"phase 2 then from round {promised + 1}" in warning and promised < cfg.rounds
 
 
 def test_the_defaults_and_the_paper_presets_are_long_enough():
@@ -561,10 +593,10 @@ def test_the_defaults_and_the_paper_presets_are_long_enough():
 def test_fedefc_run_and_submit_say_it_before_anything_starts(tmp_path, capsys, monkeypatch):
     """``fedefc run`` prints the warning before its preflight (which fails here on a model
     that does not import); ``fedefc deploy submit`` before it contacts the SuperLink."""
-    short = ["--set", "rounds=8", "--set", "start-round=2", "--set", "gamma-thr=2"]
+    short = ["--set", "rounds=7", "--set", "start-round=2", "--set", "gamma-thr=2"]
     assert main(["run", *short, "--set", "model=no_such_module:net",
                  "--out-dir", str(tmp_path / "run")]) != 0
-    assert "WARNING: rounds=8 is too few" in capsys.readouterr().out
+    assert "WARNING: rounds=7 is too few" in capsys.readouterr().out
 
     def unreachable(*args, **kwargs):
         raise UsageError("no SuperLink here")
@@ -572,4 +604,4 @@ def test_fedefc_run_and_submit_say_it_before_anything_starts(tmp_path, capsys, m
     monkeypatch.setattr(deployment, "wait_for_superlink", unreachable)
     assert main(["deploy", "submit", "nowhere", *short,
                  "--set", f"out-dir={tmp_path / 'srv'}"]) != 0
-    assert "WARNING: rounds=8 is too few" in capsys.readouterr().err
+    assert "WARNING: rounds=7 is too few" in capsys.readouterr().err

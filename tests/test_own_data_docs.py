@@ -23,7 +23,10 @@ def test_the_documented_summary_is_what_fedefc_data_prints(tmp_path, capsys):
     text = section(DOC.read_text(), "Preparing a folder of images")
     shown = re.search(r"```\n(fedefc data: .*?)```", text, re.S).group(1).splitlines()
     site = write_site(tmp_path / "site-a" / "images")
-    assert main(["data", str(site), str(tmp_path / "site-a" / "prepared"), "--size", "64"]) == 0
+    command = re.search(r"```bash\n(fedefc data /data/images .*?)\n```", text, re.S).group(1)
+    classes = re.search(r"--classes (\S+)", command).group(1)
+    assert main(["data", str(site), str(tmp_path / "site-a" / "prepared"), "--size", "64",
+                 "--classes", classes]) == 0
     printed = capsys.readouterr().out.replace(str(tmp_path), "/tmp/dd").splitlines()
     assert len(printed) == len(shown)
     for got, doc in zip(printed, shown):

@@ -82,7 +82,8 @@ def order(paths) -> list[str]:
 def prepared(tmp_path_factory):
     base = tmp_path_factory.mktemp("prepare")
     source = write_site(base / "site")
-    code = main(["data", str(source), str(base / "out"), "--size", "16"])
+    code = main(["data", str(source), str(base / "out"), "--size", "16",
+                 "--classes", "benign,malignant"])
     samples = read_samples(str(base / "out" / "data.npz"), "test")
     return {"code": code, "out": base / "out", "source": source, "samples": samples,
             "files": order(site_images()),
@@ -153,7 +154,8 @@ def test_the_output_is_read_unchanged_by_npz_imagefolder_and_a_node(prepared):
 
 def test_the_printed_summary_names_counts_skipped_files_and_run_keys(tmp_path, capsys):
     source = write_site(tmp_path / "site")
-    assert main(["data", str(source), str(tmp_path / "out"), "--size", "8"]) == 0
+    assert main(["data", str(source), str(tmp_path / "out"), "--size", "8",
+                 "--classes", "malignant,benign"]) == 0
     printed = capsys.readouterr().out
     assert "6 images in 2 classes" in printed
     assert "malignant/broken.jpg: unreadable" in printed and "README.txt" in printed
@@ -169,7 +171,7 @@ def test_pad_and_stretch_to_a_non_square_size(tmp_path, fit):
         (tmp_path / "site" / cls).mkdir(parents=True)
         wide.save(tmp_path / "site" / cls / "wide.png")
     assert main(["data", str(tmp_path / "site"), str(tmp_path / "out"), "--size", "8x12",
-                 "--fit", fit]) == 0
+                 "--fit", fit, "--classes", "a,b"]) == 0
     got = read_samples(str(tmp_path / "out" / "data.npz"), "test").x[0].transpose(1, 2, 0)
     if fit == "stretch":
         expected = np.asarray(wide.resize((12, 8), BICUBIC))
@@ -188,7 +190,7 @@ def test_gray_output_is_the_luma_of_rgb_and_exif_rotation_is_applied(tmp_path):
     exif[0x0112] = 6  # orientation: rotate 90 degrees to display
     Image.fromarray(rgb(10, 20, 2)).save(tmp_path / "site" / "b" / "turned.jpg", exif=exif)
     assert main(["data", str(tmp_path / "site"), str(tmp_path / "out"), "--size", "16",
-                 "--channels", "gray"]) == 0
+                 "--channels", "gray", "--classes", "a,b"]) == 0
     x = read_samples(str(tmp_path / "out" / "data.npz"), "test").x
     assert x.shape == (3, 1, 16, 16)
     luma = colour.astype(float) @ np.array([0.299, 0.587, 0.114])  # ITU-R 601-2
@@ -201,7 +203,8 @@ def test_a_decompression_bomb_is_skipped_and_named(tmp_path, monkeypatch):
     tiny_site(tmp_path / "site", ["a", "b"])
     Image.fromarray(rgb(40, 40, 1)).save(tmp_path / "site" / "a" / "huge.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 700)  # 40 x 40 > 2 x 700: a "bomb"
-    assert main(["data", str(tmp_path / "site"), str(tmp_path / "out"), "--size", "6"]) == 0
+    assert main(["data", str(tmp_path / "site"), str(tmp_path / "out"), "--size", "6",
+                 "--classes", "a,b"]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [s["file"] for s in summary["skipped"]] == ["a/huge.png"]
     assert "DecompressionBombError" in summary["skipped"][0]["reason"]
@@ -218,7 +221,8 @@ def tiny_site(root: Path, classes, per_class: int = 2, seed: int = 0) -> Path:
 
 def test_a_second_site_given_the_class_map_gets_the_same_indices(tmp_path, capsys):
     a = tiny_site(tmp_path / "a", ["malignant", "benign", "cyst"])
-    assert main(["data", str(a), str(tmp_path / "out-a"), "--size", "6"]) == 0
+    assert main(["data", str(a), str(tmp_path / "out-a"), "--size", "6",
+                 "--classes", "malignant,benign,cyst"]) == 0
     shared = tmp_path / "out-a" / "classes.json"
     assert json.loads(shared.read_text()) == {"benign": 0, "cyst": 1, "malignant": 2}
     before = shared.read_bytes()
@@ -253,9 +257,40 @@ def test_a_new_class_map_is_written_where_asked_and_numbers_sort_by_value(tmp_pa
     site = tiny_site(tmp_path / "site", [str(i) for i in range(11)], per_class=1)
     target = tmp_path / "shared" / "map.json"
     assert main(["data", str(site), str(tmp_path / "out"), "--size", "6",
-                 "--class-map", str(target)]) == 0
+                 "--class-map", str(target), "--classes", ",".join(map(str, range(11)))]) == 0
     assert json.loads(target.read_text()) == {str(i): i for i in range(11)}
     assert read_samples(str(tmp_path / "out" / "data.npz"), "t").y.tolist() == list(range(11))
+
+
+def test_a_first_site_missing_a_class_cannot_shift_the_map(tmp_path, capsys):
+    """Issue 49 (4): a first site holding digits 0-9 but 6 wrote a 9-entry map ("7" -> 6,
+    num-classes=9) without a word. Now the map comes from the federation's names: without
+    them the site is refused, naming the fix; with them "7" is 7, K is 10, class 6 is
+    absent here, and a second site with all ten folders given the map written gets the
+    same indices (its folder name is its label, as the names are numbers)."""
+    digits = [str(d) for d in range(10)]
+    a = tiny_site(tmp_path / "a", [d for d in digits if d != "6"], per_class=1)
+    shared = tmp_path / "classes.json"
+    args = ["data", str(a), str(tmp_path / "out-a"), "--size", "6", "--class-map", str(shared)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--classes 0,1,2,3,4,5,7,8,9 if this site holds them all" in err
+    assert not shared.exists() and not (tmp_path / "out-a").exists()
+    assert main([*args, "--classes", ",".join(digits)]) == 0
+    printed = capsys.readouterr().out
+    assert "absent at this site (in the class map): 6" in printed
+    assert "--set num-classes=10" in printed
+    assert json.loads(shared.read_text()) == {d: int(d) for d in digits}
+    assert sorted(read_samples(str(tmp_path / "out-a" / "data.npz"), "t").y.tolist()) == [
+        0, 1, 2, 3, 4, 5, 7, 8, 9]
+    b = tiny_site(tmp_path / "b", digits, per_class=1, seed=3)
+    assert main(["data", str(b), str(tmp_path / "out-b"), "--size", "6",
+                 "--class-map", str(shared)]) == 0
+    x_b = read_samples(str(tmp_path / "out-b" / "data.npz"), "t")
+    for label, pixels in zip(x_b.y.tolist(), x_b.x):  # each image's folder is its label
+        folder = b / str(label)
+        [png] = folder.iterdir()
+        assert np.array_equal(np.asarray(Image.open(png)).transpose(2, 0, 1), pixels)
 
 
 def make_bad(tmp_path: Path, case: str) -> tuple[list[str], list[str]]:
@@ -300,6 +335,24 @@ def make_bad(tmp_path: Path, case: str) -> tuple[list[str], list[str]]:
         (tmp_path / "m.json").write_text('{"a": 0, "b": 2}')
         return ([str(src), str(out), "--size", "8", "--class-map", str(tmp_path / "m.json")],
                 ["indices [0, 2]", "0..1, each once"])
+    if case == "no class names":  # the map may not come from this site's folders
+        return [str(src), str(out), "--size", "8"], [
+            "not made from the folders this site happens to hold", "--classes a,b",
+            "--class-map FILE"]
+    if case == "map file absent":
+        return [str(src), str(out), "--size", "8", "--class-map", str(tmp_path / "m.json")], [
+            f"--class-map='{tmp_path / 'm.json'}' does not exist yet: --classes writes it"]
+    if case == "classes twice":
+        return [str(src), str(out), "--size", "8", "--classes", "a,b,a"], [
+            "--classes='a,b,a' has names 'a' more than once", "--classes benign,malignant"]
+    if case == "classes and map":
+        (tmp_path / "m.json").write_text('{"a": 0, "b": 1}')
+        return ([str(src), str(out), "--size", "8", "--classes", "a,b", "--class-map",
+                 str(tmp_path / "m.json")], ["--classes and --class-map=", "give one"])
+    if case == "folder not in classes":
+        return [str(src), str(out), "--size", "8", "--classes", "a,c"], [
+            "class folder(s) 'b' are not in the class map --classes (classes: a, c)",
+            "add the class to --classes at every site"]
     if case == "extend without map":
         return [str(src), str(out), "--size", "8", "--extend-class-map"], [
             "--extend-class-map needs --class-map"]
@@ -308,18 +361,20 @@ def make_bad(tmp_path: Path, case: str) -> tuple[list[str], list[str]]:
             f.write_bytes(b"not a png")
         for f in (src / "b").iterdir():
             f.write_text("text")
-        return [str(src), str(out), "--size", "8"], ["no file in its class folders",
-                                                    "a/0.png: not an image", "PNG, JPEG"]
+        return [str(src), str(out), "--size", "8", "--classes", "a,b"], [
+            "no file in its class folders", "a/0.png: not an image", "PNG, JPEG"]
     assert case == "class without images"
     for f in (src / "b").iterdir():
         f.write_text("text")
-    return [str(src), str(out), "--size", "8"], ["class folder 'b' holds no readable image",
-                                                "b/0.png: not an image", "remove the folder"]
+    return [str(src), str(out), "--size", "8", "--classes", "a,b"], [
+        "class folder 'b' holds no readable image", "b/0.png: not an image",
+        "remove the folder"]
 
 
 BAD = ["missing", "file", "empty", "no classes", "one class", "splits", "out exists",
        "out inside source", "size", "bad json", "bad indices", "extend without map",
-       "nothing readable", "class without images"]
+       "nothing readable", "class without images", "no class names", "map file absent",
+       "classes twice", "classes and map", "folder not in classes"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -378,7 +433,8 @@ def test_two_prepared_sites_with_one_class_map_train_and_test_through_fedefc_run
                 noisy = np.array(colours[name]) + rng.normal(0, 40, (20, 30, 3))
                 img = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
                 img.save(tmp_path / site / name / f"{i}.{'png' if i % 2 else 'jpg'}")
-    assert main(["data", str(tmp_path / "train"), str(tmp_path / "p-train"), "--size", "8"]) == 0
+    assert main(["data", str(tmp_path / "train"), str(tmp_path / "p-train"), "--size", "8",
+                 "--classes", "red,green,blue"]) == 0
     assert main(["data", str(tmp_path / "test"), str(tmp_path / "p-test"), "--size", "8",
                  "--class-map", str(tmp_path / "p-train" / "classes.json")]) == 0
     keys = json.loads((tmp_path / "p-train" / "summary.json").read_text())["run_keys"]
@@ -445,9 +501,11 @@ def test_the_prepared_data_is_owner_only_unless_asked_otherwise(tmp_path):
     old = os.umask(0o022)
     try:
         source = write_site(tmp_path / "site")
-        assert main(["data", str(source), str(tmp_path / "new" / "out"), "--size", "8"]) == 0
+        classes = ["--classes", "benign,malignant"]
+        assert main(["data", str(source), str(tmp_path / "new" / "out"), "--size", "8",
+                     *classes]) == 0
         assert main(["data", str(source), str(tmp_path / "shared"), "--size", "8",
-                     "--readable-by-others"]) == 0
+                     "--readable-by-others", *classes]) == 0
     finally:
         os.umask(old)
     mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731

@@ -25,6 +25,8 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedefc_server.declarations import SizeRule
 from fedefc_server.failures import RunFailed
+from fedefc_server.federation import Federation
+from fedefc_server.node_answers import ask_declarations
 from fedefc_server.registry import PartitionRegistry, simulation_order
 from tests.helpers import OK, FakeProxy
 
@@ -80,7 +82,7 @@ def test_a_nodes_first_declaration_may_take_the_whole_wait_for_nodes():
     grid, manager, _ = simulation(4)
     registry = PartitionRegistry(SizeRule(4, None, 10**8), timeout=120.0,
                                  wait_for_nodes=900.0)
-    registry.serving(manager, 1)
+    Federation(registry).serving(manager, 1)
     assert registry.declare([0, 1, 2, 3], 1) == [0, 1, 2, 3]
     assert grid.waits == [900.0] and grid.ttls == [900.0] * 4
 
@@ -90,7 +92,7 @@ def test_the_registry_reads_flowers_node_order_and_asks_only_the_sampled_nodes()
     assert sorted(mapping.values()) == list(range(40))
     assert simulation_order(list(manager.all().values())) == [str(n) for n in mapping]
     registry = PartitionRegistry(SizeRule(40, None, 10**8))
-    serving = registry.serving(manager, 1)
+    serving = Federation(registry).serving(manager, 1)
     assert grid.asked == []  # the plan learns the partitions without a message
     assert {pid: mapping[p.node_id] for pid, p in serving.items()} == {p: p for p in range(40)}
     assert registry.declare([7, 3, 30], 1) == [3, 7, 30]
@@ -107,20 +109,21 @@ def test_a_simulated_node_that_claims_another_partition_is_refused_and_never_sam
     node_of = {pid: node for node, pid in mapping.items()}
     grid.claims = {node_of[4]: 1}
     registry = PartitionRegistry(SizeRule(6, None, 10**8))
-    registry.serving(manager, 1)
+    federation = Federation(registry)
+    federation.serving(manager, 1)
     assert registry.declare([1, 4], 1) == [1]
     [refused] = registry.take_news()["refused_nodes"]
     assert refused == {"node": str(node_of[4]), "partition": 1, "reason": (
         f"partition 1 is served by node {node_of[1]} in this simulation; this node serves "
         "partition 4")}
-    assert sorted(registry.serving(manager, 2)) == [0, 1, 2, 3, 5]
+    assert sorted(federation.serving(manager, 2)) == [0, 1, 2, 3, 5]
 
 
 def test_a_simulation_whose_node_order_is_not_flowers_fails_the_run():
     grid, manager, mapping = simulation(6)
     grid.claims = {node: (pid + 1) % 6 for node, pid in mapping.items()}
     registry = PartitionRegistry(SizeRule(6, None, 10**8))
-    registry.serving(manager, 1)
+    Federation(registry).serving(manager, 1)
     with pytest.raises(RunFailed, match="none of the 3 simulated nodes asked in round 1 "
                                         "declared the partition"):
         registry.declare([0, 2, 4], 1)
@@ -131,6 +134,19 @@ def test_nodes_outside_a_simulation_are_all_asked_before_the_first_round():
     manager.register(FakeProxy("outsider", 5))  # a node of no simulation: no engine order
     assert simulation_order(list(manager.all().values())) is None
     registry = PartitionRegistry(SizeRule(5, None, 10**8))
-    serving = registry.serving(manager, 1)
+    serving = Federation(registry).serving(manager, 1)
     assert sorted(grid.asked) == sorted(mapping) and sorted(serving) == list(range(5))
     assert registry.declared == {p: 10 + p for p in range(5)}
+
+
+def test_a_silent_nodes_timeout_is_told_in_words():
+    """Issue 49 (5): a node that never answered was told "no reply within
+    299.99999873800016 s" (the rest of a 300 s wait, as the clock measured it)."""
+    class SilentGrid:  # a grid whose node never answers
+        def send_and_receive(self, messages, *, timeout=None):
+            return []
+
+    silent = GridClientProxy(7, SilentGrid(), run_id=1)
+    [answer] = ask_declarations([silent], 299.99999873800016, 1).values()
+    assert isinstance(answer, TimeoutError)
+    assert str(answer) == "no reply within 5 min 00 s"

@@ -11,7 +11,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import FedAvg
 
 from fedefc_client.client_app import app as client_app
-from fedefc_server import registry
+from fedefc_server import federation
 from fedefc_server.declarations import SizeRule
 from fedefc_server.failures import NodeRefused, RunFailed
 from tests.helpers import (
@@ -223,7 +223,7 @@ def test_nodes_that_refuse_the_runs_config_fail_it_at_once_not_after_wait_for_no
     num-clients=4. Every node refuses the config, and would for ever: the run fails once
     they have stood by it for SETTLE_S, naming the nodes and their reason, not after the
     300 s of wait-for-nodes."""
-    monkeypatch.setattr(registry, "SETTLE_S", 1.0)
+    monkeypatch.setattr(federation, "SETTLE_S", 1.0)
     flat = {"method": "fedavg", "num-clients": 4, "fraction": 1.0, "prestopping": False}
     grid = InProcessGrid(client_app, flat, 3)
     driver = make_driver(**flat)
@@ -243,7 +243,7 @@ def test_nodes_that_refuse_the_runs_config_fail_it_at_once_not_after_wait_for_no
 
 def test_a_node_whose_policy_refuses_the_run_fails_it_at_once(monkeypatch, tmp_path):
     """The one node there refuses by its own policy (a lasting refusal, Flower's code 6)."""
-    monkeypatch.setattr(registry, "SETTLE_S", 1.0)
+    monkeypatch.setattr(federation, "SETTLE_S", 1.0)
     policy = tmp_path / "policy.toml"
     policy.write_text("min-dp-noise-multiplier = 0.5")
     policy.chmod(0o600)
@@ -291,10 +291,10 @@ def test_when_every_node_has_answered_the_run_starts_without_the_missing_partiti
     record and its notes name the partition it lacks and why (not after wait-for-nodes:
     the registry never even pauses to look again)."""
     def no_wait(seconds):
-        pytest.fail(f"the registry waited for the nodes ({seconds} s)")
+        pytest.fail(f"the run waited for the nodes ({seconds} s)")
 
-    monkeypatch.setattr(registry, "time", SimpleNamespace(monotonic=time.monotonic,
-                                                          sleep=no_wait))
+    monkeypatch.setattr(federation, "time", SimpleNamespace(monotonic=time.monotonic,
+                                                            sleep=no_wait))
     nodes = [FakeProxy(str(6_000 + p), p) for p in range(3)] + [Misconfigured("6099", 3)]
     strategy = make_driver(**{"method": "fedavg", "num-clients": 4, "fraction": 1.0})
     strategy.configure_fit(1, PARAMS, manager(nodes))

@@ -34,6 +34,8 @@ import fedefc_client.job
 import fedefc_client.local_update
 import fedefc_client.mods
 import fedefc_client.server_checks
+import fedefc_server.federation
+import fedefc_server.node_answers
 import fedefc_server.pipeline
 import fedefc_server.registry
 import fedefc_server.round_loop
@@ -55,6 +57,7 @@ from fedefc_server.allowlist import AllowedNode, Allowlist, AllowlistError, fing
 from fedefc_server.declarations import Declaration, SizeRule, admission
 from fedefc_server.dishonest import DishonestGrid
 from fedefc_server.failures import NodeFailed
+from fedefc_server.registry_report import absence
 from fedefc_server.secure_round import RoundRefused, ScreeningGrid
 from fedefc_server.secure_sum import (
     bad_mean_update,
@@ -465,7 +468,7 @@ def test_only_listed_keys_join_and_none_takes_another_partition(micro_mnist_dir,
     whatever the order of arrival; the unlisted key is refused."""
     grid, pipeline = federation(micro_mnist_dir, tmp_path, 5, {k: {} for k in range(4)},
                                 faults=fault)
-    serving = pipeline.registry.serving(grid.manager(), 1)
+    serving = pipeline.federation.serving(grid.manager(), 1)
     assert {pid: p.cid for pid, p in serving.items()} == {
         k: str(1000 + k) for k in range(4) if k != own}
     refused = {r["node"]: r["reason"] for r in pipeline.registry.take_news()["refused_nodes"]}
@@ -483,7 +486,7 @@ def test_a_private_node_declares_at_most_its_allowlist_entry(micro_mnist_dir, tm
                                 {0: {}, 1: {}, 2: {}, 3: {"data": "private", "max-samples": 30}},
                                 faults="private=4000@2-3")
     registry = pipeline.registry
-    registry.serving(grid.manager(), 1)
+    pipeline.federation.serving(grid.manager(), 1)
     reasons = {r["node"]: r["reason"] for r in registry.take_news()["refused_nodes"]}
     assert reasons == {"1002": "declares private data, but the allowlist says partition",
                        "1003": "declares 4000 samples, above its allowlist entry's "
@@ -501,7 +504,7 @@ def test_without_an_allowlist_a_second_claim_never_replaces_the_holder(micro_mni
     cfg = load_run_config(flat)
     pipeline = make_pipeline(cfg, plan_sizes=[len(partition_data(cfg, k, CPU))
                                               for k in range(4)], max_private=10**6)
-    serving = pipeline.registry.serving(grid.manager(), 1)
+    serving = pipeline.federation.serving(grid.manager(), 1)
     assert {pid: p.cid for pid, p in serving.items()} == {0: "1000", 1: "1001", 2: "1002"}
     [refused] = pipeline.registry.take_news()["refused_nodes"]
     assert refused == {"node": "1003", "partition": 0, "reason": (
@@ -561,7 +564,7 @@ def test_without_an_allowlist_a_nodes_declaration_is_bounded_by_the_largest_part
     grid = InProcessGrid(client_app, flat, 4)
     pipeline = make_pipeline(cfg)
     pipeline.registry.rule = SizeRule.for_run(cfg, data_plan(cfg))
-    serving = pipeline.registry.serving(grid.manager(), 1)
+    serving = pipeline.federation.serving(grid.manager(), 1)
     assert {pid: p.cid for pid, p in serving.items()} == {0: "1000", 1: "1001"}
     news = pipeline.registry.take_news()
     assert news["declared"] == {0: parts[0] - held_out_count(cfg, parts[0]), 1: most}
@@ -872,14 +875,14 @@ def test_wrong_shares_name_their_holder_where_the_others_outvote_it(micro_mnist_
         "agree on)"}]
     assert "node(s) [1001] returned unmask shares" in fields["secure_refused"]
     assert pipeline.registry.partition_of("1001") is None  # left out of the run
-    assert sorted(pipeline.registry.serving(mgr, 2)) == [0, 2, 3, 4]
+    assert sorted(pipeline.federation.serving(mgr, 2)) == [0, 2, 3, 4]
     [refused] = pipeline.registry.take_news()["refused_nodes"]
     assert refused["node"] == "1001" and refused["reason"].startswith("left out of the run")
     # a resumed run (its checkpoint's state, as JSON) does not take the node back
     _, resumed, mgr, _ = fedefc_server_for(flat, grid)
     resumed.load_state(json.loads(json.dumps(pipeline.state())))
-    assert sorted(resumed.registry.serving(mgr, 2)) == [0, 2, 3, 4]
-    assert resumed.registry.absence(1)["reason"] == (
+    assert sorted(resumed.federation.serving(mgr, 2)) == [0, 2, 3, 4]
+    assert absence(resumed.registry, 1)["reason"] == (
         f"its node was refused: {refused['reason']}")
 
 
@@ -907,7 +910,8 @@ def test_the_attacker_lives_beside_the_honest_path():
     honest = [fedefc_client.client, fedefc_client.mods, fedefc_client.job,
               fedefc_client.local_update, fedefc_client.server_checks,
               fedefc_server.pipeline, fedefc_server.secure_round, fedefc_server.strategy,
-              fedefc_server.round_loop, fedefc_server.validation, fedefc_server.registry]
+              fedefc_server.round_loop, fedefc_server.validation, fedefc_server.registry,
+              fedefc_server.federation, fedefc_server.node_answers]
     attackers = {"common.faults", "fedefc_client.attacker", "fedefc_server.dishonest"}
     for module in honest:
         assert not imported_modules(module) & attackers, module.__name__

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -176,7 +177,7 @@ def test_the_server_evaluates_the_twin():
     cfg = load_run_config(SILO)
     twin, probe = [np.zeros(2)], [np.ones(2)]
     evaluator = Evaluator()
-    step = RoundEvaluation(cfg, registry=None, evaluator=evaluator)
+    step = RoundEvaluation(cfg, federation=None, evaluator=evaluator)
     step.central(ndarrays_to_parameters([*twin, *probe]))
     assert equal(evaluator.seen[0], twin)
 
@@ -213,13 +214,12 @@ def test_round_evaluation_sends_the_nodes_the_twin():
     """Federated evaluation asks every node about the model the run delivers."""
     cfg = load_run_config({**SILO, "evaluation": "federated"})
 
-    class Registry:
+    class Federation:
+        registry = SimpleNamespace(declare=lambda pids, rnd: pids)
+
         def serving(self, manager, rnd):
             return {0: "node-0"}
-
-        def declare(self, pids, rnd):
-            return pids
-    plan = RoundEvaluation(cfg, Registry()).plan(1, ndarrays_to_parameters(
+    plan = RoundEvaluation(cfg, Federation()).plan(1, ndarrays_to_parameters(
         [np.zeros(2), np.ones(2)]), None)
     (_, ins), = plan.instructions
     assert equal(parameters_to_ndarrays(ins.parameters), [np.zeros(2)])
