@@ -33,10 +33,17 @@ each variant below FedAvg beyond it.
 
 It prints per variant the mean final accuracy and mean of the last 10 rounds, their
 differences to FedAvg per seed, and how many seeds ended more than 1 point below.
+``--fedavg-from STUDY.json`` takes FedAvg's curves from a study of
+``study_full_data_twin.py`` on the same config (results/study-full-data-twin/) instead of
+running FedAvg again; with ``--twin`` the twin's curve of each seed must then equal the
+stored one round for round (the same loop on the same machine), or the script stops.
+The ``--json`` file is written after every seed, so that a study cut short keeps the
+seeds it finished.
 
     python tests/benchmarks/study_phase2_guard.py --set num-clients=5 --set fraction=1.0 \\
         [--preset cross-silo] [--seeds 0 1 2] [--patience 2 3] [--margin 0 1] \\
-        [--fallback-all] [--twin] [--chance] [--trusted 0.7 0.8] [--json OUT.json]
+        [--fallback-all] [--twin] [--chance] [--trusted 0.7 0.8] [--json OUT.json] \\
+        [--fedavg-from results/study-full-data-twin/NAME.json]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import argparse
 import json
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from bench_simulation import sample_weighted_mean
@@ -208,6 +216,21 @@ def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
     return tr.acc
 
 
+def stored_fedavg(path: str, base: dict) -> dict:
+    """The runs of a ``study_full_data_twin.py`` JSON whose config is ``base`` on every
+    key both hold (the keys this study sets itself, where the results go and how clients
+    are grouped aside); refused naming the keys that differ."""
+    stored = json.loads(Path(path).read_text())
+    own = {"phase-2-guard", "twin-model", "method", "seed", "q-estimator", "out-dir",
+           "stacked-clients"}
+    differ = sorted(k for k in base.keys() & stored["config"].keys() if k not in own
+                    and base[k] != stored["config"][k])
+    if differ:
+        raise SystemExit(f"--fedavg-from {path}: its config differs in {', '.join(differ)}; "
+                         "give the study of this config")
+    return stored["runs"]
+
+
 def stats(curve: list[float]) -> tuple[float, float]:
     return curve[-1], float(np.mean(curve[-10:]))
 
@@ -228,21 +251,31 @@ def main() -> None:
     ap.add_argument("--trusted", type=float, nargs="*", default=[],
                     help="thresholds of the trusted-class signals")
     ap.add_argument("--json", help="write every trajectory here")
+    ap.add_argument("--fedavg-from", help="FedAvg's curves from this study_full_data_twin "
+                    "JSON of the same config (module docstring)")
     args = ap.parse_args()
     base = resolve_run_config(args.preset, [*args.overrides, 'phase-2-guard="on"'], "")
     cfg = load_run_config(base)
     patience = args.patience or [cfg.gamma_thr]
     curves: dict[str, dict[int, list[float]]] = {}
     dump = {}
+    stored = stored_fedavg(args.fedavg_from, base) if args.fedavg_from else None
     for seed in args.seeds:
-        fedavg = run({**base, "method": "fedavg", "seed": seed})
-        curves.setdefault("FedAvg", {})[seed] = fedavg.acc
+        if stored is None:
+            curves.setdefault("FedAvg", {})[seed] = run({**base, "method": "fedavg",
+                                                          "seed": seed}).acc
+        else:
+            curves.setdefault("FedAvg", {})[seed] = stored[str(seed)]["acc"]["fedavg"]
         if args.chance:
             again = run({**base, "method": "fedavg", "seed": seed, "lr": cfg.lr + 1e-6 * cfg.lr})
             curves.setdefault("FedAvg again", {})[seed] = again.acc
         for est in args.estimator:
             tr = run({**base, "seed": seed, "q-estimator": est}, twin=args.twin,
                      trusted=tuple(args.trusted))
+            if stored is not None and args.twin and tr.acc != stored[str(seed)]["acc"]["twin"]:
+                raise SystemExit(f"seed {seed}: the twin's curve differs from the one stored in "
+                                 f"{args.fedavg_from}: its FedAvg is not this machine's; "
+                                 "run without --fedavg-from")
             dump[f"{est}-s{seed}"] = tr.__dict__
             curves.setdefault(f"{est}, no guard", {})[seed] = tr.acc
             for signal in tr.signals:
@@ -255,6 +288,9 @@ def main() -> None:
                     fb = run({**base, "seed": seed, "q-estimator": est}, fallback_patience=p)
                     curves.setdefault(f"{est}, guard p{p}, then all data", {})[seed] = fb.acc
         print(f"seed {seed} done", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"config": base, "curves": curves,
+                                                   "runs": dump}))
     ref = {s: stats(c) for s, c in curves["FedAvg"].items()}
 
     def diffs(by_seed):
@@ -280,9 +316,6 @@ def main() -> None:
               f"{100 * statistics.mean(v[1] for v in st.values()):6.1f}  "
               + " ".join(f"{a:+.1f}/{b:+.1f}" for a, b in d.values())
               + f"  ({below} of {len(d)} more than 1 point below{beyond})")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"config": base, "curves": curves, "runs": dump}, fh)
 
 
 if __name__ == "__main__":
