@@ -251,6 +251,10 @@ class RunConfig(BaseModel):
     # trained with last round, or through a Q counted on the other half of the share
     # (docs/FEDEFC.md §3.4)
     guard_score: Literal["prior-q", "cross-fit"] = "prior-q"
+    # the coordinator's clean validation set the phase-2 guard reads (docs/FEDEFC.md §3.9):
+    # a file on the ServerApp's machine, or N per class drawn in a simulation
+    clean_validation_path: str = ""
+    clean_validation_per_class: int = Field(0, ge=0, le=100_000)
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
     phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]
@@ -399,11 +403,12 @@ class RunConfig(BaseModel):
                     f"{self.accuracy_signal_mode!r}): it reads the global model's accuracy on "
                     "the validation share, which only the held-out signal keeps; set "
                     f"accuracy-signal=\"held-out\"{other_fix}")
-        if self.guard_fallback == "train" and not (self.guarded and
-                                                    self.validation_labels == "verified"):
+        self._check_clean_validation()
+        if self.guard_fallback == "train" and not (self.guarded and self.guard_reads_clean):
             raise ValueError(
-                "guard-fallback=\"train\" needs the phase-2 guard reading verified labels "
-                "(validation-labels=\"verified\", and the guard on): on observed labels "
+                "guard-fallback=\"train\" needs the phase-2 guard reading checked labels "
+                "(validation-labels=\"verified\" or a clean-validation set, and the guard "
+                "on): on observed labels "
                 "the models cross-entropy trains on after the fallback fit the noise, and "
                 "nothing the guard reads tells (docs/FEDEFC.md §3.7); set "
                 "guard-fallback=\"end\"")
@@ -445,6 +450,59 @@ class RunConfig(BaseModel):
                 "prestopping could never trigger; lower start-round or set prestopping=false"
             )
         return self
+
+    def _check_clean_validation(self) -> None:
+        """The coordinator's clean validation set (docs/FEDEFC.md §3.9): one source, an
+        absolute path, and only where the phase-2 guard reads it instead of the clients'
+        held-out accuracy on observed labels."""
+        path, per_class = self.clean_validation_path, self.clean_validation_per_class
+        if not (path or per_class):
+            return
+        if path and per_class:
+            raise ValueError(
+                f"clean-validation-path={path!r} and clean-validation-per-class={per_class} "
+                "are two sources of the coordinator's clean validation set: give the file "
+                "(a deployment) or the number per class a simulation draws, not both")
+        key = (f"clean-validation-path={path!r}" if path
+               else f"clean-validation-per-class={per_class}")
+        if path and not os.path.isabs(path):
+            raise ValueError(f"{key} is not absolute; give the absolute path of the .npz "
+                             "file (or ImageFolder directory) on the ServerApp's machine")
+        if not self.guarded:
+            raise ValueError(
+                f"{key}: the coordinator's clean validation set is read by the phase-2 "
+                f"guard, and this run has none (method {self.method!r}, phase-2-guard="
+                f"{self.phase_2_guard!r}, accuracy-signal resolved "
+                f"{self.accuracy_signal_mode!r}): the guard watches FedEFC where every client "
+                "trains in every round (docs/FEDEFC.md §3.4); leave the key empty, or turn "
+                "the guard on")
+        for setting, active in (
+                ('validation-labels="verified"', self.validation_labels == "verified"),
+                ('guard-score="cross-fit"', self.guard_score == "cross-fit"),
+                ('validation-phase-2="guard-slice"', self.validation_phase_2 == "guard-slice")):
+            if active:
+                raise ValueError(
+                    f"{key} with {setting}: the guard reads the coordinator's clean set, "
+                    f"and {setting} is a way for it to read the clients' shares instead "
+                    "(docs/FEDEFC.md §3.4, §3.6, §3.7); drop one of the two")
+        if path and self.dataset in OWN_DATASETS and not (self.data_path or self.test_path):
+            raise ValueError(
+                f"{key} on a server that holds neither data-path nor test-path: the server "
+                "reads its clean set as it reads the coordinator's test set, with the "
+                "normalization the nodes share; set test-path and normalization "
+                "(docs/OWN-DATA.md, \"The coordinator's clean test set\")")
+        if per_class and self.dataset in OWN_DATASETS and not self.data_path:
+            raise ValueError(
+                f"{key} draws the set from the run's training data, which this server "
+                "does not hold (no data-path: the nodes bring their own); give "
+                "clean-validation-path, a file of checked samples on this machine")
+
+    @property
+    def guard_reads_clean(self) -> bool:
+        """Whether the phase-2 guard reads checked labels: the clients' verified shares
+        (docs/FEDEFC.md §3.7) or the coordinator's clean validation set (§3.9)."""
+        return self.validation_labels == "verified" or bool(
+            self.clean_validation_path or self.clean_validation_per_class)
 
     def _check_stacked(self) -> None:
         """``stacked-clients``: what a group of clients in one message cannot have
@@ -713,6 +771,8 @@ class RunConfig(BaseModel):
                 "normalization", "augment", "num-clients", "iid", "alpha-dir", "p", "rho",
                 "zeta", "noise-groups", "noise-seed", "noise-draw", "seed")
         flat = self.model_dump(by_alias=True)
+        if self.clean_validation_per_class:  # the coordinator's draw leaves the clients
+            keys += ("clean-validation-per-class",)
         blob = json.dumps({k: flat[k] for k in keys}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from logging import WARNING
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from flwr.common.logger import log
 
 from . import noise, partition
 from .config import RunConfig
+from .data_files import DatasetError
 from .datasets import Dataset, load_dataset
 from .disk_cache import Arrays, DataCache
 from .noise import apply_noise, empirical_transition, noise_matrix, reference_noise
@@ -48,6 +49,9 @@ class DataPlan:
     true_labels: np.ndarray
     group_of_client: np.ndarray  # noise group of each client
     noise_matrices: list[np.ndarray]  # generating matrix of each group
+    # the coordinator's clean validation set drawn from the pool (clean-validation-per-class:
+    # docs/FEDEFC.md §3.9), taken out of the clients' indices; read with its true labels
+    coordinator_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def realized_noise_rate(self) -> float:
@@ -113,7 +117,8 @@ def _plan_arrays(fed: DataPlan) -> Arrays:
     sizes = np.array([len(ix) for ix in fed.client_indices], dtype=np.int64)
     return {"indices": np.concatenate(fed.client_indices).astype(np.int64), "sizes": sizes,
             "noisy_labels": fed.noisy_labels, "group_of_client": fed.group_of_client,
-            "noise_matrices": np.stack(fed.noise_matrices)}
+            "noise_matrices": np.stack(fed.noise_matrices),
+            "coordinator_indices": fed.coordinator_indices.astype(np.int64)}
 
 
 def _plan_from_arrays(data: Dataset, arrays: Arrays) -> DataPlan:
@@ -121,7 +126,8 @@ def _plan_from_arrays(data: Dataset, arrays: Arrays) -> DataPlan:
     return DataPlan(data=data, client_indices=np.split(arrays["indices"], bounds),
                          noisy_labels=arrays["noisy_labels"], true_labels=data.train_y.numpy(),
                          group_of_client=arrays["group_of_client"],
-                         noise_matrices=list(arrays["noise_matrices"]))
+                         noise_matrices=list(arrays["noise_matrices"]),
+                         coordinator_indices=arrays["coordinator_indices"])
 
 
 def held_out_count(cfg: RunConfig, n: int) -> int:
@@ -167,7 +173,42 @@ def validation_count(share: float, cap: int, m: int) -> int:
 
 
 def build_data_plan(data: Dataset, cfg: RunConfig) -> DataPlan:
-    """Partition on true labels, then draw each noise group's observed labels."""
+    """Partition on true labels, then draw each noise group's observed labels; then the
+    coordinator's clean validation set, if the run draws one (:func:`coordinator_draw`)."""
+    fed = _partition_and_noise(data, cfg)
+    if not cfg.clean_validation_per_class:
+        return fed
+    chosen = coordinator_draw(fed.true_labels, fed.client_indices,
+                              cfg.clean_validation_per_class, data.num_classes, cfg.seed)
+    return replace(fed, coordinator_indices=chosen,
+                   client_indices=[ix[~np.isin(ix, chosen)] for ix in fed.client_indices])
+
+
+def coordinator_draw(true: np.ndarray, parts: list[np.ndarray], per_class: int, k: int,
+                     seed: int) -> np.ndarray:
+    """The coordinator's clean validation set of a simulation (``clean-validation-per-class
+    = per_class``, docs/FEDEFC.md §3.9): ``per_class`` samples of each TRUE class drawn
+    without replacement from the samples the clients hold (seeded by ``seed``), sorted.
+    The caller takes them out of the clients, so that no sample is both the coordinator's
+    and a client's; the partition and every other sample's observed label stay those of
+    the run without the set. Refused where a class has fewer than twice ``per_class``
+    samples (the coordinator would hold more of it than all the clients)."""
+    pool = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    rng = np.random.default_rng(derive_seed(seed, "clean-validation"))
+    chosen = []
+    for j in range(k):
+        of_j = pool[true[pool] == j]
+        if len(of_j) < 2 * per_class:
+            raise DatasetError(
+                f"clean-validation-per-class={per_class}: the clients hold {len(of_j)} "
+                f"samples of class {j}, and the coordinator's set would take more than "
+                f"half of them; lower clean-validation-per-class to at most {len(of_j) // 2}")
+        chosen.append(rng.choice(of_j, size=per_class, replace=False))
+    return np.sort(np.concatenate(chosen)).astype(np.int64)
+
+
+def _partition_and_noise(data: Dataset, cfg: RunConfig) -> DataPlan:
+    """The clients' partition on true labels and each noise group's observed labels."""
     true = data.train_y.numpy()
     k = data.num_classes
     if cfg.iid:

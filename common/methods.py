@@ -145,7 +145,8 @@ def load_object(path: str) -> Any:
 
 
 def _check_method(cfg: RunConfig) -> None:
-    """The run's method against the registry: its name, and secure aggregation / DP."""
+    """The run's method against the registry: its name, secure aggregation / DP, and the
+    coordinator's clean validation set (a phase-2 guard's)."""
     method = METHODS.get(cfg.method)
     if method is None:
         raise ConfigError(f"run-config key 'method' = {cfg.method!r}: unknown method; use one "
@@ -156,6 +157,12 @@ def _check_method(cfg: RunConfig) -> None:
             f"server {method.per_client_values}): secure aggregation would hide them and "
             "differential privacy would leave them without noise; run it with "
             "secure-aggregation=false and dp-clip=0")
+    if (cfg.clean_validation_path or cfg.clean_validation_per_class) and not method.prestopping:
+        raise ConfigError(
+            f"run config: clean-validation-path / clean-validation-per-class with method "
+            f"{cfg.method!r}: the coordinator's clean validation set is read by the phase-2 "
+            "guard, which only the prestopping methods have (docs/FEDEFC.md §3.9); leave "
+            "both keys empty for this method")
 
 
 _PARSED: dict[frozenset, RunConfig] = {}

@@ -198,14 +198,19 @@ def resumable(cell: Cell) -> bool:
 
 def run_grid(grid: Grid, results_dir: Path, overrides: list[str], max_cells: int | None = None,
              client_cpus: int = 1, client_gpus: float = 0.0, log=print,
-             rows: list[str] | None = None, ray_address: str | None = None) -> int:
-    """Run the unfinished cells (of ``rows`` only, when given), on the Ray cluster at
-    ``ray_address`` when given; return how many failed."""
+             rows: list[str] | None = None, ray_address: str | None = None,
+             seeds: list[int] | None = None) -> int:
+    """Run the unfinished cells (of ``rows`` and ``seeds`` only, when given), on the Ray
+    cluster at ``ray_address`` when given; return how many failed."""
     unknown = set(rows or []) - set(grid.rows)
     if unknown:
         raise ConfigError(f"grid {grid.name}: no row {sorted(unknown)}; its rows: "
                           f"{', '.join(grid.rows)}")
-    cells = [c for c in grid.cells(results_dir, overrides) if rows is None or c.row in rows]
+    cells = [c for c in grid.cells(results_dir, overrides)
+             if (rows is None or c.row in rows) and (seeds is None or c.seed in seeds)]
+    if seeds is not None and not cells:
+        raise ConfigError(f"grid {grid.name}: no cell of seed {sorted(seeds)}"
+                          + (f" in rows {rows}" if rows else "") + "; name a seed it runs")
     for cell in cells:
         if cell.done:
             check_finished(cell)

@@ -97,7 +97,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
             check_reachable(args.ray_address)
         failures = run_grid(grid, results_dir, args.overrides, args.max_cells,
                             args.client_cpus, args.client_gpus, rows=args.rows,
-                            ray_address=args.ray_address)
+                            ray_address=args.ray_address, seeds=args.seeds)
     for path in write_report(grid, results_dir, args.overrides):
         print(f"wrote {path}")
     return 1 if failures else 0
@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--row", dest="rows", action="append", default=None, metavar="LABEL",
                       help="run only the cells of this row (repeatable; the report covers "
                       "every row)")
+    grid.add_argument("--seed", dest="seeds", action="append", type=int, default=None,
+                      metavar="N", help="run only the cells of this seed (repeatable): one "
+                      "seed of every row at a time, so that paired rows finish together")
     _resources(grid, 0.0)
     grid.set_defaults(func=cmd_grid)
 

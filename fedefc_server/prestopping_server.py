@@ -12,7 +12,9 @@ Per round (paper Algorithm 1, docs/FEDEFC.md §3):
   learns only their mean A(t) (docs/PRIVACY.md; ``client_acc`` is then not recorded);
 - where the phase-2 guard is on (docs/FEDEFC.md §3.4), phase-2 replies carry A_k too and
   the :class:`.guard.Phase2Guard` keeps the global model with the best A(t); when phase
-  2 stops beating it, that model is restored and the run ends.
+  2 stops beating it, that model is restored and the run ends. With the coordinator's
+  clean validation set (:mod:`.clean_set`, docs/FEDEFC.md §3.9) the guard reads the
+  received model's accuracy on that set instead of A(t).
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ from common.data_plan import validation_count
 from common.messages import FitConfig, FitReply, carries_accuracy
 from common.methods import counts_pooling, q_estimator_used, validation_share
 from common.models import ClassifierShape
+from common.twin import delivered
 
 from .accuracy import aggregate_accuracy
 from .checkpoint import CheckpointError
+from .clean_set import CleanSet
 from .guard import Phase2Guard
 from .method_server import Aggregated, MethodServer
 from .pipeline import evaluation_text
 from .prestopping import Prestopper, accuracy_standard_error, min_gain_z
+from .round_evaluation import Evaluator
 
 KEPT = "guard-best"  # the checkpoint's name for the guard's best model
 
@@ -50,6 +55,24 @@ class PrestoppingServer(MethodServer):
                                  fallback=cfg.guard_fallback == "train") if cfg.guarded else None
         self.kept: Parameters | None = None  # the guard's best model
         self.gain_used: float | None = None  # z of the last round the rule saw
+        # the coordinator's clean validation set, which the guard then reads (§3.9)
+        self.clean: tuple[Evaluator, CleanSet] | None = None
+
+    def read_clean_set(self, evaluator: Evaluator, clean: CleanSet) -> None:
+        """Let the phase-2 guard read ``evaluator``'s accuracy on the coordinator's
+        clean validation set instead of A(t) (docs/FEDEFC.md §3.9)."""
+        self.clean = (evaluator, clean)
+
+    @property
+    def guard_signal(self) -> str:
+        """What the phase-2 guard reads, in words (the summary's ``guard_signal``)."""
+        if self.clean is not None:
+            return self.clean[1].summary
+        if self.cfg.validation_labels == "verified":
+            return "the clients' verified shares"
+        if self.cfg.guard_score == "cross-fit":
+            return "the clients' held-out accuracy, cross-fitted"
+        return "the clients' held-out accuracy through Q"
 
     @property
     def fell_back(self) -> int | None:
@@ -89,6 +112,12 @@ class PrestoppingServer(MethodServer):
             log(INFO, "PRESTOPPING POINT T_e = %d (A_max = %.4f, patience %d = gamma_thr): "
                 "phase 2 from round %d", t, self.prestopper.a_max, self.prestopper.patience,
                 t + 1)
+        if self.guard is not None and self.clean is not None and result.received is not None:
+            # the model the round received, measured on the coordinator's checked samples:
+            # with a twin, the model the run delivers (§3.8, §3.9)
+            weights = delivered(parameters_to_ndarrays(result.received), self.cfg.twinned)
+            fields["guard_acc"] = self.clean[0](weights)[1]
+            return self.guarded(result, fields["guard_acc"]), fields
         return self.guarded(result, a_t), fields
 
     def min_gain(self, a_t: float, result: Aggregated) -> float:
@@ -126,19 +155,25 @@ class PrestoppingServer(MethodServer):
         if verdict == "best":
             self.kept = result.received
         elif verdict == "fell back":
-            log(WARNING, "PHASE-2 GUARD: %d rounds of phase 2 did not beat A = %.4f, the "
-                "held-out accuracy of the model round %d received: that model is restored "
+            log(WARNING, "PHASE-2 GUARD: %d rounds of phase 2 did not beat %.4f, %s of "
+                "the model round %d received: that model is restored "
                 "and training goes on with cross-entropy from round %d (guard-fallback = "
-                "\"train\")", self.guard.patience, self.guard.best_a, self.guard.best_round,
-                t + 1)
+                "\"train\")", self.guard.patience, self.guard.best_a, self.guard_read,
+                self.guard.best_round, t + 1)
             return self.kept
         elif verdict == "fired":
-            log(WARNING, "PHASE-2 GUARD: %d rounds of %s did not beat A = %.4f, the "
-                "held-out accuracy of the model round %d received: that model is restored "
+            log(WARNING, "PHASE-2 GUARD: %d rounds of %s did not beat %.4f, %s of the "
+                "model round %d received: that model is restored "
                 "and the run ends after round %d", self.guard.patience, self.trained_on(),
-                self.guard.best_a, self.guard.best_round, t)
+                self.guard.best_a, self.guard_read, self.guard.best_round, t)
             return self.kept
         return result.parameters
+
+    @property
+    def guard_read(self) -> str:
+        """The accuracy the guard compares, in a few words (log lines and notes)."""
+        return ("the accuracy on the coordinator's clean set" if self.clean is not None
+                else "the held-out accuracy")
 
     def trained_on(self) -> str:
         """What made the models the guard last judged, in words."""
@@ -199,8 +234,8 @@ class PrestoppingServer(MethodServer):
         """T_e, A_max, the minimum gain of the rule (the setting, and the standard errors
         it asked for in the last round the rule saw), the accuracy signal the run used
         with the share it kept, how its clients pooled their counts and estimated Q, and
-        the phase-2 guard and the twin (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4,
-        §3.8, §4.7, §4.8)."""
+        the phase-2 guard, what it read, and the twin (``auto`` resolved: docs/FEDEFC.md
+        §3.1, §3.3, §3.4, §3.8, §3.9, §4.7, §4.8)."""
         g = self.guard
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,
                 "prestopping_min_gain": self.cfg.prestopping_min_gain,
@@ -210,6 +245,7 @@ class PrestoppingServer(MethodServer):
                 "q_pooling": counts_pooling(self.cfg),
                 "q_estimator": q_estimator_used(self.cfg),
                 "phase_2_guard": "on" if g is not None else "off",
+                "guard_signal": None if g is None else self.guard_signal,
                 "twin_model": twin_mode(self.cfg),
                 "guard_restored_round": None if g is None or g.fired is None else g.best_round,
                 "guard_ended_at": None if g is None else g.fired,
@@ -220,14 +256,14 @@ class PrestoppingServer(MethodServer):
         phase 2: say so in plain words, and what to change."""
         g = self.guard
         fell_back = [] if self.fell_back is None else [
-            f"phase 2 did not beat the best held-out accuracy in {g.patience} rounds of its "
+            f"phase 2 did not beat the best {self.guard_read[4:]} in {g.patience} rounds of its "
             f"own: the phase-2 guard restored the best model after round {self.fell_back} and "
             "training went on with cross-entropy (guard-fallback = \"train\", "
             "docs/FEDEFC.md §3.7)"]
         if self.finished():
             return [*fell_back,
-                    f"{self.trained_on()} did not beat the held-out accuracy of the model "
-                    f"round {g.best_round} received (A = {g.best_a:.4f}) in {g.patience} "
+                    f"{self.trained_on()} did not beat {self.guard_read} of the model "
+                    f"round {g.best_round} received ({g.best_a:.4f}) in {g.patience} "
                     f"rounds of its own: the phase-2 guard restored that model, and the run "
                     f"ended with it after round {g.fired} of {self.cfg.rounds} "
                     "(docs/FEDEFC.md §3.4)"]
@@ -254,7 +290,9 @@ class PrestoppingServer(MethodServer):
             return f"{head} | initial model: {evaluation_text(record)}"
         guard = ""
         if self.guard is not None and record.get("A") is not None:
-            guard = (f" | A(t) {record['A']:.4f}  best {self.guard.best_a:.4f} (round "
+            read = ("" if record.get("guard_acc") is None
+                    else f"  clean set {record['guard_acc']:.4f}")
+            guard = (f" | A(t) {record['A']:.4f}{read}  best {self.guard.best_a:.4f} (round "
                      f"{record['guard_best_round']})  not beaten {record['guard_worse']}/"
                      f"{self.guard.patience}")
         if record["phase"] == 1 and self.fell_back is not None and record["round"] > self.fell_back:

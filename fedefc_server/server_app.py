@@ -59,6 +59,7 @@ from common.twin import paired
 
 from . import checkpoint
 from .allowlist import Allowlist
+from .clean_set import attach_clean_set
 from .declarations import SizeRule, admission
 from .dishonest import DishonestGrid, with_server_faults
 from .evaluation import TestSetEvaluator
@@ -205,15 +206,17 @@ def announce(cfg: RunConfig, source: DataSource, out_dir: str, admitted: Admissi
 
 
 def pipeline_for(cfg: RunConfig, model: nn.Module, source: DataSource, admitted: Admission,
-                 ckpt: checkpoint.Checkpoint | None) -> RoundPipeline:
+                 ckpt: checkpoint.Checkpoint | None, simulation: bool) -> RoundPipeline:
     """The round pipeline: the method's server hooks, the partition registry of the
-    run's admission and its test set, with a resumed run's state put back."""
+    run's admission and its test set, the coordinator's clean validation set where the
+    run has one (docs/FEDEFC.md §3.9), with a resumed run's state put back."""
     server_hooks: type[MethodServer] = load_object(method_of(cfg).server)
     pipeline = RoundPipeline(cfg, method_of(cfg),
                              server_hooks(cfg, classifier_shape(model, source.task)),
                              PartitionRegistry(admitted.rule, allowlist=admitted.allowlist,
                                                wait_for_nodes=cfg.wait_for_nodes),
                              source.evaluator)
+    attach_clean_set(pipeline.server, cfg, simulation)
     if ckpt:
         pipeline.load_state(ckpt.strategy)
         pipeline.server.load_models(ckpt.models)
@@ -239,7 +242,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
                            resume_round=ckpt.round if ckpt else None)
     announce(cfg, source, out_dir, admitted)
-    pipeline = pipeline_for(cfg, model, source, admitted, ckpt)
+    pipeline = pipeline_for(cfg, model, source, admitted, ckpt, simulation)
     atomic_write_json(Path(out_dir) / "data.json", source.info)
     manager = SimpleClientManager()
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,

@@ -122,6 +122,22 @@ def test_a_grid_run_can_be_kept_to_some_rows(tmp_path, tiny_mnist_dir):
     assert not (tmp_path / "results").exists()
 
 
+def test_a_grid_run_can_be_kept_to_some_seeds(tmp_path, tiny_mnist_dir):
+    """``fedefc grid run --seed N``: only that seed's cells count and run; a seed no cell
+    has is refused before anything runs."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(GRID.format(data=tiny_mnist_dir))
+    cells = Grid.load(path).cells(tmp_path / "results", [])
+    logs = []
+    assert run_grid(Grid.load(path), tmp_path / "results", [], max_cells=0, log=logs.append,
+                    seeds=[cells[0].seed]) == 0
+    wanted = sum(c.seed == cells[0].seed for c in cells)
+    assert logs == [f"grid tiny: {wanted} cells, 0 finished, 0 to run now"]
+    with pytest.raises(ConfigError, match=r"no cell of seed \[99\] in rows \['FedAvg'\]"):
+        run_grid(Grid.load(path), tmp_path / "results", [], rows=["FedAvg"], seeds=[99])
+    assert not (tmp_path / "results").exists()
+
+
 def test_paper_numbers_match_the_papers_table():
     paper = load_paper_numbers()
     cfg = {"dataset": "mnist", "alpha-dir": 10.0, "p": 0.5, "rho": 0.2, "zeta": 0.8,

@@ -33,6 +33,7 @@ from fedefc_client.job import LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_server import checkpoint, evaluation
 from fedefc_server.checkpoint import CheckpointError
+from fedefc_server.clean_set import attach_clean_set
 from fedefc_server.guard import Phase2Guard
 from fedefc_server.round_loop import RoundLoop
 from tests.helpers import IN_PROCESS_NODES, OK, FakeProxy, make_pipeline, records
@@ -339,7 +340,7 @@ def test_the_fallback_needs_the_guard_reading_verified_labels():
                  {"num-clients": 5, "fraction": 1.0, "validation-labels": "verified",
                   "phase-2-guard": "off"}):
         with pytest.raises(ValueError, match="guard-fallback=\"train\" needs the phase-2 "
-                                             "guard reading verified labels"):
+                                             "guard reading checked labels"):
             load_run_config({**keys, "guard-fallback": "train"})
 
 
@@ -441,6 +442,7 @@ def hurt_run(tmp_path, monkeypatch, transition, **keys):
     model = initial_model(cfg, data.task)
     pipeline = make_pipeline(cfg, max_private=10**6,
                              evaluator=evaluation.TestSetEvaluator(cfg, data))
+    attach_clean_set(pipeline.server, cfg, simulation=True)  # where the keys ask for one
     manager = SimpleClientManager()
     for pid in range(3):
         manager.register(ClientNode(f"node-{pid}", pid, cfg))
@@ -485,7 +487,7 @@ def test_a_phase_2_made_to_hurt_is_undone(tmp_path, monkeypatch):
     assert recs[best - 1]["test_acc"] > 0.6
 
 
-@pytest.mark.parametrize("labels", ["observed", "verified"])
+@pytest.mark.parametrize("labels", ["observed", "verified", "coordinator's"])
 def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path, monkeypatch,
                                                                         labels):
     """The failure no signal on noisy labels can see (docs/FEDEFC.md §3.4, §3.7): every
@@ -496,12 +498,15 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
     a relabelled model then beats it by a sample, and is kept, or ties it is the last
     bits of the machine's float sums), while on a share of verified labels (5 per class
     and client) A(t) falls with the test accuracy and the guard restores the best
-    phase-1 model."""
+    phase-1 model; so does the accuracy on the coordinator's clean set (10 per class,
+    docs/FEDEFC.md §3.9), which the guard then reads instead of A(t)."""
     def shifted(counts, labels, weighting):
         return np.roll(np.eye(counts.shape[0]), 1, axis=0)  # Q[(j + 1) % K, j] = 1
 
+    clean = {"clean-validation-per-class": 10} if labels == "coordinator's" else {
+        "validation-labels": labels}
     recs, summary = hurt_run(tmp_path, monkeypatch, shifted, **{
-        "validation-labels": labels, "validation-max-per-class": 5, "local-epochs": 4})
+        **clean, "validation-max-per-class": 5, "local-epochs": 4})
     t_e = summary["t_e"]
     assert t_e is not None
     best_phase_1 = max(r["test_acc"] for r in recs if r["phase"] == 1)
@@ -511,10 +516,14 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
     # A(t) of round t reads the model round t - 1 made: from T_e + 2 on a relabelled one
     best_a = max(r["A"] for r in recs if r["phase"] == 1 and r["round"] > 0)
     relabelled_a = [r["A"] for r in recs if r["round"] >= t_e + 2]
+    if labels == "coordinator's":  # A(t) is blind, the clean set the guard reads is not
+        best_a = max(r["guard_acc"] for r in recs if r["phase"] == 1 and "guard_acc" in r)
+        relabelled_a = [r["guard_acc"] for r in recs if r["round"] >= t_e + 2]
+        assert summary["guard_signal"].startswith("the coordinator's clean validation set")
     if labels == "observed":
         assert max(relabelled_a) > best_a - 0.1  # blind to the collapse
     else:
-        assert max(relabelled_a) < best_a - 0.3  # the verified share sees it
+        assert max(relabelled_a) < best_a - 0.3  # the verified share (clean set) sees it
         assert summary["guard_ended_at"] == t_e + 1 + 2 < 14
         assert summary["final_acc"] == pytest.approx(
             recs[summary["guard_restored_round"] - 1]["test_acc"])

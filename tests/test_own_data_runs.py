@@ -1,5 +1,6 @@
 """Own data through real Flower simulations (docs/OWN-DATA.md): ``fedefc run`` on feature
-vectors with K = 3, a test set and the built-in MLP; and a run with no test set, whose
+vectors with K = 3, a test set, the built-in MLP and the coordinator's clean validation
+set for the phase-2 guard (docs/FEDEFC.md §3.9); and a run with no test set, whose
 server loads no data and whose summary reports the federated evaluation. The two runs
 are tiny and overlap (their processes mostly wait on Flower's polling)."""
 
@@ -41,6 +42,9 @@ def runs(tmp_path_factory):
     train = write_features(base / "train.npz", 60, 6, 3, seed=0)
     test = write_features(base / "test.npz", 30, 6, 3, seed=1)
     binary = write_features(base / "binary.npz", 48, 4, 2, seed=2)
+    with np.load(test) as held:  # the test set less its last sample: checked samples
+        clean = base / "clean.npz"
+        np.savez(clean, features=held["features"][:29], labels=held["labels"][:29])
     federated = resolve_run_config(None, [f"{k}={v}" for k, v in {
         **TINY, "dataset": '"npz"', "data-path": f'"{binary}"', "zeta": 0.0}.items()],
         str(base / "federated"))
@@ -50,7 +54,8 @@ def runs(tmp_path_factory):
         code = main(["run", "--set", "dataset=npz", "--set", f"data-path={train}", "--set",
                      f"test-path={test}", "--set", "model=mlp", "--set", "zeta=0.5",
                      *[f"--set={k}={v}" for k, v in TINY.items()],
-                     "--out-dir", str(base / "features")])
+                     "--set", "accuracy-signal=held-out", "--set",
+                     f"clean-validation-path={clean}", "--out-dir", str(base / "features")])
         pending.result()
     return {"code": code, "features": base / "features", "federated": base / "federated",
             "federated_config": federated}
@@ -70,6 +75,22 @@ def test_fedefc_run_on_k3_feature_vectors_with_a_test_set_and_the_mlp(runs):
     assert model["body.1.weight"].shape == (128, 6) and model["classifier.weight"].shape == (3, 64)
     config = json.loads((out / "config.json").read_text())
     assert (config["dataset"], config["model"], config["num-classes"]) == ("npz", "mlp", 0)
+
+
+def test_the_guard_reads_the_coordinators_clean_set_the_model_each_round_received(runs):
+    """The clean file is the test set's first 29 samples: round t's clean-set accuracy
+    reads the model round t - 1 made, whose test accuracy on the 30 counts the same
+    correct samples, and the last one or not."""
+    out = runs["features"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["phase_2_guard"] == "on" and summary["twin_model"] == "on"
+    assert summary["guard_signal"].startswith(
+        "the coordinator's clean validation set (29 samples, checked samples of /")
+    recs = records(out)
+    for before, now in zip(recs, recs[1:]):
+        right_of_29, right_of_30 = round(29 * now["guard_acc"]), round(30 * before["test_acc"])
+        assert right_of_30 - right_of_29 in (0, 1)
+        assert now["guard_acc"] == pytest.approx(right_of_29 / 29)
 
 
 def test_a_run_without_test_set_reports_the_federated_accuracy(runs):

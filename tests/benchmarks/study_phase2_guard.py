@@ -18,12 +18,32 @@ runs FedAvg, FedEFC for each ``--estimator``, and with ``--fallback-all`` FedEFC
 guard (online) restores the best model and then trains cross-entropy on all the data,
 the share included.
 
+Signals observed labels cannot bend (docs/FEDEFC.md §3.9, "Without clean labels"): with
+``--trusted 0.8 ...`` the script also records, from round T_e + 1 on, each client's
+plain held-out accuracy restricted to its TRUSTED classes, the observed classes i whose
+row and column of the Q it counted in its first phase-2 round stay near the identity
+(Q[i, i] >= tau and Q[i, i] / sum_j Q[i, j] >= tau), fixed for the rest of the run; the
+guard's rule is replayed on it with its scale starting at T_e + 1, as the guard starts a
+new scale there (``rebase``), so that phase 2's models must beat phase 1's last. With
+``--twin`` FedEFC runs the defaults' twin (docs/FEDEFC.md §3.8: the test accuracy is the
+twin's, the signals the probe's); ``--chance`` runs FedAvg again with the learning rate
+one part in a million larger, whose least differences to FedAvg are the chance envelope
+(docs/RESULTS.md, "How far apart two runs of one method end"), and counts the runs of
+each variant below FedAvg beyond it.
+
 It prints per variant the mean final accuracy and mean of the last 10 rounds, their
 differences to FedAvg per seed, and how many seeds ended more than 1 point below.
+``--fedavg-from STUDY.json`` takes FedAvg's curves from a study of
+``study_full_data_twin.py`` on the same config (results/study-full-data-twin/) instead of
+running FedAvg again; with ``--twin`` the twin's curve of each seed must then equal the
+stored one round for round (the same loop on the same machine), or the script stops.
+The ``--json`` file is written after every seed, so that a study cut short keeps the
+seeds it finished.
 
     python tests/benchmarks/study_phase2_guard.py --set num-clients=5 --set fraction=1.0 \\
         [--preset cross-silo] [--seeds 0 1 2] [--patience 2 3] [--margin 0 1] \\
-        [--fallback-all] [--json OUT.json]
+        [--fallback-all] [--twin] [--chance] [--trusted 0.7 0.8] [--json OUT.json] \\
+        [--fedavg-from results/study-full-data-twin/NAME.json]
 """
 
 from __future__ import annotations
@@ -32,6 +52,7 @@ import argparse
 import json
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from flwr.app import RecordDict
@@ -41,9 +62,11 @@ from common.methods import load_run_config
 from common.params import get_weights, set_weights
 from common.runtime import initial_model, model_for
 from common.training import configure_threads, pick_device
+from common.twin import delivered, halves, paired
 from fedefc_cli.run_configs import resolve_run_config
+from fedefc_client.baselines.label_state import load_vector
 from fedefc_client.client import MethodClient
-from fedefc_client.job import LocalJob
+from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.plan import round_config, sample_round
@@ -64,35 +87,57 @@ class Trajectory:
     t_e: int | None = None
     shares: list[int] = field(default_factory=list)
     fired: int | None = None
+    rebase: dict[str, int] = field(default_factory=dict)  # signal -> round its scale starts
 
 
-def plain_share_accuracy(client: MethodClient, weights, config) -> float | None:
-    """The received model's plain accuracy on the client's share (phase-1 signal)."""
+def share_predictions(client: MethodClient, weights, config) -> tuple | None:
+    """The received model's argmax predictions on the client's share and the share's
+    observed labels (None without a share); with a twin, the probe's."""
     local = client.local
     if local.validation is None:
         return None
     model = model_for(client.cfg, local.data.task, local.x.device)
-    set_weights(model, weights)
+    set_weights(model, halves(weights)[1] if client.cfg.twinned else weights)
     job = LocalJob(client.cfg, local, model, 1, int(config["round"]), int(config["seed"]))
-    return job.validation_accuracy()
+    val = job.guard_positions
+    return job.probs[val].argmax(1), job.labels[val]
 
 
-def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
+def trusted_classes(q: np.ndarray, tau: float) -> np.ndarray:
+    """The observed classes i whose row and column of ``q`` (rows observed, columns true)
+    stay near the identity: Q[i, i] >= tau and Q[i, i] / sum_j Q[i, j] >= tau."""
+    diag = np.diag(q)
+    return np.flatnonzero((diag >= tau) & (diag >= tau * q.sum(axis=1)))
+
+
+def trusted_accuracy(pred: np.ndarray, labels: np.ndarray, classes: np.ndarray) -> float | None:
+    """The plain accuracy on the samples whose observed label is one of ``classes``."""
+    keep = np.isin(labels, classes)
+    return float(np.mean(pred[keep] == labels[keep])) if keep.any() else None
+
+
+def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
+        trusted: tuple[float, ...] = ()) -> Trajectory:
     """One run; with ``fallback_patience`` the guard runs online and, when it fires,
     restores the best model and trains cross-entropy on all the data from then on.
-    One model per client (twin-model = "off"): the guard's choices were studied on the
-    model it judges, before the twin (docs/FEDEFC.md §3.8)."""
-    cfg = load_run_config({**flat, "twin-model": "off"})
+    One model per client (twin-model = "off": the guard's choices were studied on the
+    model it judges, before the twin, docs/FEDEFC.md §3.8) unless ``twin``; ``trusted``:
+    the thresholds of the trusted-class signals to record (module docstring)."""
+    cfg = load_run_config({**flat, **({} if twin else {"twin-model": "off"})})
     configure_threads(cfg.client_threads)
     fed = data_plan(cfg)
     device = pick_device(cfg.device)
     evaluator = TestSetEvaluator(cfg, fed.data)
     weights = get_weights(initial_model(cfg, fed.data.task))
+    weights = paired(weights) if cfg.twinned else weights
     stopper = Prestopper(cfg.start_round, cfg.gamma_thr, enabled=cfg.prestopping)
     states = {pid: RecordDict() for pid in range(cfg.num_clients)}
     locals_ = [partition_data(cfg, pid, device) for pid in range(cfg.num_clients)]
-    tr = Trajectory([evaluator(weights)[1]], {name: [None] for name in SIGNALS})
+    names = [*SIGNALS, *(f"trusted {tau:g}" for tau in trusted)]
+    tr = Trajectory([evaluator(delivered(weights, cfg.twinned))[1]], {n: [None] for n in names})
     tr.shares = [0 if lo.validation is None else len(lo.validation) for lo in locals_]
+    seen: dict[int, dict[int, tuple]] = {}  # round -> client -> (predictions, labels)
+    q_first: dict[int, np.ndarray] = {}  # client -> the Q of its first phase-2 round
     best, best_w, worse = -1.0, None, 0
     for rnd in range(1, cfg.rounds + 1):
         replies, plain = [], []
@@ -101,8 +146,15 @@ def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
             config = round_config(cfg, pid, rnd)
             if tr.fired is None and cfg.method != "fedavg":
                 config["phase"] = stopper.phase(rnd)
-                plain.append(plain_share_accuracy(client, weights, config))
+                shared = share_predictions(client, weights, config)
+                plain.append(None if shared is None else float(np.mean(shared[0] == shared[1])))
+                if config["phase"] == 2 and shared is not None:
+                    seen.setdefault(rnd, {})[pid] = shared
             replies.append(client.fit(weights, config))  # no phase: all data, cross-entropy
+            k = fed.data.num_classes
+            q = load_vector(states[pid], NOISE_MODEL, k * k)
+            if q is not None and pid not in q_first:
+                q_first[pid] = q.reshape(k, k)
         accs = [m["accuracy"] for _, _, m in replies if "accuracy" in m]
         a_t = float(np.mean(accs)) if accs else None
         tr.signals["guard"].append(a_t)
@@ -120,21 +172,31 @@ def run(flat: dict, fallback_patience: int | None = None) -> Trajectory:
                 if worse >= fallback_patience:
                     tr.fired, new = rnd, best_w
         weights = new
-        tr.acc.append(evaluator(weights)[1])
+        tr.acc.append(evaluator(delivered(weights, cfg.twinned))[1])
     tr.t_e = stopper.t_e
+    for tau in trusted:  # read on the classes each client fixed at its first phase-2 round
+        name = f"trusted {tau:g}"
+        for rnd in range(1, cfg.rounds + 1):
+            accs = [trusted_accuracy(*seen[rnd][pid], trusted_classes(q_first[pid], tau))
+                    for pid in seen.get(rnd, {}) if pid in q_first]
+            accs = [a for a in accs if a is not None]
+            tr.signals[name].append(float(np.mean(accs)) if accs else None)
+        if tr.t_e is not None:
+            tr.rebase[name] = tr.t_e + 1
     return tr
 
 
 def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
                  z: float) -> list[float]:
-    """The test-accuracy records of the guarded run (docs/FEDEFC.md §3.4): the rule of
+    """The test-accuracy records of the guarded run (docs/FEDEFC.md §3.4), the model it
+    delivered held to the last planned round: the rule of
     ``Phase2Guard`` on the recorded signal, a round counting against phase 2 when its
     A(t) is below the best by more than ``z`` standard errors (z = 0: not beating it)."""
     a_of = tr.signals[signal]
     if tr.t_e is None:
         return tr.acc
     best, best_round, worse = -1.0, None, 0
-    for t in range(start_round + 1, len(tr.acc)):
+    for t in range(tr.rebase.get(signal, start_round + 1), len(tr.acc)):
         a = a_of[t]
         if a is None:
             continue
@@ -146,9 +208,27 @@ def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
         margin = z * float(np.sqrt(sum(best * (1 - best) / n for n in tr.shares))) / len(
             tr.shares)
         worse = worse + 1 if a <= best - margin else 0
-        if worse >= patience:  # round t restores the model round best_round received
-            return tr.acc[:t] + [tr.acc[best_round - 1]]
+        if worse >= patience:  # round t restores the model round best_round received,
+            # which the federation then holds in the rounds it did not run (so that the
+            # last 10 rounds are read as paired.md reads them: common/results.py:
+            # mean_last10_held)
+            return tr.acc[:t] + [tr.acc[best_round - 1]] * (len(tr.acc) - t)
     return tr.acc
+
+
+def stored_fedavg(path: str, base: dict) -> dict:
+    """The runs of a ``study_full_data_twin.py`` JSON whose config is ``base`` on every
+    key both hold (the keys this study sets itself, where the results go and how clients
+    are grouped aside); refused naming the keys that differ."""
+    stored = json.loads(Path(path).read_text())
+    own = {"phase-2-guard", "twin-model", "method", "seed", "q-estimator", "out-dir",
+           "stacked-clients"}
+    differ = sorted(k for k in base.keys() & stored["config"].keys() if k not in own
+                    and base[k] != stored["config"][k])
+    if differ:
+        raise SystemExit(f"--fedavg-from {path}: its config differs in {', '.join(differ)}; "
+                         "give the study of this config")
+    return stored["runs"]
 
 
 def stats(curve: list[float]) -> tuple[float, float]:
@@ -165,21 +245,40 @@ def main() -> None:
                     help="guard patience values (default: the run's gamma-thr)")
     ap.add_argument("--margin", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--fallback-all", action="store_true")
+    ap.add_argument("--twin", action="store_true", help="FedEFC with the defaults' twin")
+    ap.add_argument("--chance", action="store_true",
+                    help="FedAvg again, learning rate 1e-6 larger: the chance envelope")
+    ap.add_argument("--trusted", type=float, nargs="*", default=[],
+                    help="thresholds of the trusted-class signals")
     ap.add_argument("--json", help="write every trajectory here")
+    ap.add_argument("--fedavg-from", help="FedAvg's curves from this study_full_data_twin "
+                    "JSON of the same config (module docstring)")
     args = ap.parse_args()
     base = resolve_run_config(args.preset, [*args.overrides, 'phase-2-guard="on"'], "")
     cfg = load_run_config(base)
     patience = args.patience or [cfg.gamma_thr]
     curves: dict[str, dict[int, list[float]]] = {}
     dump = {}
+    stored = stored_fedavg(args.fedavg_from, base) if args.fedavg_from else None
     for seed in args.seeds:
-        fedavg = run({**base, "method": "fedavg", "seed": seed})
-        curves.setdefault("FedAvg", {})[seed] = fedavg.acc
+        if stored is None:
+            curves.setdefault("FedAvg", {})[seed] = run({**base, "method": "fedavg",
+                                                          "seed": seed}).acc
+        else:
+            curves.setdefault("FedAvg", {})[seed] = stored[str(seed)]["acc"]["fedavg"]
+        if args.chance:
+            again = run({**base, "method": "fedavg", "seed": seed, "lr": cfg.lr + 1e-6 * cfg.lr})
+            curves.setdefault("FedAvg again", {})[seed] = again.acc
         for est in args.estimator:
-            tr = run({**base, "seed": seed, "q-estimator": est})
+            tr = run({**base, "seed": seed, "q-estimator": est}, twin=args.twin,
+                     trusted=tuple(args.trusted))
+            if stored is not None and args.twin and tr.acc != stored[str(seed)]["acc"]["twin"]:
+                raise SystemExit(f"seed {seed}: the twin's curve differs from the one stored in "
+                                 f"{args.fedavg_from}: its FedAvg is not this machine's; "
+                                 "run without --fedavg-from")
             dump[f"{est}-s{seed}"] = tr.__dict__
             curves.setdefault(f"{est}, no guard", {})[seed] = tr.acc
-            for signal in SIGNALS:
+            for signal in tr.signals:
                 for p in patience:
                     for z in args.margin:
                         curves.setdefault(f"{est}, {signal} p{p} z{z:g}, ends", {})[seed] = \
@@ -189,19 +288,34 @@ def main() -> None:
                     fb = run({**base, "seed": seed, "q-estimator": est}, fallback_patience=p)
                     curves.setdefault(f"{est}, guard p{p}, then all data", {})[seed] = fb.acc
         print(f"seed {seed} done", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"config": base, "curves": curves,
+                                                   "runs": dump}))
     ref = {s: stats(c) for s, c in curves["FedAvg"].items()}
+
+    def diffs(by_seed):
+        st = {s: stats(c) for s, c in by_seed.items()}
+        return st, {s: (100 * (st[s][0] - ref[s][0]), 100 * (st[s][1] - ref[s][1]))
+                    for s in st}
+
+    # the chance envelope: the least differences of FedAvg run again (final, last 10)
+    envelope = (min(a for a, _ in diffs(curves["FedAvg again"])[1].values()),
+                min(b for _, b in diffs(curves["FedAvg again"])[1].values())
+                ) if "FedAvg again" in curves else None
+    if envelope:
+        print(f"chance envelope (FedAvg again - FedAvg, least): final {envelope[0]:+.1f}, "
+              f"last 10 {envelope[1]:+.1f}")
     print(f"{'variant':34s} {'final':>6s} {'last10':>6s}  diff to FedAvg per seed (final/last10)")
     for name, by_seed in curves.items():
-        st = {s: stats(c) for s, c in by_seed.items()}
-        d = {s: (100 * (st[s][0] - ref[s][0]), 100 * (st[s][1] - ref[s][1])) for s in st}
+        st, d = diffs(by_seed)
         below = sum(a < -1 for a, _ in d.values())
+        beyond = "" if envelope is None else (
+            f", {sum(a < envelope[0] or b < envelope[1] for a, b in d.values())} "
+            "beyond chance")
         print(f"{name:34s} {100 * statistics.mean(v[0] for v in st.values()):6.1f} "
               f"{100 * statistics.mean(v[1] for v in st.values()):6.1f}  "
               + " ".join(f"{a:+.1f}/{b:+.1f}" for a, b in d.values())
-              + f"  ({below} of {len(d)} more than 1 point below)")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"config": base, "curves": curves, "runs": dump}, fh)
+              + f"  ({below} of {len(d)} more than 1 point below{beyond})")
 
 
 if __name__ == "__main__":
