@@ -187,7 +187,13 @@ def defunct():
 
 if sys.argv[1] == "repaired":
     flower_repairs.repair_superexec(module)
-module.TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] = "true"  # an app that exits at once
+# an app that exits soon, after Flower has dropped its Popen (a Popen dropped after its
+# child exited may be reaped by its __del__, and Flower's leak would not show)
+import tempfile
+app = Path(tempfile.mkdtemp()) / "app"
+app.write_text("#!/bin/sh\\nsleep 2\\n")
+app.chmod(0o700)
+module.TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] = str(app)
 executor = module.SubprocessExecutor()
 executor.launch(ExecutionSpec(TaskType.CLIENT_APP, "127.0.0.1:9094", "token", True, None,
                               False, None, True, 1))
