@@ -44,9 +44,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from .app_files import MANIFEST, app_files, write_app
+
 SIGNATURE_FILE = "fedefc-signature.json"
 FORMAT = 1
-MANIFEST = ".info/CONTENT"  # Flower's own list of the FAB's files (not code)
 
 
 class UntrustedAppError(RuntimeError):
@@ -146,9 +147,7 @@ def stage_signed_app(app_dir: Path, overrides: dict[str, Any], key_path: str | P
     a run with ``overrides`` (as parsed from the ``--run-config`` file); ``flwr run dest``
     then submits exactly what was signed. Returns ``dest``."""
     key = load_signing_key(key_path)
-    from flwr.cli.build import build_fab_from_disk  # lazy: flwr's CLI, 0.8 s of CPU
-    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(Path(app_dir)))) as fab:
-        files = {n: fab.read(n) for n in fab.namelist() if n != MANIFEST}
+    files = app_files(app_dir)
     pyproject = tomllib.loads(files["pyproject.toml"].decode())
     include = pyproject["tool"]["flwr"]["app"].get("fab-include")
     if include is not None and SIGNATURE_FILE not in include:  # ship the signature too
@@ -158,11 +157,7 @@ def stage_signed_app(app_dir: Path, overrides: dict[str, Any], key_path: str | P
                  "files": file_hashes(files),
                  "run-config": fused_run_config(files, _as_transmitted(overrides))}
     signature["signature"] = _b64(key.sign(_signed_part(signature)))
-    for name, data in {**files, SIGNATURE_FILE: _canonical(signature)}.items():
-        path = dest / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return dest
+    return write_app({**files, SIGNATURE_FILE: _canonical(signature)}, dest)
 
 
 # -- the node's side ------------------------------------------------------------------------

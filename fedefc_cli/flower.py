@@ -31,6 +31,7 @@ from typing import Any
 
 from common.private_files import open_private
 
+from .app_files import stage_app
 from .errors import LaunchError
 from .procs import ProcessGroup, wait_for_port
 from .progress import ROUND_LINE, RoundProgress
@@ -316,6 +317,8 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
             app_dir = stage_signed_app(app_dir, parse_config_args([str(cfg_file)]),
                                        sign_key[0], sign_key[1], Path(tmp) / "app")
         say(f"packing the app and sending it to the SuperLink of {connection!r} (flwr run)")
+        if not sign_key:  # signed: staged with its signature
+            app_dir = stage_app(app_dir, Path(tmp) / "app")
         res = flwr_json(["run", str(app_dir), connection, "--run-config", str(cfg_file)],
                         env, cwd)
     if not res.get("success") or not res.get("run-id"):
@@ -418,9 +421,11 @@ class LocalSimulation(ProcessGroup):
         cfg_file = write_run_config(self.work_dir / "run-config.toml", run_config)
         fed = (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)} "
                f"client-resources-num-gpus={client_gpus}")
-        cmd = [flower_bin("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
-               "--run-config", str(cfg_file), "--federation-config", fed]
-        with open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out:
+        with (tempfile.TemporaryDirectory(prefix="app-", dir=self.work_dir) as staged,
+              open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out):
+            cmd = [flower_bin("flwr"), "run", str(stage_app(app_dir, Path(staged))),
+                   self.CONNECTION, "--stream", "--run-config", str(cfg_file),
+                   "--federation-config", fed]
             proc = subprocess.Popen(cmd, env=self.env, cwd=self.work_dir,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,

@@ -129,7 +129,7 @@ def _faults(msg: Message, ctxt: Context) -> tuple[list[Fault], int, int]:
     faults = parse_faults(cfg.faults)
     if not faults:
         return [], 0, 0
-    return faults, partition_of(ctxt, cfg), int(msg.metadata.group_id or 0)
+    return faults, partition_of(ctxt, cfg.num_clients), int(msg.metadata.group_id or 0)
 
 
 def before_mask_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:

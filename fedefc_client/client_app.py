@@ -1,61 +1,40 @@
-"""The ClientApp: one client of the run's method per message, its data chosen by the node
-config.
+"""The ClientApp: one client of the run's method per message (:mod:`.run_client`).
 
-Node config keys (docs/DEPLOYMENT.md, "Node data"): ``partition-id`` (the node's
-identity: seeds, sampling, reply order) and ``num-partitions`` (= the run's
-num-clients) always; ``data-path`` for the node's own private data instead of
-partition ``partition-id`` of the run's dataset; ``cache-dir`` to keep the prepared
-data on disk across the per-message ClientApp processes of a SuperNode;
-``policy-file`` for the node's own policy (:mod:`.policy`, docs/PRIVACY.md §5).
-
-Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md). With
-``faults`` the attacker of :mod:`.attacker` wraps the client and Flower's SecAgg+ client
-(docs/THREAT-MODEL.md); the honest client and mods hold no fault code.
+A message meets the node's own checks first, which import nothing of the run:
+:func:`.error_reply.error_reply_mod` (a failure leaves as an error reply naming no
+private path) and :func:`.node.identity_mod` (a run whose ``num-clients`` does not fit
+the node's ``partition-id`` and ``num-partitions`` is refused). Only a message that
+passes them imports the run's mods and client (torch, the data; :mod:`.run_client`):
+Flower starts a fresh ClientApp process for every message, so a federation that
+refuses a run answers it within a process start, not a torch import
+(docs/RELIABILITY.md, "A run that trained nothing fails").
 """
 
 from __future__ import annotations
 
-from flwr.app import RecordDict
-from flwr.client import ClientApp
-from flwr.common import Context
+from flwr.app import Context, Message
+from flwr.client import Client
+from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 
-from common.methods import load_run_config
-from common.training import pick_device
-
-from .attacker import lying, with_attacker
-from .client import MethodClient
-from .local_data import CACHE_DIR_KEY, DATA_PATH_KEY, check_node_config, node_data
-from .mods import MODS
-from .node import partition_of
-from .policy import POLICY_KEY
-
-# node config keys only an operator's SuperNode has: a node with any of them trains its
-# own partition alone, whatever a server asks (a group is a simulation's)
-OPERATOR_KEYS = frozenset({DATA_PATH_KEY, CACHE_DIR_KEY, POLICY_KEY})
+from .error_reply import error_reply_mod
+from .node import identity_mod
 
 
-def method_client(context: Context) -> MethodClient:
-    """The run's honest client for this node."""
-    cfg = load_run_config(context.run_config)
-    pid = partition_of(context, cfg)
-    node = f"node {context.node_id} (partition-id {pid})"
-    node_config = dict(context.node_config)
-    check_node_config(node_config, node)
+def run_mods(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """The run's mods (:func:`.run_client.run_mods`), imported here: after the node's
+    checks."""
+    from .run_client import run_mods as mods  # lazy: torch and the run's code
 
-    def client_for(partition: int, state) -> MethodClient:
-        return MethodClient(
-            cfg, partition,
-            lambda: node_data(cfg, partition, node_config, node, pick_device(cfg.device)),
-            state, private_data=DATA_PATH_KEY in node_config)
-
-    client = client_for(pid, context.state)
-    if not OPERATOR_KEYS & set(node_config):  # a simulated node serves a group message
-        # (stacked-clients); its members keep no node state
-        client.member = lambda partition: client_for(partition, RecordDict())
-    return client
+    return mods(msg, ctxt, call_next)
 
 
-# the attacker modes of ``faults`` beside the honest client and mods (.attacker): they
-# step aside without faults
-client_fn = lying(method_client)
-app = ClientApp(client_fn=client_fn, mods=with_attacker(MODS))
+def client_fn(context: Context) -> Client:
+    """The run's client (:data:`.run_client.client_fn`), imported after the node's
+    checks."""
+    from .run_client import client_fn as make  # lazy: torch and the run's code
+
+    return make(context)
+
+
+app = ClientApp(client_fn=client_fn, mods=[error_reply_mod, identity_mod, run_mods])

@@ -3,23 +3,29 @@ the audit of every reply and error replies that name no private path (docs/PRIVA
 Flower fixes a ClientApp's mods when the app is built, so each mod reads the run config
 (and the node config) and steps aside when its key is off.
 
-Order (:data:`MODS`, outermost first; a reply passes them from the inside out):
+Order (outermost first; a reply passes them from the inside out): the ClientApp's
+first two (:mod:`.client_app`), which import nothing of the run,
 
-1. :func:`error_reply_mod`: an exception becomes an error reply whose text is scrubbed
-   of paths and node-config values (:mod:`.scrub`);
-2. :func:`audit_mod`: records what leaves the client (``audit = true``, or the node
+1. :func:`.error_reply.error_reply_mod`: an exception becomes an error reply whose text
+   is scrubbed of paths and node-config values (:mod:`.scrub`);
+2. :func:`.node.identity_mod`: refuses a run whose ``num-clients`` does not fit the
+   node's ``partition-id`` and ``num-partitions``;
+
+then the run's mods, :data:`MODS`:
+
+3. :func:`audit_mod`: records what leaves the client (``audit = true``, or the node
    policy's ``audit-dir``);
-3. :func:`policy_mod`: refuses a run that breaks the node's policy (:mod:`.policy`);
-4. :func:`server_checks_mod`: refuses a message that asks for other privacy parameters
+4. :func:`policy_mod`: refuses a run that breaks the node's policy (:mod:`.policy`);
+5. :func:`server_checks_mod`: refuses a message that asks for other privacy parameters
    than the run's and the policy's (:mod:`.server_checks`);
-5. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
+6. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
    its masks drawn from :mod:`common.secure_prf`, its shares verifiable
    (:mod:`common.verifiable_shares`, :mod:`.share_holder`);
-6. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
+7. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
    :func:`common.secure_means.clear_metrics` in the clear (secure rounds);
-7. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``),
+8. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``),
    counted in the node's privacy ledger (:class:`DpLedger`);
-8. :func:`clipping_mod`: client-side fixed clipping to the run's ``dp-clip``, as
+9. :func:`clipping_mod`: client-side fixed clipping to the run's ``dp-clip``, as
    Flower's ``fixedclipping_mod``.
 
 So the update is clipped, then noised, then (with its tail) quantized and masked, and
@@ -31,7 +37,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from logging import ERROR, WARNING
+from logging import WARNING
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +72,6 @@ from common.verifiable_shares import COMMITMENTS, COMPLAINTS, dealing
 
 from .node import partition_of
 from .policy import NodePolicy, describe_refusal, load_policy, policy_path
-from .scrub import exception_text, private_strings, scrub
 from .server_checks import bad_clipping_norm, bad_secagg_request, bad_tail_scale
 from .share_holder import complaint_reply, dealt_share_complaints, holders_of
 
@@ -84,30 +89,6 @@ def _config(ctxt: Context) -> RunConfig:
 def _policy(ctxt: Context) -> NodePolicy | None:
     path = policy_path(ctxt.node_config)
     return None if path is None else load_policy(path)
-
-
-def error_reply_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Every failure leaves the node as an error reply whose text names no private path
-    or node-config value (:func:`.scrub.scrub`): an exception (Flower would send its text
-    as it is) or an inner mod's error reply. The full exception goes to the node's own
-    log, and the node's state is put back as it was before the message (as Flower does
-    for a ClientApp that raises), so a failed message changes nothing on the node."""
-    saved = dict(ctxt.state.items())
-    try:
-        out = call_next(msg, ctxt)
-    except Exception as err:
-        log(ERROR, "the ClientApp failed on a %s message (the server gets this text without "
-            "its paths)", msg.metadata.message_type, exc_info=err)
-        ctxt.state.clear()
-        ctxt.state.update(saved)
-        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                             exception_text(err, private_strings(ctxt.node_config))),
-                       reply_to=msg)
-    if not out.has_error():
-        return out
-    return Message(Error(out.error.code, scrub(out.error.reason or "",
-                                               private_strings(ctxt.node_config))),
-                   reply_to=msg)
 
 
 def policy_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -242,7 +223,7 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
         raise ValueError(f"the update's norm {norm:.6g} is above {max_norm:.6g}, the bound "
                          f"{key} sets: the server refuses such an update in a plain round, "
                          "and a masked one would break the round's bound check")
-    scale, pid = float(config[SCALE_KEY]), partition_of(ctxt, cfg)
+    scale, pid = float(config[SCALE_KEY]), partition_of(ctxt, cfg.num_clients)
     rnd = int(config[FitConfig.ROUND])
     ratio = min(norm / max_norm, 1.0) if max_norm else 0.0
     tail, clear = encode_tail({**fitres.metrics, UPDATE_RATIO: ratio}, fitres.num_examples,
@@ -447,5 +428,5 @@ def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     return out
 
 
-MODS = [error_reply_mod, audit_mod, policy_mod, server_checks_mod, secure_aggregation_mod,
+MODS = [audit_mod, policy_mod, server_checks_mod, secure_aggregation_mod,
         secure_tail_mod, noise_mod, clipping_mod]

@@ -6,7 +6,7 @@ floor no framework can beat) and of the studies beside it, and the whole-run che
 round's clients are cut as the server cuts them
 (``fedefc_server.client_groups.group_sizes``) and each group is one ``fit`` of its
 first member's client, which serves the others as a simulated node does
-(``fedefc_client.client_app.method_client``)."""
+(``fedefc_client.run_client.method_client``)."""
 
 from __future__ import annotations
 

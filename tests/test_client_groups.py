@@ -37,7 +37,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from fedefc_client.client import MethodClient
-from fedefc_client.client_app import method_client
+from fedefc_client.run_client import method_client
 from fedefc_client.local_data import partition_data
 from fedefc_server import server_app
 from fedefc_server.client_groups import group_instructions, ungroup

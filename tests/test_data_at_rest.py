@@ -32,7 +32,8 @@ from fedefc_cli.procs import Processes
 from fedefc_client.client import MethodClient
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
-from fedefc_client.mods import error_reply_mod, secure_tail_mod
+from fedefc_client.error_reply import error_reply_mod
+from fedefc_client.mods import secure_tail_mod
 from fedefc_client.scrub import PATH, exception_text, private_strings, scrub
 from fedefc_server import checkpoint
 from tests.helpers import OK, InProcessGrid

@@ -30,10 +30,10 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 import fedefc_client.client
-import fedefc_client.client_app
 import fedefc_client.job
 import fedefc_client.local_update
 import fedefc_client.mods
+import fedefc_client.run_client
 import fedefc_client.server_checks
 import fedefc_server.federation
 import fedefc_server.node_answers
@@ -1070,8 +1070,8 @@ def test_the_attacker_lives_beside_the_honest_path():
     """Issue 29 (6): MethodClient's fit, evaluate and get_properties called five fault
     hooks, and the secure-aggregation mods two more. Now no honest module of either app
     imports the fault modes (common.faults) or the attackers (fedefc_client.attacker,
-    fedefc_server.dishonest); only the two composition points do: the ClientApp and the
-    ServerApp."""
+    fedefc_server.dishonest); only the two composition points do: the ClientApp's run
+    part and the ServerApp."""
     honest = [fedefc_client.client, fedefc_client.mods, fedefc_client.job,
               fedefc_client.local_update, fedefc_client.server_checks,
               fedefc_server.pipeline, fedefc_server.secure_round, fedefc_server.strategy,
@@ -1080,7 +1080,7 @@ def test_the_attacker_lives_beside_the_honest_path():
     attackers = {"common.faults", "fedefc_client.attacker", "fedefc_server.dishonest"}
     for module in honest:
         assert not imported_modules(module) & attackers, module.__name__
-    assert "fedefc_client.attacker" in imported_modules(fedefc_client.client_app)
+    assert "fedefc_client.attacker" in imported_modules(fedefc_client.run_client)
     assert "fedefc_server.dishonest" in imported_modules(fedefc_server.server_app)
 
 
