@@ -30,7 +30,6 @@ from pydantic import (
 
 from .errors import ConfigError as ConfigError  # its home; every importer finds it here
 from .faults import parse_faults, parse_server_faults
-from .models import MODELS
 from .named_datasets import DATASETS
 
 # datasets whose files the user brings (docs/OWN-DATA.md); the others are registered by
@@ -519,12 +518,14 @@ class RunConfig(BaseModel):
 
     def _check_own_data(self) -> None:
         """The keys of docs/OWN-DATA.md: paths, shapes, model, evaluation."""
-        if self.model != "auto" and self.model not in MODELS and \
-                not MODEL_PATH.match(self.model):
-            raise ValueError(
-                f"model={self.model!r} is neither a built-in model (auto, "
-                f"{', '.join(MODELS)}) nor "
-                "an import path; write model=\"package.module:callable\"")
+        if self.model != "auto" and not MODEL_PATH.match(self.model):
+            from .models import MODELS  # lazy: torch, 1.1 s of CPU, for a model named here
+
+            if self.model not in MODELS:
+                raise ValueError(
+                    f"model={self.model!r} is neither a built-in model (auto, "
+                    f"{', '.join(MODELS)}) nor "
+                    "an import path; write model=\"package.module:callable\"")
         for key, value in (("data-path", self.data_path), ("test-path", self.test_path)):
             if value and not os.path.isabs(value):
                 raise ValueError(f"{key}={value!r} is not absolute; give the absolute path of "

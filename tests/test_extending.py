@@ -66,12 +66,11 @@ DATASET_ENTRY = '''
 
 @register_dataset("toy-blobs", num_classes=3, input_shape=(1, 8, 8), mean=(0.5,), std=(0.25,),
                   model="toy-mlp")
-def load_toy_blobs(data_dir: str, download: bool) -> tuple[torch.Tensor, ...]:
+def load_toy_blobs(data_dir: str, download: bool) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 400)
     x = np.clip(rng.normal(60 + 60 * y[:, None, None, None], 20, (400, 1, 8, 8)), 0, 255)
-    x = torch.from_numpy(x.astype(np.uint8))
-    y = torch.from_numpy(y.astype(np.int64))
+    x, y = x.astype(np.uint8), y.astype(np.int64)
     return x[:300], y[:300], x[300:], y[300:]
 '''
 MODEL_ENTRY = '''

@@ -9,12 +9,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from common.baselines.fedcorr import (
-    plan_fedcorr,
-    proximal_norm,
-    relabel_confident,
-    relabel_highest_loss,
-)
+from common.baselines.fedcorr import plan_fedcorr, relabel_confident, relabel_highest_loss
 from common.baselines.lid import client_lid, lid_mle, nearest_distances
 from common.baselines.noisy_clients import lid_noisy_clients, loss_noise_level
 from common.config import ConfigError
@@ -23,6 +18,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from fedefc_cli.main import main
+from fedefc_client.baselines.fedcorr import proximal_norm
 from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
 from fedefc_server import checkpoint

@@ -10,15 +10,10 @@ import torch.nn.functional as F
 from flwr.common import parameters_to_ndarrays
 
 from common.baselines.daagg import daagg_distances, daagg_weights, model_distance, weighted_average
-from common.baselines.fednoro import (
-    distillation_loss,
-    distillation_weight,
-    log_prior,
-    logit_adjusted_ce,
-    per_class_mean_loss,
-)
+from common.baselines.fednoro import distillation_weight, log_prior, per_class_mean_loss
 from common.baselines.noisy_clients import fednoro_noisy_clients, normalized_class_losses
 from common.exchange import pack_array
+from fedefc_client.baselines.fednoro import distillation_loss, logit_adjusted_ce
 from fedefc_server.baselines.fednoro import read_class_losses
 from tests.helpers import (
     PARAMS,

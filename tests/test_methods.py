@@ -7,12 +7,12 @@ from cleanlab.filter import find_label_issues
 from flwr.app import RecordDict
 
 from common.baselines.confident_learning import label_issue_mask
-from common.baselines.fedprox import proximal_term
 from common.baselines.forward_correction import patrini_transition
 from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
+from fedefc_client.baselines.fedprox import proximal_term
 from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
 

@@ -10,18 +10,20 @@ import torch
 from common.baselines.rofl import (
     aggregate_centroids,
     centroid_weight,
-    class_means,
     forget_rate,
-    nearest_centroid,
-    rofl_loss,
-    rofl_targets,
-    small_loss_indices,
-    update_centroids,
     uses_pseudo_labels,
 )
 from common.exchange import pack_array, unpack_array
 from common.models import ClassifierShape, TaskShape, build_model, classifier_shape
 from common.params import get_weights
+from fedefc_client.baselines.rofl import (
+    class_means,
+    nearest_centroid,
+    rofl_loss,
+    rofl_targets,
+    small_loss_indices,
+    update_centroids,
+)
 from tests.helpers import (
     GLOBAL,
     PARAMS,

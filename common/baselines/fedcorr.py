@@ -4,7 +4,7 @@ FedCorr (Xu et al., CVPR 2022; docs/BASELINE-METHODS.md, "FedCorr") has three st
 
 1. pre-processing: ``iterations`` iterations, each visiting every client exactly once
    in sub-rounds (the global model is aggregated after each sub-round), with the loss
-   CE + beta * mu_k * ||w_g - w|| (:func:`proximal_norm`); after each iteration the
+   CE + beta * mu_k * ||w_g - w|| (:func:`fedefc_client.baselines.fedcorr.proximal_norm`); after each iteration the
    server detects noisy clients and their noise levels, and noisy clients relabel
    their highest-loss samples (:func:`relabel_highest_loss`);
 2. fine-tuning: FedAvg over the clients whose estimated noise level is at most the
@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from ..config import MethodSettings, RunConfig
@@ -146,15 +145,6 @@ def plan_fedcorr(rounds: int, num_clients: int, fraction: float, frac1: float,
         )
     finetune = math.floor(finetune_share * (rounds - probe.stage1_end) + 0.5)
     return FedCorrPlan(rounds, num_clients, per_subround, iterations, finetune)
-
-
-def proximal_norm(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
-    """||w - w_g||_2 over the trainable parameters (FedCorr's UNsquared proximal term).
-
-    At w = w_g the norm has no gradient; there the term is 0 with a zero (sub)gradient
-    (the reference skips the first batch of every epoch instead)."""
-    sq = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
-    return sq.sqrt() if float(sq.detach()) > 0 else sq
 
 
 def relabel_highest_loss(labels: np.ndarray, losses: np.ndarray, probs: np.ndarray,

@@ -1,5 +1,6 @@
 """FedNoRo's local losses and distillation schedule (Wu et al., IJCAI 2023;
-docs/BASELINE-METHODS.md, "FedNoRo").
+docs/BASELINE-METHODS.md, "FedNoRo"): the settings, the label prior and the schedule
+here; the two losses, torch's, in :mod:`fedefc_client.baselines.fednoro`.
 
 - Logit adjustment: CE(z + log pi, y), pi the client's observed label frequencies
   (log 0 = -inf for a class the client lacks, which then gets probability 0).
@@ -16,8 +17,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from ..config import MethodSettings, RunConfig
@@ -69,26 +68,6 @@ def log_prior(labels: np.ndarray, num_classes: int) -> np.ndarray:
     counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
     with np.errstate(divide="ignore"):
         return np.log(counts / counts.sum())
-
-
-def logit_adjusted_ce(logits: torch.Tensor, labels: torch.Tensor,
-                      log_pi: torch.Tensor) -> torch.Tensor:
-    """CE(z + log pi, y), mean over the batch."""
-    return F.cross_entropy(logits + log_pi, labels)
-
-
-def _adjusted_log_probs(logits: torch.Tensor, log_pi: torch.Tensor) -> torch.Tensor:
-    log_pred = torch.log_softmax(logits + log_pi, dim=1)
-    return torch.where(torch.isinf(log_pred), torch.zeros_like(log_pred), log_pred)
-
-
-def distillation_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor,
-                      log_pi: torch.Tensor, weight: float, temperature: float) -> torch.Tensor:
-    """The noisy clients' loss (module docstring); KL averaged over the batch."""
-    log_pred = _adjusted_log_probs(logits, log_pi)
-    soft = torch.softmax(teacher_logits / temperature, dim=1)
-    kl = F.kl_div(log_pred, soft, reduction="batchmean")
-    return weight * kl + (1.0 - weight) * F.nll_loss(log_pred, labels)
 
 
 def distillation_weight(server_round: int, begin: int, end: int, scale: float) -> float:

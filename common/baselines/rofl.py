@@ -1,19 +1,21 @@
-"""RoFL's centroid math, sample selection and loss (Yang et al., IEEE Intelligent Systems
-2022, arXiv 2012.01700; docs/BASELINE-METHODS.md, "RoFL").
+"""RoFL (Yang et al., IEEE Intelligent Systems 2022, arXiv 2012.01700;
+docs/BASELINE-METHODS.md, "RoFL"): its settings, schedules and the server's centroid
+aggregation here; the client's torch math (selection, loss, centroid update) in
+:mod:`fedefc_client.baselines.rofl`.
 
 Client, per batch (``features`` are the model's penultimate features):
 
 1. keep the (1 - forget_rate) fraction of samples with the smallest cross-entropy
-   (:func:`small_loss_indices`);
-2. for those, y~ = argmax_c cos(f_k[c], feature) (:func:`nearest_centroid`); the
+   (:func:`fedefc_client.baselines.rofl.small_loss_indices`);
+2. for those, y~ = argmax_c cos(f_k[c], feature) (:func:`fedefc_client.baselines.rofl.nearest_centroid`); the
    label is kept where y~ = y, else replaced by the global-guided pseudo-label, from
-   round T_pl on (:func:`rofl_targets`);
+   round T_pl on (:func:`fedefc_client.baselines.rofl.rofl_targets`);
 3. loss = CE(targets) + lambda_cen * sum mask * ||feature - f_k[y]||^2
-   + lambda_e * mean entropy (:func:`rofl_loss`); the feature is NOT detached in the
+   + lambda_e * mean entropy (:func:`fedefc_client.baselines.rofl.rofl_loss`); the feature is NOT detached in the
    centroid term (the paper; the reimplementation detaches it, which removes the
    term's gradient: ``rofl-detach-centroid-feature=true`` reproduces that);
 4. f_k[c] <- (1 - s^2) f_k[c] + s^2 f^[c], s = cos(f_k[c], f^[c]), f^[c] the mean
-   feature of the kept samples labelled c (:func:`update_centroids`).
+   feature of the kept samples labelled c (:func:`fedefc_client.baselines.rofl.update_centroids`).
 
 Server, after each round: f_G[c] = sum_k cos(f_G[c], f_k[c]) f_k[c] / sum_k cos(...)
 (:func:`aggregate_centroids`).
@@ -27,8 +29,6 @@ T_pl + 1 (the reference's ``g_epoch >= T_pl``).
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from ..config import MethodSettings
@@ -81,64 +81,6 @@ def centroid_weight(server_round: int, lambda_cen: float, t_pl: int) -> float:
 
 def uses_pseudo_labels(server_round: int, t_pl: int) -> bool:
     return server_round > t_pl
-
-
-def small_loss_indices(losses: torch.Tensor, rate: float) -> torch.Tensor:
-    """Indices of the max(1, int((1 - rate) n)) smallest losses (stable order)."""
-    keep = max(1, int((1.0 - rate) * len(losses)))
-    return torch.argsort(losses.detach(), stable=True)[:keep]
-
-
-def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Row-wise cosine similarity of two equally shaped matrices (0 for a zero row)."""
-    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(EPS)
-
-
-def nearest_centroid(features: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """argmax_c cos(centroids[c], feature) for every row of ``features``."""
-    f = features / features.norm(dim=1, keepdim=True).clamp_min(EPS)
-    c = centroids / centroids.norm(dim=1, keepdim=True).clamp_min(EPS)
-    return (f @ c.T).argmax(1)
-
-
-def rofl_targets(labels: torch.Tensor, agree: torch.Tensor, pseudo: torch.Tensor,
-                 use_pseudo: bool) -> torch.Tensor:
-    """The label where the nearest centroid agrees with it (or before T_pl), else the
-    pseudo-label."""
-    return labels if not use_pseudo else torch.where(agree, labels, pseudo)
-
-
-def rofl_loss(logits: torch.Tensor, features: torch.Tensor, targets: torch.Tensor,
-              labels: torch.Tensor, agree: torch.Tensor, centroids: torch.Tensor,
-              lambda_cen: float, lambda_e: float, detach_features: bool = False
-              ) -> torch.Tensor:
-    """CE(logits, targets) + lambda_cen * sum agree * ||features - centroids[labels]||^2
-    + lambda_e * mean entropy(softmax(logits)), over the kept samples; with
-    ``detach_features`` the centroid term carries no gradient (the reimplementation)."""
-    ce = F.cross_entropy(logits, targets)
-    feats = features.detach() if detach_features else features
-    dist = ((feats - centroids[labels]) ** 2).sum(1)
-    cen = (agree.float() * dist).sum()
-    log_p = torch.log_softmax(logits, dim=1)
-    entropy = -(log_p.exp() * log_p).sum(1).mean()
-    return ce + lambda_cen * cen + lambda_e * entropy
-
-
-def class_means(features: torch.Tensor, labels: torch.Tensor,
-                num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K x D class-mean features, K-bool mask of the classes present); absent rows 0."""
-    sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype,
-                       device=features.device).index_add_(0, labels, features)
-    counts = torch.bincount(labels, minlength=num_classes).to(features.dtype)
-    return sums / counts.clamp_min(1).unsqueeze(1), counts > 0
-
-
-def update_centroids(centroids: torch.Tensor, batch_means: torch.Tensor,
-                     present: torch.Tensor) -> torch.Tensor:
-    """f_k[c] <- (1 - s^2) f_k[c] + s^2 f^[c] for the present classes, s = cos(f_k[c], f^[c])."""
-    s2 = (cosine(centroids, batch_means) ** 2).unsqueeze(1)
-    moved = (1.0 - s2) * centroids + s2 * batch_means
-    return torch.where(present.unsqueeze(1), moved, centroids)
 
 
 def aggregate_centroids(global_centroids: np.ndarray | None,

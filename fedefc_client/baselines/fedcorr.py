@@ -24,7 +24,6 @@ import torch
 from common.baselines.fedcorr import FedCorrMessages as M
 from common.baselines.fedcorr import (
     FedCorrSettings,
-    proximal_norm,
     relabel_confident,
     relabel_highest_loss,
 )
@@ -95,3 +94,13 @@ def _correct(job: LocalJob, labels: np.ndarray, task: str) -> Update:
         metrics[M.RELABELLED] = int((new != labels).sum())
         metrics[M.CORRECTED] = int((new != job.labels).sum())
     return 0, metrics, TrainStats(0.0, 0.0)
+
+
+# -- its torch math (here, not in common/: the run-config schema imports no torch) --
+def proximal_norm(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    """||w - w_g||_2 over the trainable parameters (FedCorr's UNsquared proximal term).
+
+    At w = w_g the norm has no gradient; there the term is 0 with a zero (sub)gradient
+    (the reference skips the first batch of every epoch instead)."""
+    sq = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+    return sq.sqrt() if float(sq.detach()) > 0 else sq

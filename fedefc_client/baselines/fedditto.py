@@ -11,13 +11,13 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from common.baselines.fedditto import DittoMessages as M
 from common.baselines.fedditto import DittoSettings, label_weighted_accuracy
-from common.baselines.fedprox import proximal_term
 from common.messages import FitReply
 from common.runtime import model_for
 from common.training import evaluate_per_class
 
 from ..job import LocalJob
 from ..local_update import Update
+from .fedprox import proximal_term
 
 PERSONAL = "ditto-personal"  # context.state: the personal model's state dict
 UPDATES = "ditto-updates"  # context.state: how often it was trained

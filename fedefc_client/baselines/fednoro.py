@@ -1,5 +1,5 @@
 """FedNoRo's local update (Wu et al., IJCAI 2023; docs/BASELINE-METHODS.md, "FedNoRo";
-losses in :mod:`common.baselines.fednoro`).
+its schedule in :mod:`common.baselines.fednoro`, its losses below).
 
 A training message trains with logit-adjusted cross-entropy (warm-up, and clean
 clients afterwards) or, on a client the server flagged noisy, with the distillation
@@ -20,9 +20,7 @@ import torch.nn.functional as F
 from common.baselines.fednoro import FedNoRoMessages as M
 from common.baselines.fednoro import (
     FedNoRoSettings,
-    distillation_loss,
     log_prior,
-    logit_adjusted_ce,
     per_class_mean_loss,
 )
 from common.exchange import pack_array
@@ -76,3 +74,24 @@ def _class_losses(job: LocalJob) -> Update:
     per_class = per_class_mean_loss(losses, job.labels, job.local.data.num_classes)
     return 0, {FitReply.LOSS: "none (detection)", M.CLASS_LOSSES: pack_array(per_class)}, \
         TrainStats(0.0, 0.0)
+
+
+# -- its torch math (here, not in common/: the run-config schema imports no torch) --
+def logit_adjusted_ce(logits: torch.Tensor, labels: torch.Tensor,
+                      log_pi: torch.Tensor) -> torch.Tensor:
+    """CE(z + log pi, y), mean over the batch."""
+    return F.cross_entropy(logits + log_pi, labels)
+
+
+def _adjusted_log_probs(logits: torch.Tensor, log_pi: torch.Tensor) -> torch.Tensor:
+    log_pred = torch.log_softmax(logits + log_pi, dim=1)
+    return torch.where(torch.isinf(log_pred), torch.zeros_like(log_pred), log_pred)
+
+
+def distillation_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor,
+                      log_pi: torch.Tensor, weight: float, temperature: float) -> torch.Tensor:
+    """The noisy clients' loss (module docstring); KL averaged over the batch."""
+    log_pred = _adjusted_log_probs(logits, log_pi)
+    soft = torch.softmax(teacher_logits / temperature, dim=1)
+    kl = F.kl_div(log_pred, soft, reduction="batchmean")
+    return weight * kl + (1.0 - weight) * F.nll_loss(log_pred, labels)

@@ -1,5 +1,5 @@
 """RoFL's local update (Yang et al., IEEE Intelligent Systems 2022; docs/BASELINE-METHODS.md,
-"RoFL"; math in :mod:`common.baselines.rofl`).
+"RoFL"; its schedules in :mod:`common.baselines.rofl`, its torch math below).
 
 Each round the client takes global-guided pseudo-labels (argmax of the RECEIVED global
 model on its data) and starts its local centroids f_k from the server's f_G (in
@@ -20,15 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from common.baselines.rofl import RoFLMessages as M
-from common.baselines.rofl import (
-    RoFLSettings,
-    class_means,
-    nearest_centroid,
-    rofl_loss,
-    rofl_targets,
-    small_loss_indices,
-    update_centroids,
-)
+from common.baselines.rofl import EPS, RoFLSettings
 from common.exchange import pack_array, unpack_array
 from common.messages import FitReply
 from common.training import make_optimizer, predict_logits_features
@@ -80,3 +72,62 @@ def rofl(job: LocalJob) -> Update:
         metrics.update({M.KEPT: counts["kept"], M.AGREE: counts["agree"],
                         M.REPLACED: int(replaced.sum())})
     return len(job.labels), metrics, stats
+
+
+# -- its torch math (here, not in common/: the run-config schema imports no torch) --
+def small_loss_indices(losses: torch.Tensor, rate: float) -> torch.Tensor:
+    """Indices of the max(1, int((1 - rate) n)) smallest losses (stable order)."""
+    keep = max(1, int((1.0 - rate) * len(losses)))
+    return torch.argsort(losses.detach(), stable=True)[:keep]
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise cosine similarity of two equally shaped matrices (0 for a zero row)."""
+    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(EPS)
+
+
+def nearest_centroid(features: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """argmax_c cos(centroids[c], feature) for every row of ``features``."""
+    f = features / features.norm(dim=1, keepdim=True).clamp_min(EPS)
+    c = centroids / centroids.norm(dim=1, keepdim=True).clamp_min(EPS)
+    return (f @ c.T).argmax(1)
+
+
+def rofl_targets(labels: torch.Tensor, agree: torch.Tensor, pseudo: torch.Tensor,
+                 use_pseudo: bool) -> torch.Tensor:
+    """The label where the nearest centroid agrees with it (or before T_pl), else the
+    pseudo-label."""
+    return labels if not use_pseudo else torch.where(agree, labels, pseudo)
+
+
+def rofl_loss(logits: torch.Tensor, features: torch.Tensor, targets: torch.Tensor,
+              labels: torch.Tensor, agree: torch.Tensor, centroids: torch.Tensor,
+              lambda_cen: float, lambda_e: float, detach_features: bool = False
+              ) -> torch.Tensor:
+    """CE(logits, targets) + lambda_cen * sum agree * ||features - centroids[labels]||^2
+    + lambda_e * mean entropy(softmax(logits)), over the kept samples; with
+    ``detach_features`` the centroid term carries no gradient (the reimplementation)."""
+    ce = F.cross_entropy(logits, targets)
+    feats = features.detach() if detach_features else features
+    dist = ((feats - centroids[labels]) ** 2).sum(1)
+    cen = (agree.float() * dist).sum()
+    log_p = torch.log_softmax(logits, dim=1)
+    entropy = -(log_p.exp() * log_p).sum(1).mean()
+    return ce + lambda_cen * cen + lambda_e * entropy
+
+
+def class_means(features: torch.Tensor, labels: torch.Tensor,
+                num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K x D class-mean features, K-bool mask of the classes present); absent rows 0."""
+    sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype,
+                       device=features.device).index_add_(0, labels, features)
+    counts = torch.bincount(labels, minlength=num_classes).to(features.dtype)
+    return sums / counts.clamp_min(1).unsqueeze(1), counts > 0
+
+
+def update_centroids(centroids: torch.Tensor, batch_means: torch.Tensor,
+                     present: torch.Tensor) -> torch.Tensor:
+    """f_k[c] <- (1 - s^2) f_k[c] + s^2 f^[c] for the present classes, s = cos(f_k[c], f^[c])."""
+    s2 = (cosine(centroids, batch_means) ** 2).unsqueeze(1)
+    moved = (1.0 - s2) * centroids + s2 * batch_means
+    return torch.where(present.unsqueeze(1), moved, centroids)
