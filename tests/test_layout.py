@@ -6,6 +6,8 @@ an import cycle, and no file cites a document outside the repository."""
 import ast
 import io
 import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -87,6 +89,19 @@ def test_imports_stay_at_the_top_of_modules_unless_a_measured_lazy_import():
                     if isinstance(inner, (ast.Import, ast.ImportFrom)):
                         line = lines[inner.lineno - 1]
                         assert re.search(r"#.*\d s\b", line), f"{path}:{inner.lineno}: {line}"
+
+
+def test_the_run_config_schema_and_the_nodes_first_checks_import_no_torch():
+    """What validates a run config (the schema, every method's settings, the named
+    datasets' registrations, the node's policy) and the ClientApp module Flower loads
+    import no torch: ``fedefc deploy submit`` checks a config and a node refuses a run
+    without its 1-2 s of CPU (docs/BENCHMARKS.md, "A run every node refuses")."""
+    probe = ("import sys, common.methods, common.named_datasets, fedefc_client.policy, "
+             "fedefc_client.client_app; "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[-500:]
 
 
 def test_the_components_are_flowers_names():
