@@ -1,8 +1,10 @@
 """The ClientApp: one client of the run's method per message (:mod:`.run_client`).
 
-A message meets the node's own checks first, which import nothing of the run:
-:func:`.error_reply.error_reply_mod` (a failure leaves as an error reply naming no
-private path) and :func:`.node.identity_mod` (a run whose ``num-clients`` does not fit
+A message meets the node's own checks first (:data:`NODE_MODS`), which import no torch
+and nothing of the run's training: :func:`.error_reply.error_reply_mod` (a failure
+leaves as an error reply naming no private path), :func:`.audit.audit_mod` (what
+leaves the node, recorded), :func:`.policy.policy_mod` (a run against the node's policy
+is refused) and :func:`.node.identity_mod` (a run whose ``num-clients`` does not fit
 the node's ``partition-id`` and ``num-partitions`` is refused). Only a message that
 passes them imports the run's mods and client (torch, the data; :mod:`.run_client`):
 Flower starts a fresh ClientApp process for every message, so a federation that
@@ -17,8 +19,13 @@ from flwr.client import Client
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
+from .audit import audit_mod
 from .error_reply import error_reply_mod
 from .node import identity_mod
+from .policy import policy_mod
+
+# the node's own checks, outermost first (docs/PRIVACY.md §4-§6)
+NODE_MODS = [error_reply_mod, audit_mod, policy_mod, identity_mod]
 
 
 def run_mods(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -37,4 +44,4 @@ def client_fn(context: Context) -> Client:
     return make(context)
 
 
-app = ClientApp(client_fn=client_fn, mods=[error_reply_mod, identity_mod, run_mods])
+app = ClientApp(client_fn=client_fn, mods=[*NODE_MODS, run_mods])

@@ -1,21 +1,23 @@
-"""The ClientApp's mods: the node's policy, secure aggregation, differential privacy,
-the audit of every reply and error replies that name no private path (docs/PRIVACY.md).
+"""The ClientApp's mods of the run: the server's requests checked, secure aggregation and
+differential privacy (docs/PRIVACY.md); the node's own checks before them (the error
+reply, the audit, the policy, the node's identity) are :data:`.client_app.NODE_MODS`.
 Flower fixes a ClientApp's mods when the app is built, so each mod reads the run config
 (and the node config) and steps aside when its key is off.
 
-Order (outermost first; a reply passes them from the inside out): the ClientApp's
-first two (:mod:`.client_app`), which import nothing of the run,
+Order (outermost first; a reply passes them from the inside out): the node's own
+checks (:data:`.client_app.NODE_MODS`), which import no torch and nothing of the
+run's training,
 
 1. :func:`.error_reply.error_reply_mod`: an exception becomes an error reply whose text
    is scrubbed of paths and node-config values (:mod:`.scrub`);
-2. :func:`.node.identity_mod`: refuses a run whose ``num-clients`` does not fit the
+2. :func:`.audit.audit_mod`: records what leaves the client (``audit = true``, or the
+   node policy's ``audit-dir``);
+3. :func:`.policy.policy_mod`: refuses a run that breaks the node's policy;
+4. :func:`.node.identity_mod`: refuses a run whose ``num-clients`` does not fit the
    node's ``partition-id`` and ``num-partitions``;
 
 then the run's mods, :data:`MODS`:
 
-3. :func:`audit_mod`: records what leaves the client (``audit = true``, or the node
-   policy's ``audit-dir``);
-4. :func:`policy_mod`: refuses a run that breaks the node's policy (:mod:`.policy`);
 5. :func:`server_checks_mod`: refuses a message that asks for other privacy parameters
    than the run's and the policy's (:mod:`.server_checks`);
 6. :func:`secure_aggregation_mod`: Flower's ``secaggplus_mod`` (``secure-aggregation``),
@@ -24,7 +26,7 @@ then the run's mods, :data:`MODS`:
 7. :func:`secure_tail_mod`: moves the summed metrics into the arrays and keeps only
    :func:`common.secure_means.clear_metrics` in the clear (secure rounds);
 8. :func:`noise_mod`: Gaussian noise on the clipped weights (``dp-noise-multiplier``),
-   counted in the node's privacy ledger (:class:`DpLedger`);
+   counted in the node's privacy ledger (:class:`.audit.DpLedger`);
 9. :func:`clipping_mod`: client-side fixed clipping to the run's ``dp-clip``, as
    Flower's ``fixedclipping_mod``.
 
@@ -34,19 +36,14 @@ the audit sees the message as the server will.
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass
 from logging import WARNING
-from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Error, Message
+from flwr.app import ConfigRecord, Context, Message
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
@@ -55,10 +52,8 @@ from flwr.supercore.differential_privacy import compute_clip_model_update, get_n
 from common import secure_prf, verifiable_shares
 from common.config import RunConfig
 from common.data_plan import data_plan, secure_weight
-from common.dp_accounting import epsilon
 from common.messages import FitConfig
 from common.methods import load_run_config
-from common.private_files import make_private_dir, open_private
 from common.secure_means import SCALE_KEY, UPDATE_RATIO, clear_metrics, encode_tail
 from common.seeds import derive_seed
 from common.update_bound import (
@@ -68,48 +63,20 @@ from common.update_bound import (
     rounding_slack,
     secure_range,
 )
-from common.verifiable_shares import COMMITMENTS, COMPLAINTS, dealing
+from common.verifiable_shares import COMMITMENTS, dealing
 
+from .audit import DpLedger
 from .node import partition_of
-from .policy import NodePolicy, describe_refusal, load_policy, policy_path
+from .policy import node_policy, refuse
 from .server_checks import bad_clipping_norm, bad_secagg_request, bad_tail_scale
 from .share_holder import complaint_reply, dealt_share_complaints, holders_of
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 verifiable_shares.install()  # SecAgg+'s shares with Feldman's commitments
 
-AUDIT_DIR = "audit"
-
-
 def _config(ctxt: Context) -> RunConfig:
     """The run config, validated once per process and run (:func:`load_run_config`)."""
     return load_run_config(ctxt.run_config)
-
-
-def _policy(ctxt: Context) -> NodePolicy | None:
-    path = policy_path(ctxt.node_config)
-    return None if path is None else load_policy(path)
-
-
-def policy_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """With a ``policy-file`` in the node config, answer every message of a run that
-    breaks the node's policy with an error reply giving the reasons
-    (:meth:`NodePolicy.violations`), Flower's code for a mod's failed precondition; the
-    node serves other runs as before. An unusable policy file raises (every message is
-    refused, naming the problem)."""
-    policy = _policy(ctxt)
-    if policy is None:
-        return call_next(msg, ctxt)
-    problems = policy.violations(_config(ctxt))
-    if not problems:
-        return call_next(msg, ctxt)
-    return _refuse(msg, ctxt, describe_refusal(problems))
-
-
-def _refuse(msg: Message, ctxt: Context, reason: str) -> Message:
-    """An error reply with ``reason`` (Flower's code for a mod's failed precondition)."""
-    log(WARNING, "run %s: %s", ctxt.run_id, reason)
-    return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, reason), reply_to=msg)
 
 
 def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -136,11 +103,11 @@ def server_checks_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
         else:
             fit = dict(records.get("fitins.config", {}))
             reason = (bad_secagg_request(dict(records[RECORD_KEY_CONFIGS]), cfg,
-                                         _policy(ctxt), secure_range(cfg), weight)
+                                         node_policy(ctxt), secure_range(cfg), weight)
                       or bad_tail_scale(fit, secure_range(cfg), weight))
     if reason is None:
         return call_next(msg, ctxt)
-    return _refuse(msg, ctxt, "this node refuses the message: " + reason)
+    return refuse(msg, ctxt, "this node refuses the message: " + reason)
 
 
 def run_secure_weight(cfg: RunConfig) -> int | None:
@@ -169,7 +136,7 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCall
     if stage == Stage.COLLECT_MASKED_VECTORS:
         complaints = dealt_share_complaints(config, ctxt)
         if isinstance(complaints, str):
-            return _refuse(msg, ctxt, "this node refuses the message: " + complaints)
+            return refuse(msg, ctxt, "this node refuses the message: " + complaints)
         if complaints:
             log(WARNING, "run %s: dealt SecAgg+ shares fail their commitments: %s",
                 ctxt.run_id, "; ".join(f"node {src}: {why}" for src, _, why in complaints))
@@ -266,46 +233,6 @@ def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> M
     return out
 
 
-DP_LEDGER = "fedefc-dp-ledger"  # context.state: the node's noised releases in this run
-
-
-@dataclass(frozen=True)
-class DpLedger:
-    """What this node's noise has given away in this run (docs/PRIVACY.md, "The node's
-    own policy"): ``releases`` noised updates that left it, clipped to ``clip`` with noise
-    of standard deviation ``noise_std`` (the smallest it applied), and their epsilon at
-    ``delta`` (the policy's ``dp-delta``, else the run's), from the accountant of
-    :mod:`common.dp_accounting` at the noise multiplier it applied, noise_std / clip.
-    Kept in the node's ``context.state`` (never sent to the server), written to its
-    audit log with every training reply."""
-
-    releases: int = 0
-    clip: float = 0.0
-    noise_std: float = 0.0
-    delta: float = 1e-5
-    epsilon: float = 0.0
-
-    @classmethod
-    def of(cls, ctxt: Context) -> DpLedger:
-        record = ctxt.state.config_records.get(DP_LEDGER)
-        return cls() if record is None else cls(**{k.replace("-", "_"): v
-                                                   for k, v in record.items()})
-
-    def released(self, clip: float, noise_std: float, delta: float) -> DpLedger:
-        """The ledger after one more release of this clip and noise."""
-        std = noise_std if self.releases == 0 else min(self.noise_std, noise_std)
-        clip = max(self.clip, clip)
-        return DpLedger(self.releases + 1, clip, std, delta,
-                        epsilon(std / clip, self.releases + 1, delta))
-
-    def save(self, ctxt: Context) -> None:
-        ctxt.state.config_records[DP_LEDGER] = ConfigRecord(
-            {k.replace("_", "-"): v for k, v in asdict(self).items()})
-
-    def as_entry(self) -> dict:
-        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
-
-
 def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Add N(0, (z C)^2) to every float weight of a training reply, z =
     ``dp-noise-multiplier``, C = ``dp-clip`` (docs/PRIVACY.md, "Differential privacy"),
@@ -320,13 +247,13 @@ def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     cfg = _config(ctxt)
     if cfg.dp_noise_multiplier <= 0 or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, ctxt)
-    policy = _policy(ctxt)
+    policy = node_policy(ctxt)
     clip, std = cfg.dp_clip, cfg.dp_noise_multiplier * cfg.dp_clip
     delta = policy.dp_delta if policy is not None else cfg.dp_delta
     ledger = DpLedger.of(ctxt)
     after = ledger.released(clip, std, delta)
     if policy is not None and policy.max_epsilon and after.epsilon > policy.max_epsilon:
-        return _refuse(msg, ctxt, (
+        return refuse(msg, ctxt, (
             f"this node refuses the message: it has released {ledger.releases} noised "
             f"update(s) in this run (noise multiplier {std / clip:g}); one more gives "
             f"epsilon={after.epsilon:.4g} at delta={delta:g}, above this node's max-epsilon "
@@ -344,89 +271,4 @@ def noise_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Mess
     return out
 
 
-def _value_type(value) -> str:
-    if isinstance(value, list):
-        inner = sorted({type(v).__name__ for v in value}) or ["empty"]
-        return f"list[{'|'.join(inner)}]"
-    return type(value).__name__
-
-
-def _value_bytes(value) -> int:
-    """Payload size of a record value: bytes and str by length, numbers 8 bytes."""
-    if isinstance(value, list):
-        return sum(_value_bytes(v) for v in value)
-    if isinstance(value, (bytes, str)):
-        return len(value)
-    return 8
-
-
-def describe_reply(msg: Message) -> dict:
-    """What a reply carries: per record its keys and value types (config and metric
-    records) or its array count and bytes (array records), and the payload bytes."""
-    entry: dict = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
-    if msg.has_error():
-        return {**entry, "error": msg.error.code, "bytes": len(msg.error.reason or "")}
-    content = msg.content
-    records: dict[str, dict] = {}
-    for name, rec in content.array_records.items():
-        records[name] = {"kind": "arrays", "arrays": len(rec),
-                         "bytes": sum(len(arr.data) for arr in rec.values())}
-    for kind, group in (("config", content.config_records), ("metrics", content.metric_records)):
-        for name, rec in group.items():
-            records[name] = {"kind": kind, "keys": {k: _value_type(v) for k, v in rec.items()},
-                             "bytes": sum(_value_bytes(v) for v in rec.values())}
-    stage = content.config_records.get(RECORD_KEY_CONFIGS, {})
-    if Key.MASKED_PARAMETERS in stage:
-        entry["stage"] = "collect_masked_vectors"
-    elif stage:
-        entry["stage"] = next(s for s, keys in _STAGE_REPLY_KEYS.items() if keys & set(stage))
-    return {**entry, "records": records, "bytes": sum(r["bytes"] for r in records.values())}
-
-
-# What a SecAgg+ client replies in each stage (flwr/client/mod/secure_aggregation).
-_STAGE_REPLY_KEYS = {"setup": {Key.PUBLIC_KEY_1}, "share_keys": {Key.CIPHERTEXT_LIST},
-                     "unmask": {Key.SHARE_LIST}, "complaints": {COMPLAINTS}}
-
-
-def audit_path(cfg: RunConfig, partition_id: int | str, policy: NodePolicy | None = None,
-               run_id: int = 0) -> Path | None:
-    """Where a client writes its audit log: with a node policy's ``audit-dir``, there, as
-    run-<run id>-partition-<id>.jsonl, whatever the run says; else with ``audit = true``
-    <out-dir>/audit/partition-<id>.jsonl; else nowhere (None)."""
-    if policy is not None and policy.audit_dir:
-        return Path(policy.audit_dir) / f"run-{run_id}-partition-{partition_id}.jsonl"
-    if not cfg.audit:
-        return None
-    return Path(cfg.out_dir or cfg.resume_from) / AUDIT_DIR / f"partition-{partition_id}.jsonl"
-
-
-def audit_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Append one JSON line per reply to :func:`audit_path` (when there is one):
-    :func:`describe_reply` of the reply as it leaves the client (after every inner mod),
-    or the exception that replaced it; a reply that released a noised update also holds
-    the node's :class:`DpLedger` (``dp``: its releases so far and their epsilon).
-    The log and a folder it creates are owner-only."""
-    pid = ctxt.node_config.get("partition-id", "unknown")  # none: the ClientApp refuses
-    path = audit_path(_config(ctxt), pid, _policy(ctxt), ctxt.run_id)
-    if path is None:
-        return call_next(msg, ctxt)
-    make_private_dir(path.parent)
-    entry = {"type": msg.metadata.message_type, "round": msg.metadata.group_id}
-    ledger = DpLedger.of(ctxt)
-    try:
-        out = call_next(msg, ctxt)
-        entry = describe_reply(out)
-        if DpLedger.of(ctxt) != ledger:  # this reply released a noised update
-            entry["dp"] = DpLedger.of(ctxt).as_entry()
-    except Exception as err:
-        entry["exception"] = type(err).__name__
-        raise
-    finally:
-        entry["time"] = time.time()
-        with open_private(path, "a") as fh:
-            fh.write(json.dumps(entry, sort_keys=True) + "\n")
-    return out
-
-
-MODS = [audit_mod, policy_mod, server_checks_mod, secure_aggregation_mod,
-        secure_tail_mod, noise_mod, clipping_mod]
+MODS = [server_checks_mod, secure_aggregation_mod, secure_tail_mod, noise_mod, clipping_mod]

@@ -27,8 +27,13 @@ import os
 import stat
 import threading
 import tomllib
+from logging import WARNING
 from pathlib import Path
 
+from flwr.app import Context, Error, Message
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -41,7 +46,7 @@ from pydantic import (
 
 from common.config import ConfigError, RunConfig, hyphenate
 from common.dp_accounting import epsilon
-from common.methods import METHODS
+from common.methods import METHODS, load_run_config
 
 POLICY_KEY = "policy-file"  # node config: the absolute path of the node's policy file
 
@@ -188,3 +193,31 @@ def _describe(error: dict) -> str:
 def describe_refusal(problems: list[str]) -> str:
     """The error reply's text for a run this node's policy refuses."""
     return "this node's policy refuses the run: " + "; ".join(problems)
+
+
+# -- the node's policy as the ClientApp's mod (docs/PRIVACY.md §5) --
+def node_policy(ctxt: Context) -> NodePolicy | None:
+    """The node's policy (its node config's ``policy-file``; None: none)."""
+    path = policy_path(ctxt.node_config)
+    return None if path is None else load_policy(path)
+
+
+def policy_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """With a ``policy-file`` in the node config, answer every message of a run that
+    breaks the node's policy with an error reply giving the reasons
+    (:meth:`NodePolicy.violations`), Flower's code for a mod's failed precondition; the
+    node serves other runs as before. An unusable policy file raises (every message is
+    refused, naming the problem)."""
+    policy = node_policy(ctxt)
+    if policy is None:
+        return call_next(msg, ctxt)
+    problems = policy.violations(load_run_config(ctxt.run_config))
+    if not problems:
+        return call_next(msg, ctxt)
+    return refuse(msg, ctxt, describe_refusal(problems))
+
+
+def refuse(msg: Message, ctxt: Context, reason: str) -> Message:
+    """An error reply with ``reason`` (Flower's code for a mod's failed precondition)."""
+    log(WARNING, "run %s: %s", ctxt.run_id, reason)
+    return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, reason), reply_to=msg)

@@ -49,26 +49,43 @@ def answer(node_config: dict, run_config: dict) -> dict:
 ])
 def test_a_run_not_for_the_node_is_refused_before_torch_is_imported(node_config, expected):
     """The refusal is Flower's code for a ClientApp that raised, its text the node's
-    identity check (:func:`fedefc_client.node.partition_of`), and neither torch, nor the
-    run-config schema, nor the run's part of the ClientApp was imported to say it."""
+    identity check (:func:`fedefc_client.node.partition_of`), and neither torch nor the
+    run's part of the ClientApp was imported to say it (the run config was validated,
+    by the audit and the policy mods before it)."""
     out = answer(node_config, {"num-clients": 4})
     assert out["code"] == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
     assert "ConfigError" in out["reason"] and expected in out["reason"]
-    assert out["imported"] == []
+    assert out["imported"] == ["common.config", "common.methods"]
 
 
 def test_a_run_for_the_node_goes_on_to_the_runs_mods_and_client():
-    """The same process with a matching identity reaches the run's code: its run config
-    is validated there (an invalid lr named), which the identity check never reads."""
-    out = answer({"partition-id": 0, "num-partitions": 4}, {"num-clients": 4, "lr": -1.0})
-    assert out["code"] == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and "lr" in out["reason"]
+    """The same process with a matching identity reaches the run's part: its mods and
+    client are imported (here to fail on an empty training message, which no check
+    before them reads)."""
+    out = answer({"partition-id": 0, "num-partitions": 4}, {"num-clients": 4})
+    assert out["code"] == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    assert "num-partitions" not in out["reason"] and "partition-id" not in out["reason"]
     assert out["imported"] == ["common.config", "common.methods", "fedefc_client.run_client",
                                "torch"]
 
 
-def test_a_num_clients_that_is_not_an_integer_is_left_to_the_run_configs_validation():
-    """The identity check reads only an integer ``num-clients``; anything else reaches
-    the run config's validation, which names it."""
+def test_a_bad_run_config_is_named_before_torch_is_imported():
+    """The identity check reads only an integer ``num-clients``; the run config's
+    validation (in the audit and policy mods, before it) names anything else, still
+    without torch."""
     out = answer({"partition-id": 0, "num-partitions": 4}, {"num-clients": "four"})
     assert out["code"] == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and "num-clients" in out["reason"]
-    assert "torch" in out["imported"]
+    assert out["imported"] == ["common.config", "common.methods"]
+
+
+def test_a_run_against_the_nodes_policy_is_refused_before_torch_is_imported(tmp_path):
+    """A node's policy (docs/PRIVACY.md §5) refuses a run it does not allow as a mod's
+    failed precondition naming the rule, and the run's training code stays unimported."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max-rounds = 10\n")
+    policy.chmod(0o600)
+    out = answer({"partition-id": 0, "num-partitions": 4, "policy-file": str(policy)},
+                 {"num-clients": 4, "rounds": 11})
+    assert out["code"] == ErrorCode.MOD_FAILED_PRECONDITION
+    assert "rounds=11 is above this node's max-rounds 10" in out["reason"]
+    assert out["imported"] == ["common.config", "common.methods"]

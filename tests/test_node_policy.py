@@ -27,7 +27,7 @@ from common.data_plan import data_plan, secure_weight
 from common.dp_accounting import epsilon
 from common.methods import load_run_config
 from fedefc_client.client_app import app as client_app
-from fedefc_client.error_reply import error_reply_mod
+from fedefc_client.client_app import NODE_MODS
 from fedefc_client.mods import MODS
 from fedefc_client.policy import NodePolicy, PolicyError, load_policy
 from fedefc_server.dishonest import with_server_faults
@@ -202,14 +202,15 @@ def test_an_unusable_policy_file_refuses_every_message_without_naming_its_path(
 
 # -- a dishonest server: the node trusts only what it signed for ----------------------------
 def app_training_to(trained: list[np.ndarray]) -> ClientApp:
-    """The project's run mods (:data:`fedefc_client.mods.MODS`, inside the error reply) around a client whose local
+    """The project's mods (the node's own, :data:`fedefc_client.client_app.NODE_MODS`, and
+    the run's, :data:`fedefc_client.mods.MODS`) around a client whose local
     update returns ``trained`` (5 samples, partition 0): the node's privacy path without
     its data."""
     class Fixed(NumPyClient):
         def fit(self, parameters, config):
             return [a.copy() for a in trained], 5, {"partition-id": 0}
 
-    return ClientApp(client_fn=lambda context: Fixed().to_client(), mods=[error_reply_mod, *MODS])
+    return ClientApp(client_fn=lambda context: Fixed().to_client(), mods=[*NODE_MODS, *MODS])
 
 
 def node(run_config: dict, node_config: dict | None = None) -> Context:

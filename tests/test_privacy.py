@@ -41,14 +41,8 @@ from fedefc_client.baselines.label_state import save_vector
 from fedefc_client.client_app import app as client_app
 from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data
-from fedefc_client.mods import (
-    audit_mod,
-    audit_path,
-    clipping_mod,
-    describe_reply,
-    noise_mod,
-    secure_tail_mod,
-)
+from fedefc_client.audit import audit_mod, audit_path, describe_reply
+from fedefc_client.mods import clipping_mod, noise_mod, secure_tail_mod
 from fedefc_server import checkpoint, server_app
 from fedefc_server.declarations import SizeRule
 from fedefc_server.registry import PartitionRegistry
