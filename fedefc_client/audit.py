@@ -23,10 +23,7 @@ from common.verifiable_shares import COMPLAINTS
 
 from .policy import NodePolicy, node_policy
 
-
 AUDIT_DIR = "audit"
-
-
 DP_LEDGER = "fedefc-dp-ledger"  # context.state: the node's noised releases in this run
 
 
