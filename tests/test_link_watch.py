@@ -33,6 +33,7 @@ class Link:
         self.sent: dict[str, Message] = {}
         self.replies: dict[str, Message] = {}
         self.down_calls = 0
+        self.reset_calls = 0  # calls on a kept-alive connection it closed: reset, unread
 
     def answer(self, node: int, error: Error | None = None) -> None:
         """The reply of node ``node`` to the message sent to it."""
@@ -56,6 +57,9 @@ class StandInGrid:
             if self.link.down_calls:
                 self.link.down_calls -= 1
                 raise httpx.ConnectError("[Errno 111] Connection refused")
+            if self.link.reset_calls:
+                self.link.reset_calls -= 1
+                raise httpx.ReadError("[Errno 104] Connection reset by peer")
             return target(*args)
         return self._retry_invoker.invoke(attempt)
 
@@ -116,6 +120,39 @@ def test_a_link_failure_while_a_reply_is_missing_ends_the_exchange():
         grid.send_and_receive(messages(), timeout=30)
     assert grid.failures == 2 and "ConnectError" in grid.lost
     assert "1 of 2 messages" in grid.lost
+
+
+def test_a_reset_connection_of_a_superlink_still_there_loses_nothing():
+    """A pull on a kept-alive connection the SuperLink had closed is reset (the request
+    unread) and Flower's retry succeeds: the SuperLink never went away, so the exchange
+    goes on to its replies and nothing is marked lost (the suite once saw such a reset
+    stop a deployment's run in round 3)."""
+    link = Link()
+
+    def on_poll(polls):
+        if polls == 1:
+            link.answer(11)
+            link.reset_calls = 1
+        if polls == 3:
+            link.answer(22)
+    grid = watched(link, on_poll)
+    assert len(list(grid.send_and_receive(messages(), timeout=30))) == 2
+    assert grid.failures == 0 and grid.lost is None
+
+
+def test_a_reset_and_then_a_refused_connection_is_a_superlink_that_went_away():
+    """A SuperLink killed mid-call resets the call, and the retry finds it down: that
+    is the outage the watch is for."""
+    link = Link()
+
+    def on_poll(polls):
+        if polls == 1:
+            link.answer(11)
+            link.reset_calls, link.down_calls = 1, 1
+    grid = watched(link, on_poll)
+    with pytest.raises(LinkLost, match="1 of 2 messages"):
+        grid.send_and_receive(messages(), timeout=30)
+    assert grid.failures == 1 and "ConnectError" in grid.lost
 
 
 def test_a_link_failure_after_every_reply_came_loses_nothing():
@@ -197,9 +234,9 @@ def test_flowers_deployment_grid_is_watched_and_its_own_callback_kept():
     assert watch is not None and watch.grid is grid
 
     class State:
-        exception = httpx.ReadError("connection reset")
+        exception = httpx.ConnectError("[Errno 111] Connection refused")
     grid._retry_invoker.on_backoff(State())
-    assert watch.failures == 1 and "ReadError" in watch.last_failure and len(called) == 1
+    assert watch.failures == 1 and "ConnectError" in watch.last_failure and len(called) == 1
     assert watch.push_messages == grid.push_messages  # everything else is the grid's own
 
 
