@@ -4,20 +4,20 @@
 ``num-partitions`` (= the run's ``num-clients``) are set when the SuperNode starts (or
 by the simulation for each virtual node); the ClientApp and every mod read the
 partition through :func:`partition_of`, which checks them against the run's
-``num-clients``. :func:`identity_mod` makes that check the first thing a message meets,
-before the run's code (torch, the data) is imported: a run that is not for this node
-is refused within the ClientApp process's start (docs/RELIABILITY.md, "A run that
-trained nothing fails"). This module imports neither torch nor the run-config schema.
+``num-clients``. :func:`identity_mod` makes that check one of the node's own first
+mods (``fedefc_client/client_app.py: NODE_MODS``), before the run's training code
+(torch, the data) is imported: a run that is not for this node is refused within the
+ClientApp process's start (docs/RELIABILITY.md, "A run that trained nothing fails").
+This module imports no torch (the run-config schema imports none either).
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from common.errors import ConfigError
+from common.methods import load_run_config
 
 
 def partition_of(context: Context, num_clients: int) -> int:
@@ -43,18 +43,9 @@ def partition_of(context: Context, num_clients: int) -> int:
     return pid
 
 
-def declared_clients(run_config: Mapping) -> int | None:
-    """The run config's ``num-clients`` as sent, if it is an integer (None: the run
-    config's own validation names the problem)."""
-    value = run_config.get("num-clients")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def identity_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Refuse (raise :class:`ConfigError`) every message of a run whose ``num-clients``
     does not fit this node's ``partition-id`` and ``num-partitions``
-    (:func:`partition_of`), before anything of the run is imported or read."""
-    num_clients = declared_clients(ctxt.run_config)
-    if num_clients is not None:
-        partition_of(ctxt, num_clients)
+    (:func:`partition_of`), before the run's training code is imported."""
+    partition_of(ctxt, load_run_config(ctxt.run_config).num_clients)
     return call_next(msg, ctxt)

@@ -70,9 +70,8 @@ def test_a_run_for_the_node_goes_on_to_the_runs_mods_and_client():
 
 
 def test_a_bad_run_config_is_named_before_torch_is_imported():
-    """The identity check reads only an integer ``num-clients``; the run config's
-    validation (in the audit and policy mods, before it) names anything else, still
-    without torch."""
+    """The run config's validation (in the audit and policy mods, before the identity
+    check) names a bad ``num-clients``, still without torch."""
     out = answer({"partition-id": 0, "num-partitions": 4}, {"num-clients": "four"})
     assert out["code"] == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and "num-clients" in out["reason"]
     assert out["imported"] == ["common.config", "common.methods"]
