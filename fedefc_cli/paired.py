@@ -17,7 +17,14 @@ chance alone gives a per-seed comparison (docs/RESULTS.md, "How far apart two ru
 method end"). A grid that names it (``chance = "..."``) gets one more count per row: the
 runs *beyond chance*, whose final difference is below the least final difference of that
 row, or whose last-10 difference is below its least last-10 difference. A run inside
-that envelope is not evidence that a method is worse than the baseline; one beyond it is.
+that envelope is not evidence that a method is worse than the baseline; one beyond it is
+evidence only where a row has more of them than chance alone gives. The least of n chance
+runs is itself a draw: a run of a method no different from the baseline, exchangeable
+with the chance runs, falls below the least final difference of n of them with
+probability 1/(n + 1), below one of the two least with up to 2/(n + 1). So each row also
+gets the count chance alone expects, measured on the chance row itself (each of its runs
+held out against the envelope of the others: :meth:`Envelope.held_out_rate`), and how
+likely chance alone makes at least that many (binomial; docs/RESULTS.md, "Clean labels").
 
 Runs of one config on two machines differ by as much (another CPU's kernels sum floats in
 another order): a pair whose summaries record different machines
@@ -28,6 +35,7 @@ no such difference is read as the method's.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,15 +93,42 @@ def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
 
 @dataclass(frozen=True)
 class Envelope:
-    """The least differences the chance row reached (points), over its paired runs."""
+    """The least differences the chance row reached (points), over its paired runs, and
+    how many of those runs fall beyond the envelope of the others (``held_out``)."""
 
     final: float
     last10: float
     runs: int
+    held_out: int = 0
 
     def beyond(self, runs: list[Pair]) -> int:
         """How many of ``runs`` end below the envelope on the final round or the last 10."""
         return sum(p.final < self.final or p.last10 < self.last10 for p in runs)
+
+    def held_out_rate(self) -> float | None:
+        """The share of the chance row's runs beyond the envelope of its other runs: the
+        rate at which a run no different from the baseline falls beyond chance; None
+        with fewer than 2 runs."""
+        return self.held_out / self.runs if self.runs >= 2 else None
+
+    def by_chance(self, runs: list[Pair]) -> str:
+        """What chance alone gives ``runs``: the expected count beyond the envelope, and
+        the probability of at least :meth:`beyond` of them (binomial tail at
+        :meth:`held_out_rate`); "" with too few chance runs to tell."""
+        rate = self.held_out_rate()
+        if rate is None:
+            return ""
+        m, k = len(runs), self.beyond(runs)
+        tail = sum(math.comb(m, i) * rate ** i * (1 - rate) ** (m - i) for i in range(k, m + 1))
+        return f"{m * rate:.1f}, {tail:.2f}"
+
+
+def _held_out(runs: list[Pair]) -> int:
+    """How many of the chance row's ``runs`` fall below the least differences of the
+    others (final or last 10)."""
+    return sum(runs[i].final < min(p.final for j, p in enumerate(runs) if j != i)
+               or runs[i].last10 < min(p.last10 for j, p in enumerate(runs) if j != i)
+               for i in range(len(runs))) if len(runs) >= 2 else 0
 
 
 def chance_envelope(grid: Grid, pairs: dict[str, list[Pair]]) -> Envelope | None:
@@ -102,7 +137,8 @@ def chance_envelope(grid: Grid, pairs: dict[str, list[Pair]]) -> Envelope | None
     runs = pairs.get(grid.chance) if grid.chance is not None else None
     if not runs:
         return None
-    return Envelope(min(p.final for p in runs), min(p.last10 for p in runs), len(runs))
+    return Envelope(min(p.final for p in runs), min(p.last10 for p in runs), len(runs),
+                    _held_out(runs))
 
 
 def _summary(values: list[float]) -> str:
@@ -149,13 +185,30 @@ def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
                   f"depend on; over its {envelope.runs} runs its least differences were "
                   f"{envelope.final:+.1f} (final) and {envelope.last10:+.1f} (last 10). A run "
                   "below either is *beyond chance*."]
-    extra_head = " runs beyond chance |" if envelope is not None else ""
+        rate = envelope.held_out_rate()
+        if rate is not None:
+            lines += ["", f"Chance alone: each of those {envelope.runs} runs held out against "
+                      f"the envelope of the others, {envelope.held_out} fall beyond it, so a "
+                      f"row no different from {base} is beyond chance in about "
+                      f"{100 * rate:.0f} % of its runs. Last column: the runs chance alone "
+                      "puts beyond it in a row of that many runs, and the probability that "
+                      "chance alone puts at least as many as the row has there; a row is "
+                      f"worse than {base} beyond chance where that probability is small."]
+    extra_head = ""
+    if envelope is not None:
+        extra_head = " runs beyond chance |"
+        if envelope.held_out_rate() is not None:
+            extra_head += " chance alone: runs beyond, P(at least as many) |"
     lines += ["", f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
               f"last 10 − {base}: mean, least, runs > {BELOW:g} below | where {base} fell "
               f"≥ {FELL:g} from its best: runs, final − {base} mean |{extra_head}",
-              "|---|---|---|---|---|" + ("---|" if envelope is not None else "")]
+              "|---|---|---|---|---|" + "---|" * extra_head.count("|")]
     for row, runs in pairs.items():
-        beyond = f" {envelope.beyond(runs)} |" if envelope is not None else ""
+        beyond = ""
+        if envelope is not None:
+            beyond = f" {envelope.beyond(runs)} |"
+            if envelope.held_out_rate() is not None:
+                beyond += f" {envelope.by_chance(runs)} |"
         lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
                      f"{_summary([p.last10 for p in runs])} | {_where_baseline_fell(runs)} |"
                      f"{beyond}")

@@ -170,6 +170,54 @@ def test_runs_beyond_the_chance_rows_envelope_are_counted(tmp_path):
     assert "| FedAvg again | 3 | +0.0, -1.0, 0 | -0.7, -1.0, 0 | 0 | 0 |" in text
 
 
+def test_chance_alone_is_measured_on_the_chance_row_held_out(tmp_path):
+    # chance - FedAvg: IID 0 (-1, 0), IID 1 (-2, +0.5), non-IID 0 (+0.5, -1), non-IID 1
+    # (+1, +0.2). Held out against the other three, IID 1 (-2 < -1 final) and non-IID 0
+    # (-1 < 0 last 10) fall beyond: 2 of 4, a rate of 1/2. FedEFC: IID 0 (-2.5, +1) is
+    # beyond the envelope (-2, -1), its other three runs are not: 1 of 4, where chance
+    # alone expects 4 x 1/2 = 2.0 and puts at least 1 with probability 1 - (1/2)^4.
+    runs = {("FedAvg", "IID", 0): (0.800, 0.800), ("FedAvg", "IID", 1): (0.750, 0.750),
+            ("FedAvg", "non-IID", 0): (0.700, 0.700), ("FedAvg", "non-IID", 1): (0.600, 0.600),
+            ("FedAvg again", "IID", 0): (0.790, 0.800),
+            ("FedAvg again", "IID", 1): (0.730, 0.755),
+            ("FedAvg again", "non-IID", 0): (0.705, 0.690),
+            ("FedAvg again", "non-IID", 1): (0.610, 0.602),
+            ("FedEFC", "IID", 0): (0.775, 0.810), ("FedEFC", "IID", 1): (0.780, 0.780),
+            ("FedEFC", "non-IID", 0): (0.700, 0.695), ("FedEFC", "non-IID", 1): (0.620, 0.610)}
+    path = tmp_path / "pairs.toml"
+    path.write_text(CHANCE_GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    for cell in cells:
+        write_run(cell, *runs[(cell.row, cell.column, cell.seed)])
+    text = write_paired(grid, cells, tmp_path).read_text()
+    assert "over its 4 runs its least differences were -2.0 (final) and -1.0 (last 10)" in text
+    assert "each of those 4 runs held out against the envelope of the others, 2 fall" in text
+    assert "beyond chance in about 50 % of its runs" in text
+    tail = 1 - 0.5 ** 4
+    assert f"| FedEFC | 4 | +0.6, -2.5, 1 | +1.1, -0.5, 0 | 0 | 1 | 2.0, {tail:.2f} |" in text
+    # the chance row against its own envelope: none strictly below it, so P(at least 0) = 1
+    assert "| FedAvg again | 4 | -0.4, -2.0, 1 | -0.1, -1.0, 0 | 0 | 0 | 2.0, 1.00 |" in text
+
+
+def test_one_chance_run_gives_no_rate(tmp_path):
+    # a lone chance run has no others to be held out against: the envelope stands, the
+    # rate column is left out
+    path = tmp_path / "pairs.toml"
+    path.write_text(CHANCE_GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    once = {**FINISHED, ("FedAvg again", "IID", 0): (0.790, 0.785)}
+    for cell in cells:
+        accs = once.get((cell.row, cell.column, cell.seed))
+        if accs is not None:
+            write_run(cell, *accs)
+    text = write_paired(grid, cells, tmp_path).read_text()
+    assert "over its 1 runs its least differences" in text
+    assert "Chance alone" not in text and "P(at least as many)" not in text
+    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 | 2 |\n" in text
+
+
 @pytest.mark.parametrize("edit, named", [
     (lambda g: g.replace('chance = "FedAvg again"', 'chance = "FedAvg twice"'), "FedAvg twice"),
     (lambda g: g.replace('chance = "FedAvg again"', 'chance = "FedAvg"'), "FedAvg"),
