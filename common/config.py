@@ -452,8 +452,9 @@ class RunConfig(BaseModel):
 
     def _check_clean_validation(self) -> None:
         """The coordinator's clean validation set (docs/FEDEFC.md §3.9): one source, an
-        absolute path, and only where the phase-2 guard reads it instead of the clients'
-        held-out accuracy on observed labels."""
+        absolute path, and no other way for the guard to read the clients' shares (who
+        reads the set, a method's guard or its server, :func:`common.methods._check_method`
+        decides)."""
         path, per_class = self.clean_validation_path, self.clean_validation_per_class
         if not (path or per_class):
             return
@@ -467,14 +468,6 @@ class RunConfig(BaseModel):
         if path and not os.path.isabs(path):
             raise ValueError(f"{key} is not absolute; give the absolute path of the .npz "
                              "file (or ImageFolder directory) on the ServerApp's machine")
-        if not self.guarded:
-            raise ValueError(
-                f"{key}: the coordinator's clean validation set is read by the phase-2 "
-                f"guard, and this run has none (method {self.method!r}, phase-2-guard="
-                f"{self.phase_2_guard!r}, accuracy-signal resolved "
-                f"{self.accuracy_signal_mode!r}): the guard watches FedEFC where every client "
-                "trains in every round (docs/FEDEFC.md §3.4); leave the key empty, or turn "
-                "the guard on")
         for setting, active in (
                 ('validation-labels="verified"', self.validation_labels == "verified"),
                 ('guard-score="cross-fit"', self.guard_score == "cross-fit"),

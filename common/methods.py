@@ -157,12 +157,31 @@ def _check_method(cfg: RunConfig) -> None:
             f"server {method.per_client_values}): secure aggregation would hide them and "
             "differential privacy would leave them without noise; run it with "
             "secure-aggregation=false and dp-clip=0")
-    if (cfg.clean_validation_path or cfg.clean_validation_per_class) and not method.prestopping:
+    if cfg.clean_validation_path or cfg.clean_validation_per_class:
+        _check_clean_set(cfg, method)
+
+
+def _check_clean_set(cfg: RunConfig, method: Method) -> None:
+    """Who reads the coordinator's clean validation set (docs/FEDEFC.md §3.9): the phase-2
+    guard of a prestopping method, which the run must have; the server of a method
+    without server steps of its own, which reports each round's model on it."""
+    key = (f"clean-validation-path={cfg.clean_validation_path!r}" if cfg.clean_validation_path
+           else f"clean-validation-per-class={cfg.clean_validation_per_class}")
+    if method.prestopping and not cfg.guarded:
         raise ConfigError(
-            f"run config: clean-validation-path / clean-validation-per-class with method "
-            f"{cfg.method!r}: the coordinator's clean validation set is read by the phase-2 "
-            "guard, which only the prestopping methods have (docs/FEDEFC.md §3.9); leave "
-            "both keys empty for this method")
+            f"{key}: the coordinator's clean validation set is read by the phase-2 "
+            f"guard, and this run has none (method {cfg.method!r}, phase-2-guard="
+            f"{cfg.phase_2_guard!r}, accuracy-signal resolved "
+            f"{cfg.accuracy_signal_mode!r}): the guard watches FedEFC where every client "
+            "trains in every round (docs/FEDEFC.md §3.4); leave the key empty, or turn "
+            "the guard on")
+    if not method.prestopping and method.server != _PLAIN:
+        raise ConfigError(
+            f"run config: {key} with method {cfg.method!r}: the coordinator's clean "
+            "validation set is read by the phase-2 guard of the prestopping methods and "
+            "reported each round by the methods without server steps of their own "
+            f"({', '.join(m.name for m in METHODS.values() if m.server == _PLAIN)}); "
+            f"{cfg.method!r} has its own server steps: leave both keys empty for it")
 
 
 _PARSED: dict[frozenset, RunConfig] = {}

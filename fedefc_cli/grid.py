@@ -18,7 +18,10 @@ A grid file (TOML, see ``configs/grids/``)::
 ``baseline = "FedAvg"`` (optional) names the row every other row is compared with seed
 by seed in ``paired.md`` (:mod:`.paired`); ``chance = "..."`` (optional, with a baseline)
 names the row that reruns the baseline with a change no result should depend on, whose
-differences bound what chance alone does to a per-seed comparison.
+differences bound what chance alone does to a per-seed comparison; ``pair-with = { "row"
+= "its own baseline row" }`` (optional, with a baseline) pairs a row also with another
+row that holds the same data, e.g. FedEFC with the coordinator's draw with FedAvg on the
+samples its clients hold.
 
 A cell's run config is pyproject defaults < grid preset < column (its own ``preset``
 first, if any) < row < ``--set`` overrides, plus ``seed`` and ``out-dir``. Cells run in
@@ -87,6 +90,7 @@ class Grid:
     path: Path | None = None
     baseline: str | None = None
     chance: str | None = None
+    pair_with: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path) -> Grid:
@@ -101,7 +105,7 @@ class Grid:
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"grid file {path} is not valid TOML: {err}") from None
         unknown = set(raw) - {"name", "title", "preset", "seeds", "rows", "columns", "extra",
-                              "baseline", "chance"}
+                              "baseline", "chance", "pair-with"}
         if unknown:
             raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)}")
         for key in ("name", "rows", "columns"):
@@ -111,7 +115,8 @@ class Grid:
                    preset=raw.get("preset"), seeds=list(raw.get("seeds", [0])),
                    rows=dict(raw["rows"]), columns=dict(raw["columns"]),
                    extra=list(raw.get("extra", [])), path=path,
-                   baseline=raw.get("baseline"), chance=raw.get("chance"))
+                   baseline=raw.get("baseline"), chance=raw.get("chance"),
+                   pair_with=dict(raw.get("pair-with", {})))
         if grid.baseline is not None and grid.baseline not in grid.rows:
             raise ConfigError(f"grid file {path}: baseline = {grid.baseline!r} is not one of "
                               f"its rows ({', '.join(grid.rows)}); name a row or drop the key")
@@ -121,6 +126,13 @@ class Grid:
                               f"than the baseline (rows: {', '.join(grid.rows)}; baseline: "
                               f"{grid.baseline!r}); name the row that reruns the baseline with a "
                               "change no result should depend on, or drop the key")
+        for row, own in grid.pair_with.items():
+            if grid.baseline is None or row not in grid.rows or own not in grid.rows \
+                    or own == row:
+                raise ConfigError(
+                    f"grid file {path}: pair-with {row!r} = {own!r} must pair a row with "
+                    f"another row, beside a baseline (rows: {', '.join(grid.rows)}; "
+                    f"baseline: {grid.baseline!r}); name two rows, or drop the pair")
         for block in grid.extra:
             for key, known in (("rows", grid.rows), ("columns", grid.columns)):
                 missing = set(block.get(key, [])) - set(known)

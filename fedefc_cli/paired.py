@@ -73,16 +73,20 @@ def _accuracies(cell: Cell) -> tuple[float, float, float, dict | None]:
             summary.get("machine"))
 
 
-def paired_differences(grid: Grid, cells: list[Cell]) -> dict[str, list[Pair]]:
-    """Per row other than the baseline: its finished runs whose baseline run (same
-    column, same seed) finished too, as differences from it, in the grid's order."""
+def paired_differences(grid: Grid, cells: list[Cell],
+                       baselines: dict[str, str] | None = None) -> dict[str, list[Pair]]:
+    """Per row other than the baseline (or per row of ``baselines``, against the row it
+    names: the grid's ``pair-with``): its finished runs whose baseline run (same column,
+    same seed) finished too, as differences from it, in the grid's order."""
     finished = {(c.row, c.column, c.seed): _accuracies(c) for c in cells if c.done}
     columns = list(grid.columns)
-    pairs: dict[str, list[Pair]] = {row: [] for row in grid.rows if row != grid.baseline}
+    if baselines is None:
+        baselines = {row: grid.baseline for row in grid.rows if row != grid.baseline}
+    pairs: dict[str, list[Pair]] = {row: [] for row in grid.rows if row in baselines}
     for (row, col, seed), (final, last10, _, machine) in sorted(
             finished.items(), key=lambda k: (columns.index(k[0][1]), k[0][2])):
-        base = finished.get((grid.baseline, col, seed))
-        if row == grid.baseline or base is None:
+        base = finished.get((baselines.get(row), col, seed))
+        if row not in baselines or base is None:
             continue
         b_final, b_last10, b_best, b_machine = base
         pairs[row].append(Pair(col, seed, final - b_final, last10 - b_last10,
@@ -139,6 +143,16 @@ def chance_envelope(grid: Grid, pairs: dict[str, list[Pair]]) -> Envelope | None
         return None
     return Envelope(min(p.final for p in runs), min(p.last10 for p in runs), len(runs),
                     _held_out(runs))
+
+
+def _chance_cells(envelope: Envelope | None, runs: list[Pair]) -> str:
+    """The table's last cells: the runs beyond chance, and what chance alone gives."""
+    if envelope is None:
+        return ""
+    cells = f" {envelope.beyond(runs)} |"
+    if envelope.held_out_rate() is not None:
+        cells += f" {envelope.by_chance(runs)} |"
+    return cells
 
 
 def _summary(values: list[float]) -> str:
@@ -204,17 +218,25 @@ def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
               f"≥ {FELL:g} from its best: runs, final − {base} mean |{extra_head}",
               "|---|---|---|---|---|" + "---|" * extra_head.count("|")]
     for row, runs in pairs.items():
-        beyond = ""
-        if envelope is not None:
-            beyond = f" {envelope.beyond(runs)} |"
-            if envelope.held_out_rate() is not None:
-                beyond += f" {envelope.by_chance(runs)} |"
         lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
                      f"{_summary([p.last10 for p in runs])} | {_where_baseline_fell(runs)} |"
-                     f"{beyond}")
+                     f"{_chance_cells(envelope, runs)}")
+    own = paired_differences(grid, cells, grid.pair_with) if grid.pair_with else {}
+    if own:
+        lines += ["", "Against their own baselines (`pair-with`: a row that holds the same "
+                  "data), the same columns:", "",
+                  "| row | against | runs | final: mean, least, runs > 1 below | last 10: "
+                  "mean, least, runs > 1 below | where the baseline fell ≥ 3 from its best |"
+                  + extra_head, "|---|---|---|---|---|---|" + "---|" * extra_head.count("|")]
+        for row, runs in own.items():
+            lines.append(f"| {row} | {grid.pair_with[row]} | {len(runs)} | "
+                         f"{_summary([p.final for p in runs])} | "
+                         f"{_summary([p.last10 for p in runs])} | "
+                         f"{_where_baseline_fell(runs)} |{_chance_cells(envelope, runs)}")
     lines += ["", "Per column, per seed (final, last 10):", "",
               "| row | column | seed: final, last 10 |", "|---|---|---|"]
-    for row, runs in pairs.items():
+    for row, runs in [*pairs.items(), *((f"{r} − {grid.pair_with[r]}", v)
+                                        for r, v in own.items())]:
         for col in grid.columns:
             mine = [p for p in runs if p.column == col]
             if mine:

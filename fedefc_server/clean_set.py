@@ -1,6 +1,8 @@
 """The coordinator's clean validation set (docs/FEDEFC.md §3.9): samples whose labels were
 checked, held on the ServerApp's machine, on which the server measures every model the
-phase-2 guard judges instead of reading the clients' held-out accuracy through Q.
+phase-2 guard judges instead of reading the clients' held-out accuracy through Q (and,
+for FedAvg and the other methods without server steps of their own, every round's
+model, reported: the baseline a FedEFC run with the set pairs with).
 
 Two sources, one per run:
 
@@ -119,13 +121,13 @@ def _from_file(cfg: RunConfig) -> tuple[CleanSet, Dataset]:
 
 
 def attach_clean_set(server, cfg: RunConfig, simulation: bool) -> None:
-    """Load the run's clean validation set, if it has one, and let ``server``'s phase-2
-    guard read it (``PrestoppingServer.read_clean_set``; the config check lets only a
-    prestopping method with the guard have one)."""
+    """Load the run's clean validation set, if it has one, and hand it to ``server``:
+    a prestopping method's phase-2 guard reads it (``PrestoppingServer.read_clean_set``),
+    a method without server steps of its own reports each round's model on it
+    (``MethodServer.read_clean_set``); the config check refuses it elsewhere."""
     loaded = load_clean_set(cfg, simulation)
     if loaded is None:
         return
     clean, data = loaded
-    server.read_clean_set(TestSetEvaluator(cfg, data, (clean.x, clean.y)), clean)
-    log(INFO, "the phase-2 guard reads %s instead of the clients' held-out accuracy "
-        "(docs/FEDEFC.md §3.9)", clean.summary)
+    use = server.read_clean_set(TestSetEvaluator(cfg, data, (clean.x, clean.y)), clean)
+    log(INFO, "%s (docs/FEDEFC.md §3.9)", use)

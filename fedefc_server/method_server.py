@@ -29,15 +29,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar
+from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
 
 from common.config import RunConfig
 from common.models import ClassifierShape
 
 from .plan import sample_round
+
+if TYPE_CHECKING:
+    from .clean_set import CleanSet
+    from .round_evaluation import Evaluator
 
 # Send partitions task messages between rounds: {pid: task config} -> {pid: reply}
 # (:mod:`.baselines.extra_messages`), bound to the round's nodes and global model.
@@ -68,6 +72,17 @@ class MethodServer:
         exchange per-class data need them)."""
         self.cfg = cfg
         self.model_shape = model_shape
+        # the coordinator's clean validation set, measured and reported (docs/FEDEFC.md §3.9)
+        self.clean: tuple[Evaluator, CleanSet] | None = None
+
+    def read_clean_set(self, evaluator: Evaluator, clean: CleanSet) -> str:
+        """Measure each round's new global model on the coordinator's clean validation set
+        (``clean_acc`` in the round's record): FedAvg's view of the set a FedEFC run's
+        guard reads, and FedAvg on the clients' data without it, the run such a FedEFC run
+        pairs with (docs/FEDEFC.md §3.9). Nothing else changes. Returns what the server
+        does with the set, in words, for the log."""
+        self.clean = (evaluator, clean)
+        return f"the server reports each round's model's accuracy on {clean.summary}"
 
     # -- plan --------------------------------------------------------------------------
     def before_round(self, server_round: int, send_tasks: TaskSender,
@@ -98,8 +113,12 @@ class MethodServer:
     def after_aggregate(self, result: Aggregated) -> tuple[Parameters | None, dict[str, Any]]:
         """The method's server step after FedAvg (called for every round that reached
         aggregation, skipped ones included): the global parameters to keep (by default
-        FedAvg's, ``result.parameters``) and fields for the round's record."""
-        return result.parameters, {}
+        FedAvg's, ``result.parameters``) and fields for the round's record: the new
+        model's accuracy on the coordinator's clean set where the run has one."""
+        if self.clean is None or result.parameters is None:
+            return result.parameters, {}
+        return result.parameters, {
+            "clean_acc": self.clean[0](parameters_to_ndarrays(result.parameters))[1]}
 
     # -- record ------------------------------------------------------------------------
     def state_fields(self, server_round: int) -> dict[str, Any]:
@@ -111,8 +130,8 @@ class MethodServer:
         return None
 
     def summary_fields(self) -> dict[str, Any]:
-        """What summary.json adds about the method."""
-        return {}
+        """What summary.json adds about the method: the clean set it reported on."""
+        return {} if self.clean is None else {"clean_set": self.clean[1].summary}
 
     def notes(self) -> list[str]:
         """Plain-words remarks on a completed run that change how to read it (the last

@@ -55,13 +55,13 @@ class PrestoppingServer(MethodServer):
                                  fallback=cfg.guard_fallback == "train") if cfg.guarded else None
         self.kept: Parameters | None = None  # the guard's best model
         self.gain_used: float | None = None  # z of the last round the rule saw
-        # the coordinator's clean validation set, which the guard then reads (§3.9)
-        self.clean: tuple[Evaluator, CleanSet] | None = None
 
-    def read_clean_set(self, evaluator: Evaluator, clean: CleanSet) -> None:
+    def read_clean_set(self, evaluator: Evaluator, clean: CleanSet) -> str:
         """Let the phase-2 guard read ``evaluator``'s accuracy on the coordinator's
         clean validation set instead of A(t) (docs/FEDEFC.md §3.9)."""
         self.clean = (evaluator, clean)
+        return (f"the phase-2 guard reads {clean.summary} instead of the clients' "
+                "held-out accuracy")
 
     @property
     def guard_signal(self) -> str:

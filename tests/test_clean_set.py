@@ -21,8 +21,9 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
-from fedefc_server.clean_set import CleanSet, content_hash, load_clean_set
+from fedefc_server.clean_set import CleanSet, attach_clean_set, content_hash, load_clean_set
 from fedefc_server.evaluation import TestSetEvaluator as Evaluator
+from fedefc_server.method_server import Aggregated, MethodServer
 from fedefc_server.round_loop import RoundLoop
 from tests.helpers import make_pipeline, records
 from tests.test_guard import GUARDED, SIZES, RisingNode
@@ -160,7 +161,7 @@ def test_the_content_hash_ignores_order_and_sees_one_changed_label():
     ({"clean-validation-per-class": 5, "fraction": 0.4}, "this run has none"),
     ({"clean-validation-per-class": 5, "phase-2-guard": "off"}, "this run has none"),
     ({"clean-validation-per-class": 5, "prestopping": False}, "this run has none"),
-    ({"clean-validation-per-class": 5, "method": "fedavg"}, "only the prestopping methods"),
+    ({"clean-validation-per-class": 5, "method": "fedcorr"}, "has its own server steps"),
     ({"clean-validation-per-class": 5, "validation-labels": "verified"},
      'with validation-labels="verified"'),
     ({"clean-validation-per-class": 5, "guard-score": "cross-fit"},
@@ -185,26 +186,84 @@ def test_the_fallback_may_train_on_where_the_guard_reads_the_clean_set():
 # -- the accuracy it reads --------------------------------------------------------------------
 
 
-def test_the_accuracy_on_the_clean_set_is_the_models_own_argmax_against_its_labels():
-    """The server's evaluator on the drawn set against a recomputation by hand: the
-    embedded MNIST's normalization applied to the raw pixels, the model's argmax."""
-    cfg = load_run_config({**SILO, "clean-validation-per-class": 20})
-    clean, data = load_clean_set(cfg, simulation=True)
+def a_few_steps(cfg, data):
+    """The run's initial model after a few Adam steps on 512 training samples (it then
+    predicts more than one class)."""
     model = initial_model(cfg, data.task)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # a few steps: more than one class
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     some = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(0))[:512]
     xs = (data.train_x[some].float() / 255 - data.spec.mean[0]) / data.spec.std[0]
     for _ in range(20):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(xs), data.train_y[some]).backward()
         opt.step()
-    model.eval()
+    return model.eval()
+
+
+def by_hand(model, clean, data) -> float:
+    """The model's argmax against the clean labels, the embedded MNIST's normalization
+    applied to the raw pixels by hand."""
     with torch.no_grad():
         x = (clean.x.float() / 255 - data.spec.mean[0]) / data.spec.std[0]
-        want = int((model(x).argmax(1) == clean.y).sum()) / len(clean.y)
+        return int((model(x).argmax(1) == clean.y).sum()) / len(clean.y)
+
+
+def test_the_accuracy_on_the_clean_set_is_the_models_own_argmax_against_its_labels():
+    """The server's evaluator on the drawn set against a recomputation by hand."""
+    cfg = load_run_config({**SILO, "clean-validation-per-class": 20})
+    clean, data = load_clean_set(cfg, simulation=True)
+    model = a_few_steps(cfg, data)
     loss, acc = Evaluator(cfg, data, (clean.x, clean.y))(get_weights(model))
-    assert acc == pytest.approx(want, abs=1e-9)
+    assert acc == pytest.approx(by_hand(model, clean, data), abs=1e-9)
     assert 0.2 < acc < 1.0
+
+
+# -- FedAvg reports it ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.4])
+def test_fedavg_holds_the_clients_data_of_the_fedefc_run_it_pairs_with(fraction):
+    """FedAvg with the coordinator's draw trains on exactly the clients' samples of the
+    FedEFC run with the same draw (the paired baseline of docs/FEDEFC.md §3.9), in a run
+    of every client (FedEFC's guard reads the set) and of 2 of 5 (FedAvg only reports)."""
+    keys = {**SILO, "fraction": fraction, "clean-validation-per-class": 10}
+    fedavg = load_run_config({**keys, "method": "fedavg"})
+    fedefc = build_data_plan(load_dataset(fedavg), load_run_config(SILO | {
+        "clean-validation-per-class": 10}))
+    plan = data_plan(fedavg)
+    np.testing.assert_array_equal(plan.coordinator_indices, fedefc.coordinator_indices)
+    for mine, theirs in zip(plan.client_indices, fedefc.client_indices):
+        np.testing.assert_array_equal(mine, theirs)
+        assert not np.isin(mine, plan.coordinator_indices).any()
+
+
+def test_fedavg_reports_each_rounds_new_model_on_the_clean_set():
+    """The server of FedAvg measures the model the round made (not the one it received)
+    on the drawn set: the by-hand argmax accuracy, in the round's fields; the global
+    model is FedAvg's, untouched; the summary names the set."""
+    cfg = load_run_config({**SILO, "method": "fedavg", "clean-validation-per-class": 20})
+    server = MethodServer(cfg, None)
+    attach_clean_set(server, cfg, simulation=True)
+    clean, data = load_clean_set(cfg, simulation=True)
+    made = a_few_steps(cfg, data)
+    received = [np.zeros_like(w) for w in get_weights(made)]
+    new = ndarrays_to_parameters(get_weights(made))
+    kept, fields = server.after_aggregate(Aggregated(
+        3, [], new, {}, False, received=ndarrays_to_parameters(received)))
+    assert kept is new
+    assert fields == {"clean_acc": pytest.approx(by_hand(made, clean, data), abs=1e-9)}
+    assert 0.2 < fields["clean_acc"] < 1.0
+    assert server.summary_fields()["clean_set"].startswith(
+        "the coordinator's clean validation set (200 samples")
+    skipped = server.after_aggregate(Aggregated(4, [], None, {}, False))
+    assert skipped == (None, {})
+
+
+def test_fedavg_without_a_clean_set_adds_nothing():
+    server = MethodServer(load_run_config({**SILO, "method": "fedavg"}), None)
+    new = ndarrays_to_parameters([np.ones(3)])
+    assert server.after_aggregate(Aggregated(1, [], new, {}, False)) == (new, {})
+    assert server.summary_fields() == {}
 
 
 # -- the guard reads it -----------------------------------------------------------------------

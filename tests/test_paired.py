@@ -200,6 +200,44 @@ def test_chance_alone_is_measured_on_the_chance_row_held_out(tmp_path):
     assert "| FedAvg again | 4 | -0.4, -2.0, 1 | -0.1, -1.0, 0 | 0 | 0 | 2.0, 1.00 |" in text
 
 
+OWN_GRID = GRID.replace('"FedEFC" = { method = "fedefc" }',
+                       '"FedEFC" = { method = "fedefc" }\n'
+                       '"FedAvg less" = { method = "fedavg", lr = 0.02 }'
+                       ).replace('baseline = "FedAvg"',
+                                 'baseline = "FedAvg"\npair-with = { "FedEFC" = "FedAvg less" }')
+
+
+def test_a_row_is_paired_with_its_own_baseline_too(tmp_path):
+    # FedAvg less: IID 0 (0.760, 0.770), IID 1 (0.700, 0.690), non-IID 0 (0.650, 0.640);
+    # FedEFC - FedAvg less: IID 0 (+7.0, +3.0), IID 1 (+3.5, +8.0), non-IID 0 (+4.0, +1.0)
+    # (FedEFC's non-IID 1 has no FedAvg-less run to pair with)
+    less = {("FedAvg less", "IID", 0): (0.760, 0.770), ("FedAvg less", "IID", 1): (0.700, 0.690),
+            ("FedAvg less", "non-IID", 0): (0.650, 0.640)}
+    path = tmp_path / "pairs.toml"
+    path.write_text(OWN_GRID)
+    grid = Grid.load(path)
+    cells = grid.cells(tmp_path / "results", [])
+    for cell in cells:
+        accs = {**FINISHED, **less}.get((cell.row, cell.column, cell.seed))
+        if accs is not None:
+            write_run(cell, *accs)
+    text = write_paired(grid, cells, tmp_path).read_text()
+    assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 |" in text  # against FedAvg
+    assert "| FedEFC | FedAvg less | 3 | +4.8, +3.5, 0 | +4.0, +1.0, 0 | 0 |" in text
+    assert "| FedEFC − FedAvg less | IID | 0: +7.0, +3.0; 1: +3.5, +8.0 |" in text
+    assert "| FedEFC − FedAvg less | non-IID | 0: +4.0, +1.0 |" in text
+
+
+@pytest.mark.parametrize("pair", ['{ "FedEFC" = "FedAvg twice" }', '{ "FedEFC" = "FedEFC" }',
+                                  '{ "FedProx" = "FedAvg" }'])
+def test_a_pair_that_does_not_name_two_rows_is_refused(tmp_path, pair):
+    path = tmp_path / "bad.toml"
+    path.write_text(OWN_GRID.replace('pair-with = { "FedEFC" = "FedAvg less" }',
+                                     f"pair-with = {pair}"))
+    with pytest.raises(ConfigError, match=r"pair-with .* must pair a row with another row"):
+        Grid.load(path)
+
+
 def test_one_chance_run_gives_no_rate(tmp_path):
     # a lone chance run has no others to be held out against: the envelope stands, the
     # rate column is left out
