@@ -51,17 +51,29 @@ def write_run(cell, final, last10, best=None, machine=None):
          **({"machine": machine} if machine else {})}))
 
 
-@pytest.fixture
-def grid_with_runs(tmp_path):
+def finished_cells(tmp_path, grid_text, runs):
+    """The grid ``grid_text`` and its cells, those in ``runs`` ((row, column, seed) ->
+    (final, last 10)) finished, the others not."""
     path = tmp_path / "pairs.toml"
-    path.write_text(GRID)
+    path.write_text(grid_text)
     grid = Grid.load(path)
     cells = grid.cells(tmp_path / "results", [])
     for cell in cells:
-        accs = FINISHED.get((cell.row, cell.column, cell.seed))
+        accs = runs.get((cell.row, cell.column, cell.seed))
         if accs is not None:
             write_run(cell, *accs)
-    return grid, cells, tmp_path
+    return grid, cells
+
+
+def paired_text(tmp_path, grid_text, runs):
+    """``paired.md`` of :func:`finished_cells`."""
+    grid, cells = finished_cells(tmp_path, grid_text, runs)
+    return write_paired(grid, cells, tmp_path).read_text()
+
+
+@pytest.fixture
+def grid_with_runs(tmp_path):
+    return (*finished_cells(tmp_path, GRID, FINISHED), tmp_path)
 
 
 def test_each_run_is_paired_with_the_baselines_run_of_its_column_and_seed(grid_with_runs):
@@ -156,15 +168,7 @@ def test_runs_beyond_the_chance_rows_envelope_are_counted(tmp_path):
     again = {("FedAvg again", "IID", 0): (0.790, 0.785),
              ("FedAvg again", "IID", 1): (0.770, 0.755),
              ("FedAvg again", "non-IID", 0): (0.690, 0.700)}
-    path = tmp_path / "pairs.toml"
-    path.write_text(CHANCE_GRID)
-    grid = Grid.load(path)
-    cells = grid.cells(tmp_path / "results", [])
-    for cell in cells:
-        accs = {**FINISHED, **again}.get((cell.row, cell.column, cell.seed))
-        if accs is not None:
-            write_run(cell, *accs)
-    text = write_paired(grid, cells, tmp_path).read_text()
+    text = paired_text(tmp_path, CHANCE_GRID, {**FINISHED, **again})
     assert "over its 3 runs its least differences were -1.0 (final) and -1.0 (last 10)" in text
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 | 2 |" in text
     assert "| FedAvg again | 3 | +0.0, -1.0, 0 | -0.7, -1.0, 0 | 0 | 0 |" in text
@@ -184,13 +188,7 @@ def test_chance_alone_is_measured_on_the_chance_row_held_out(tmp_path):
             ("FedAvg again", "non-IID", 1): (0.610, 0.602),
             ("FedEFC", "IID", 0): (0.775, 0.810), ("FedEFC", "IID", 1): (0.780, 0.780),
             ("FedEFC", "non-IID", 0): (0.700, 0.695), ("FedEFC", "non-IID", 1): (0.620, 0.610)}
-    path = tmp_path / "pairs.toml"
-    path.write_text(CHANCE_GRID)
-    grid = Grid.load(path)
-    cells = grid.cells(tmp_path / "results", [])
-    for cell in cells:
-        write_run(cell, *runs[(cell.row, cell.column, cell.seed)])
-    text = write_paired(grid, cells, tmp_path).read_text()
+    text = paired_text(tmp_path, CHANCE_GRID, runs)
     assert "over its 4 runs its least differences were -2.0 (final) and -1.0 (last 10)" in text
     assert "each of those 4 runs held out against the envelope of the others, 2 fall" in text
     assert "beyond chance in about 50 % of its runs" in text
@@ -213,15 +211,7 @@ def test_a_row_is_paired_with_its_own_baseline_too(tmp_path):
     # (FedEFC's non-IID 1 has no FedAvg-less run to pair with)
     less = {("FedAvg less", "IID", 0): (0.760, 0.770), ("FedAvg less", "IID", 1): (0.700, 0.690),
             ("FedAvg less", "non-IID", 0): (0.650, 0.640)}
-    path = tmp_path / "pairs.toml"
-    path.write_text(OWN_GRID)
-    grid = Grid.load(path)
-    cells = grid.cells(tmp_path / "results", [])
-    for cell in cells:
-        accs = {**FINISHED, **less}.get((cell.row, cell.column, cell.seed))
-        if accs is not None:
-            write_run(cell, *accs)
-    text = write_paired(grid, cells, tmp_path).read_text()
+    text = paired_text(tmp_path, OWN_GRID, {**FINISHED, **less})
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 |" in text  # against FedAvg
     assert "| FedEFC | FedAvg less | 3 | +4.8, +3.5, 0 | +4.0, +1.0, 0 | 0 |" in text
     assert "| FedEFC − FedAvg less | IID | 0: +7.0, +3.0; 1: +3.5, +8.0 |" in text
@@ -241,16 +231,8 @@ def test_a_pair_that_does_not_name_two_rows_is_refused(tmp_path, pair):
 def test_one_chance_run_gives_no_rate(tmp_path):
     # a lone chance run has no others to be held out against: the envelope stands, the
     # rate column is left out
-    path = tmp_path / "pairs.toml"
-    path.write_text(CHANCE_GRID)
-    grid = Grid.load(path)
-    cells = grid.cells(tmp_path / "results", [])
     once = {**FINISHED, ("FedAvg again", "IID", 0): (0.790, 0.785)}
-    for cell in cells:
-        accs = once.get((cell.row, cell.column, cell.seed))
-        if accs is not None:
-            write_run(cell, *accs)
-    text = write_paired(grid, cells, tmp_path).read_text()
+    text = paired_text(tmp_path, CHANCE_GRID, once)
     assert "over its 1 runs its least differences" in text
     assert "Chance alone" not in text and "P(at least as many)" not in text
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 0 | 2 |\n" in text
