@@ -463,8 +463,7 @@ class RunConfig(BaseModel):
                 f"clean-validation-path={path!r} and clean-validation-per-class={per_class} "
                 "are two sources of the coordinator's clean validation set: give the file "
                 "(a deployment) or the number per class a simulation draws, not both")
-        key = (f"clean-validation-path={path!r}" if path
-               else f"clean-validation-per-class={per_class}")
+        key = self.clean_validation_key
         if path and not os.path.isabs(path):
             raise ValueError(f"{key} is not absolute; give the absolute path of the .npz "
                              "file (or ImageFolder directory) on the ServerApp's machine")
@@ -490,11 +489,20 @@ class RunConfig(BaseModel):
                 "clean-validation-path, a file of checked samples on this machine")
 
     @property
+    def clean_validation_key(self) -> str:
+        """The key that gives the coordinator's clean validation set, with its value, as
+        the refusals name it ("" without a set)."""
+        if self.clean_validation_path:
+            return f"clean-validation-path={self.clean_validation_path!r}"
+        if self.clean_validation_per_class:
+            return f"clean-validation-per-class={self.clean_validation_per_class}"
+        return ""
+
+    @property
     def guard_reads_clean(self) -> bool:
         """Whether the phase-2 guard reads checked labels: the clients' verified shares
         (docs/FEDEFC.md §3.7) or the coordinator's clean validation set (§3.9)."""
-        return self.validation_labels == "verified" or bool(
-            self.clean_validation_path or self.clean_validation_per_class)
+        return self.validation_labels == "verified" or bool(self.clean_validation_key)
 
     def _check_stacked(self) -> None:
         """``stacked-clients``: what a group of clients in one message cannot have

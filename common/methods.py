@@ -157,7 +157,7 @@ def _check_method(cfg: RunConfig) -> None:
             f"server {method.per_client_values}): secure aggregation would hide them and "
             "differential privacy would leave them without noise; run it with "
             "secure-aggregation=false and dp-clip=0")
-    if cfg.clean_validation_path or cfg.clean_validation_per_class:
+    if cfg.clean_validation_key:
         _check_clean_set(cfg, method)
 
 
@@ -165,8 +165,7 @@ def _check_clean_set(cfg: RunConfig, method: Method) -> None:
     """Who reads the coordinator's clean validation set (docs/FEDEFC.md §3.9): the phase-2
     guard of a prestopping method, which the run must have; the server of a method
     without server steps of its own, which reports each round's model on it."""
-    key = (f"clean-validation-path={cfg.clean_validation_path!r}" if cfg.clean_validation_path
-           else f"clean-validation-per-class={cfg.clean_validation_per_class}")
+    key = cfg.clean_validation_key
     if method.prestopping and not cfg.guarded:
         raise ConfigError(
             f"{key}: the coordinator's clean validation set is read by the phase-2 "

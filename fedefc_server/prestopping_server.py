@@ -59,7 +59,7 @@ class PrestoppingServer(MethodServer):
     def read_clean_set(self, evaluator: Evaluator, clean: CleanSet) -> str:
         """Let the phase-2 guard read ``evaluator``'s accuracy on the coordinator's
         clean validation set instead of A(t) (docs/FEDEFC.md §3.9)."""
-        self.clean = (evaluator, clean)
+        super().read_clean_set(evaluator, clean)
         return (f"the phase-2 guard reads {clean.summary} instead of the clients' "
                 "held-out accuracy")
 
