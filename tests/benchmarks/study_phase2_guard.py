@@ -24,7 +24,15 @@ plain held-out accuracy restricted to its TRUSTED classes, the observed classes 
 row and column of the Q it counted in its first phase-2 round stay near the identity
 (Q[i, i] >= tau and Q[i, i] / sum_j Q[i, j] >= tau), fixed for the rest of the run; the
 guard's rule is replayed on it with its scale starting at T_e + 1, as the guard starts a
-new scale there (``rebase``), so that phase 2's models must beat phase 1's last. With
+new scale there (``rebase``), so that phase 2's models must beat phase 1's last. Two
+signals that read no label are recorded too: the share's fraction on which the twin and
+the probe predict the same class (with ``--twin``), and from T_e + 1 on the fraction on
+which the received model predicts what phase 1's last model predicted. Besides each
+signal's own guard (its best model kept, as today's guard keeps the best A(t)), the
+report replays today's guard with a VETO (``replay_veto``): a phase-2 model whose veto
+signal falls below phase 1's last model's reading by more than a margin cannot become
+the best and counts against phase 2. ``--report A.json ...`` pools stored studies over
+every rule. With
 ``--twin`` FedEFC runs the defaults' twin (docs/FEDEFC.md §3.8: the test accuracy is the
 twin's, the signals the probe's); ``--chance`` runs FedAvg again with the learning rate
 one part in a million larger, whose least differences to FedAvg are the chance envelope
@@ -44,6 +52,8 @@ seeds it finished.
         [--preset cross-silo] [--seeds 0 1 2] [--patience 2 3] [--margin 0 1] \\
         [--fallback-all] [--twin] [--chance] [--trusted 0.7 0.8] [--json OUT.json] \\
         [--fedavg-from results/study-full-data-twin/NAME.json]
+    python tests/benchmarks/study_phase2_guard.py --report A.json B.json ... \
+        [--veto-margin 0 0.01 0.02]
 """
 
 from __future__ import annotations
@@ -91,16 +101,23 @@ class Trajectory:
 
 
 def share_predictions(client: MethodClient, weights, config) -> tuple | None:
-    """The received model's argmax predictions on the client's share and the share's
-    observed labels (None without a share); with a twin, the probe's."""
+    """The received model's argmax predictions on the client's share, the share's
+    observed labels, and with a twin the twin's predictions there (None without a
+    twin; the first are then the probe's); None without a share."""
     local = client.local
     if local.validation is None:
         return None
-    model = model_for(client.cfg, local.data.task, local.x.device)
-    set_weights(model, halves(weights)[1] if client.cfg.twinned else weights)
-    job = LocalJob(client.cfg, local, model, 1, int(config["round"]), int(config["seed"]))
-    val = job.guard_positions
-    return job.probs[val].argmax(1), job.labels[val]
+
+    def predict(arrays):
+        model = model_for(client.cfg, local.data.task, local.x.device)
+        set_weights(model, arrays)
+        job = LocalJob(client.cfg, local, model, 1, int(config["round"]), int(config["seed"]))
+        return job.probs[job.guard_positions].argmax(1), job.labels[job.guard_positions]
+
+    if not client.cfg.twinned:
+        return (*predict(weights), None)
+    twin, probe = halves(weights)
+    return (*predict(probe), predict(twin)[0])
 
 
 def trusted_classes(q: np.ndarray, tau: float) -> np.ndarray:
@@ -148,7 +165,7 @@ def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
                 config["phase"] = stopper.phase(rnd)
                 shared = share_predictions(client, weights, config)
                 plain.append(None if shared is None else float(np.mean(shared[0] == shared[1])))
-                if config["phase"] == 2 and shared is not None:
+                if shared is not None:
                     seen.setdefault(rnd, {})[pid] = shared
             replies.append(client.fit(weights, config))  # no phase: all data, cross-entropy
             k = fed.data.num_classes
@@ -177,13 +194,39 @@ def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
     for tau in trusted:  # read on the classes each client fixed at its first phase-2 round
         name = f"trusted {tau:g}"
         for rnd in range(1, cfg.rounds + 1):
-            accs = [trusted_accuracy(*seen[rnd][pid], trusted_classes(q_first[pid], tau))
-                    for pid in seen.get(rnd, {}) if pid in q_first]
+            accs = [trusted_accuracy(*seen[rnd][pid][:2], trusted_classes(q_first[pid], tau))
+                    for pid in seen.get(rnd, {}) if pid in q_first and rnd > tr.t_e]
             accs = [a for a in accs if a is not None]
             tr.signals[name].append(float(np.mean(accs)) if accs else None)
         if tr.t_e is not None:
             tr.rebase[name] = tr.t_e + 1
+    for name, score in label_free(seen, tr.t_e, cfg.rounds).items():
+        tr.signals[name] = score
+        if tr.t_e is not None and name == "phase-1 agreement":
+            tr.rebase[name] = tr.t_e + 1
     return tr
+
+
+def label_free(seen: dict[int, dict[int, tuple]], t_e: int | None,
+               rounds: int) -> dict[str, list[float | None]]:
+    """Two signals that read no label, per round 1..T (module docstring): the share's
+    fraction on which the twin and the probe predict the same class (a twinned run),
+    and from T_e + 1 on the fraction on which the received model predicts what phase
+    1's last model (the one round T_e + 1 received) predicted; means over the clients."""
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return float(np.mean(values)) if values else None
+
+    twin_probe, phase1 = [None], [None]
+    ref = seen.get(t_e + 1, {}) if t_e is not None else {}
+    for rnd in range(1, rounds + 1):
+        now = seen.get(rnd, {})
+        twin_probe.append(mean(float(np.mean(p == t)) for p, _, t in now.values()
+                               if t is not None))
+        phase1.append(mean(float(np.mean(now[pid][0] == ref[pid][0]))
+                           for pid in now if pid in ref) if t_e is not None and rnd > t_e
+                      else None)
+    return {"twin-probe agreement": twin_probe, "phase-1 agreement": phase1}
 
 
 def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
@@ -214,6 +257,78 @@ def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
             # mean_last10_held)
             return tr.acc[:t] + [tr.acc[best_round - 1]] * (len(tr.acc) - t)
     return tr.acc
+
+
+def replay_veto(tr: Trajectory, veto: str, start_round: int, patience: int,
+                delta: float) -> list[float]:
+    """The test-accuracy records of today's guard with a veto (module docstring): the
+    rule of :func:`replay_guard` on A(t) through Q (z = 0), except that a phase-2 round
+    whose ``veto`` signal is below its value at T_e + 1 (phase 1's last model) by more
+    than ``delta`` counts against phase 2 and cannot become the best, whatever its A(t).
+    The model restored is then the best the veto let through: a phase-2 model that kept
+    the veto's reading, or one of phase 1."""
+    a_of, v_of = tr.signals["guard"], tr.signals[veto]
+    if tr.t_e is None or tr.t_e + 1 >= len(v_of) or v_of[tr.t_e + 1] is None:
+        return tr.acc
+    ref = v_of[tr.t_e + 1]
+    best, best_round, worse = -1.0, None, 0
+    for t in range(start_round + 1, len(tr.acc)):
+        a = a_of[t]
+        if a is None:
+            continue
+        vetoed = t - 1 > tr.t_e and v_of[t] is not None and v_of[t] < ref - delta
+        if a > best and not vetoed:
+            best, best_round, worse = a, t, 0
+            continue
+        if t - 1 <= tr.t_e:
+            continue
+        worse += 1
+        if worse >= patience:
+            return tr.acc[:t] + [tr.acc[best_round - 1]] * (len(tr.acc) - t)
+    return tr.acc
+
+
+VETOES = ("plain", "trusted 0.5", "trusted 0.7", "twin-probe agreement")
+
+
+def report(paths: list[str], patience: int, deltas: list[float]) -> None:
+    """Pool the stored trajectories of ``--json`` files (one or more seeds each): per
+    rule, the final and last-10 differences to FedAvg of the same run, their means and
+    least, the runs more than a point below, and where FedAvg memorized (its final 3
+    points or more below its best) the mean final difference (docs/RESULTS.md)."""
+    rows: dict[str, list[tuple[float, float, bool]]] = {}
+    for path in paths:
+        stored = json.loads(Path(path).read_text())
+        for key, run_ in stored["runs"].items():
+            tr = Trajectory(**run_)
+            fedavg = stored["curves"]["FedAvg"][key.rsplit("-s", 1)[1]]
+            memorized = max(fedavg) - fedavg[-1] >= 0.03
+            start = int(stored["config"]["start-round"])
+            rules = {"no guard": tr.acc,
+                     "today's guard (A(t) through Q)": replay_guard(tr, "guard", start,
+                                                                    patience, 0.0)}
+            for signal in tr.signals:
+                if signal != "guard":
+                    rules[f"best of {signal}"] = replay_guard(tr, signal, start, patience, 0.0)
+            for veto in VETOES:
+                for delta in deltas:
+                    if veto in tr.signals:
+                        rules[f"guard, veto {veto} -{100 * delta:g}"] = replay_veto(
+                            tr, veto, start, patience, delta)
+            for name, curve in rules.items():
+                rows.setdefault(name, []).append(
+                    (100 * (curve[-1] - fedavg[-1]),
+                     100 * (float(np.mean(curve[-10:])) - float(np.mean(fedavg[-10:]))),
+                     memorized))
+    print(f"{'rule':44s} runs  final: mean least >1 below | last 10: mean least >1 below "
+          "| FedAvg memorized: runs, final")
+    for name, diffs in rows.items():
+        final, last = [d[0] for d in diffs], [d[1] for d in diffs]
+        mem = [d[0] for d in diffs if d[2]]
+        print(f"{name:44s} {len(diffs):4d}  {np.mean(final):+5.1f} {min(final):+5.1f} "
+              f"{sum(f < -1 for f in final):3d} | {np.mean(last):+5.1f} {min(last):+5.1f} "
+              f"{sum(x < -1 for x in last):3d} | {len(mem):3d}, "
+              + (f"{np.mean(mem):+5.1f}" if mem else "  –"))
 
 
 def stored_fedavg(path: str, base: dict) -> dict:
@@ -253,7 +368,14 @@ def main() -> None:
     ap.add_argument("--json", help="write every trajectory here")
     ap.add_argument("--fedavg-from", help="FedAvg's curves from this study_full_data_twin "
                     "JSON of the same config (module docstring)")
+    ap.add_argument("--report", nargs="+", metavar="JSON",
+                    help="pool stored --json files: every rule and veto, replayed")
+    ap.add_argument("--veto-margin", type=float, nargs="+", default=[0.0, 0.01, 0.02],
+                    help="with --report: the vetoes' margins (fractions of accuracy)")
     args = ap.parse_args()
+    if args.report:
+        report(args.report, (args.patience or [3])[0], args.veto_margin)
+        return
     base = resolve_run_config(args.preset, [*args.overrides, 'phase-2-guard="on"'], "")
     cfg = load_run_config(base)
     patience = args.patience or [cfg.gamma_thr]
