@@ -43,6 +43,9 @@ def test_a_veto_bars_a_model_that_lowers_its_signal_below_phase_1s_last():
     assert mod.replay_veto(tr, "plain", 1, 2, 0.0) == [*tr.acc[:7], tr.acc[4]]
     # a margin wider than every fall lets every model through: today's guard
     assert mod.replay_veto(tr, "plain", 1, 2, 0.2) == mod.replay_guard(tr, "guard", 1, 2, 0.0)
+    # so does a veto with no reading of phase 1's last model (no client could read it)
+    unread = trajectory(mod, [None, 0.1, 0.2, None, 0.2, 0.35, 0.36, 0.2])
+    assert mod.replay_veto(unread, "plain", 1, 2, 0.0) == [*tr.acc[:6], tr.acc[3], tr.acc[3]]
 
 
 def test_the_label_free_signals_count_agreements_on_the_share():
@@ -58,3 +61,13 @@ def test_the_label_free_signals_count_agreements_on_the_share():
     assert got["twin-probe agreement"] == [None, 0.5, (1.0 + 0.75) / 2, (0.5 + 1.0) / 2]
     # from round T_e + 1 = 2 on, against round 2's predictions of the same client
     assert got["phase-1 agreement"] == [None, None, 1.0, (0.75 + 0.5) / 2]
+
+
+def test_a_dominant_q_keeps_each_true_class_label_most_column_by_column():
+    mod = study()
+    # rows observed, columns true: each column's largest entry on the diagonal
+    assert mod.dominant(np.array([[0.7, 0.1], [0.3, 0.9]]))
+    # true class 0 is labelled 1 more often than 0: the plain accuracy prefers the noise
+    assert not mod.dominant(np.array([[0.4, 0.0], [0.6, 1.0]]))
+    # row 0 looks dominant (0.45 > 0.2) but column 0 is not (0.45 < 0.5): columns decide
+    assert not mod.dominant(np.array([[0.45, 0.2, 0.0], [0.5, 0.8, 0.0], [0.05, 0.0, 1.0]]))

@@ -24,7 +24,11 @@ plain held-out accuracy restricted to its TRUSTED classes, the observed classes 
 row and column of the Q it counted in its first phase-2 round stay near the identity
 (Q[i, i] >= tau and Q[i, i] / sum_j Q[i, j] >= tau), fixed for the rest of the run; the
 guard's rule is replayed on it with its scale starting at T_e + 1, as the guard starts a
-new scale there (``rebase``), so that phase 2's models must beat phase 1's last. Two
+new scale there (``rebase``), so that phase 2's models must beat phase 1's last. It
+also records, from T_e + 1 on, the plain held-out accuracy of the clients whose first
+phase-2 Q is DOMINANT (every column's largest entry on its diagonal, ``dominant``: where
+the noise keeps each class's label most, a model of the true classes scores the best
+plain accuracy any prediction can, whatever Q phase 2 trained it with). Two
 signals that read no label are recorded too: the share's fraction on which the twin and
 the probe predict the same class (with ``--twin``), and from T_e + 1 on the fraction on
 which the received model predicts what phase 1's last model predicted. Besides each
@@ -127,6 +131,16 @@ def trusted_classes(q: np.ndarray, tau: float) -> np.ndarray:
     return np.flatnonzero((diag >= tau) & (diag >= tau * q.sum(axis=1)))
 
 
+def dominant(q: np.ndarray) -> bool:
+    """Whether every column of ``q`` (rows observed, columns true) has its largest entry on
+    the diagonal: the noise keeps each class's label more often than it moves it to any
+    one other class, and a model predicting the true class then scores the best plain
+    accuracy any prediction can (docs/RESULTS.md, "A signal observed labels cannot
+    bend")."""
+    off = q - np.diag(np.diag(q))
+    return bool(np.all(np.diag(q) > off.max(axis=0)))
+
+
 def trusted_accuracy(pred: np.ndarray, labels: np.ndarray, classes: np.ndarray) -> float | None:
     """The plain accuracy on the samples whose observed label is one of ``classes``."""
     keep = np.isin(labels, classes)
@@ -134,12 +148,13 @@ def trusted_accuracy(pred: np.ndarray, labels: np.ndarray, classes: np.ndarray) 
 
 
 def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
-        trusted: tuple[float, ...] = ()) -> Trajectory:
+        trusted: tuple[float, ...] = (), t_e: int | None = None) -> Trajectory:
     """One run; with ``fallback_patience`` the guard runs online and, when it fires,
     restores the best model and trains cross-entropy on all the data from then on.
     One model per client (twin-model = "off": the guard's choices were studied on the
     model it judges, before the twin, docs/FEDEFC.md §3.8) unless ``twin``; ``trusted``:
-    the thresholds of the trusted-class signals to record (module docstring)."""
+    the thresholds of the trusted-class signals to record (module docstring); ``t_e``:
+    the prestopping point to take instead of finding one (``--t-e``)."""
     cfg = load_run_config({**flat, **({} if twin else {"twin-model": "off"})})
     configure_threads(cfg.client_threads)
     fed = data_plan(cfg)
@@ -177,7 +192,9 @@ def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
         tr.signals["guard"].append(a_t)
         tr.signals["plain"].append(float(np.mean(plain)) if plain and None not in plain
                                    else None)
-        if stopper.phase(rnd) == 1 and a_t is not None:
+        if t_e is not None:
+            stopper.t_e = t_e if rnd >= t_e else None
+        elif stopper.phase(rnd) == 1 and a_t is not None:
             stopper.observe(rnd, a_t)
         new = sample_weighted_mean(replies, weights)
         if fallback_patience is not None and tr.fired is None and a_t is not None \
@@ -200,6 +217,14 @@ def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
             tr.signals[name].append(float(np.mean(accs)) if accs else None)
         if tr.t_e is not None:
             tr.rebase[name] = tr.t_e + 1
+    # the plain accuracy of the clients whose first phase-2 Q keeps every class's label most
+    tr.signals["plain, dominant Q"] = [None] * (cfg.rounds + 1)
+    if tr.t_e is not None:
+        for rnd in range(tr.t_e + 1, cfg.rounds + 1):
+            accs = [float(np.mean(seen[rnd][pid][0] == seen[rnd][pid][1]))
+                    for pid in seen.get(rnd, {}) if pid in q_first and dominant(q_first[pid])]
+            tr.signals["plain, dominant Q"][rnd] = float(np.mean(accs)) if accs else None
+        tr.rebase["plain, dominant Q"] = tr.t_e + 1
     for name, score in label_free(seen, tr.t_e, cfg.rounds).items():
         tr.signals[name] = score
         if tr.t_e is not None and name == "phase-1 agreement":
@@ -269,7 +294,7 @@ def replay_veto(tr: Trajectory, veto: str, start_round: int, patience: int,
     the veto's reading, or one of phase 1."""
     a_of, v_of = tr.signals["guard"], tr.signals[veto]
     if tr.t_e is None or tr.t_e + 1 >= len(v_of) or v_of[tr.t_e + 1] is None:
-        return tr.acc
+        return replay_guard(tr, "guard", start_round, patience, 0.0)  # a veto never read
     ref = v_of[tr.t_e + 1]
     best, best_round, worse = -1.0, None, 0
     for t in range(start_round + 1, len(tr.acc)):
@@ -288,7 +313,7 @@ def replay_veto(tr: Trajectory, veto: str, start_round: int, patience: int,
     return tr.acc
 
 
-VETOES = ("plain", "trusted 0.5", "trusted 0.7", "twin-probe agreement")
+VETOES = ("plain", "plain, dominant Q", "trusted 0.5", "trusted 0.7", "twin-probe agreement")
 
 
 def report(paths: list[str], patience: int, deltas: list[float]) -> None:
@@ -368,6 +393,9 @@ def main() -> None:
     ap.add_argument("--json", help="write every trajectory here")
     ap.add_argument("--fedavg-from", help="FedAvg's curves from this study_full_data_twin "
                     "JSON of the same config (module docstring)")
+    ap.add_argument("--t-e", type=int, help="FedEFC's prestopping point, taken instead of "
+                    "found: a Flower run's T_e, where this loop's sums (in another order) "
+                    "would find another")
     ap.add_argument("--report", nargs="+", metavar="JSON",
                     help="pool stored --json files: every rule and veto, replayed")
     ap.add_argument("--veto-margin", type=float, nargs="+", default=[0.0, 0.01, 0.02],
@@ -393,7 +421,7 @@ def main() -> None:
             curves.setdefault("FedAvg again", {})[seed] = again.acc
         for est in args.estimator:
             tr = run({**base, "seed": seed, "q-estimator": est}, twin=args.twin,
-                     trusted=tuple(args.trusted))
+                     trusted=tuple(args.trusted), t_e=args.t_e)
             if stored is not None and args.twin and tr.acc != stored[str(seed)]["acc"]["twin"]:
                 raise SystemExit(f"seed {seed}: the twin's curve differs from the one stored in "
                                  f"{args.fedavg_from}: its FedAvg is not this machine's; "
