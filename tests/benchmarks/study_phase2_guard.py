@@ -56,7 +56,7 @@ seeds it finished.
         [--preset cross-silo] [--seeds 0 1 2] [--patience 2 3] [--margin 0 1] \\
         [--fallback-all] [--twin] [--chance] [--trusted 0.7 0.8] [--json OUT.json] \\
         [--fedavg-from results/study-full-data-twin/NAME.json]
-    python tests/benchmarks/study_phase2_guard.py --report A.json B.json ... \
+    python tests/benchmarks/study_phase2_guard.py --report A.json B.json ... \\
         [--veto-margin 0 0.01 0.02]
 """
 
