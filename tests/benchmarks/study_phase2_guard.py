@@ -141,6 +141,12 @@ def dominant(q: np.ndarray) -> bool:
     return bool(np.all(np.diag(q) > off.max(axis=0)))
 
 
+def mean_reading(values) -> float | None:
+    """The mean of the clients' readings that exist (None without any)."""
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
 def trusted_accuracy(pred: np.ndarray, labels: np.ndarray, classes: np.ndarray) -> float | None:
     """The plain accuracy on the samples whose observed label is one of ``classes``."""
     keep = np.isin(labels, classes)
@@ -211,19 +217,18 @@ def run(flat: dict, fallback_patience: int | None = None, twin: bool = False,
     for tau in trusted:  # read on the classes each client fixed at its first phase-2 round
         name = f"trusted {tau:g}"
         for rnd in range(1, cfg.rounds + 1):
-            accs = [trusted_accuracy(*seen[rnd][pid][:2], trusted_classes(q_first[pid], tau))
-                    for pid in seen.get(rnd, {}) if pid in q_first and rnd > tr.t_e]
-            accs = [a for a in accs if a is not None]
-            tr.signals[name].append(float(np.mean(accs)) if accs else None)
+            tr.signals[name].append(mean_reading(
+                trusted_accuracy(*seen[rnd][pid][:2], trusted_classes(q_first[pid], tau))
+                for pid in seen.get(rnd, {}) if pid in q_first and rnd > tr.t_e))
         if tr.t_e is not None:
             tr.rebase[name] = tr.t_e + 1
     # the plain accuracy of the clients whose first phase-2 Q keeps every class's label most
     tr.signals["plain, dominant Q"] = [None] * (cfg.rounds + 1)
     if tr.t_e is not None:
         for rnd in range(tr.t_e + 1, cfg.rounds + 1):
-            accs = [float(np.mean(seen[rnd][pid][0] == seen[rnd][pid][1]))
-                    for pid in seen.get(rnd, {}) if pid in q_first and dominant(q_first[pid])]
-            tr.signals["plain, dominant Q"][rnd] = float(np.mean(accs)) if accs else None
+            tr.signals["plain, dominant Q"][rnd] = mean_reading(
+                float(np.mean(seen[rnd][pid][0] == seen[rnd][pid][1]))
+                for pid in seen.get(rnd, {}) if pid in q_first and dominant(q_first[pid]))
         tr.rebase["plain, dominant Q"] = tr.t_e + 1
     for name, score in label_free(seen, tr.t_e, cfg.rounds).items():
         tr.signals[name] = score
@@ -238,44 +243,48 @@ def label_free(seen: dict[int, dict[int, tuple]], t_e: int | None,
     fraction on which the twin and the probe predict the same class (a twinned run),
     and from T_e + 1 on the fraction on which the received model predicts what phase
     1's last model (the one round T_e + 1 received) predicted; means over the clients."""
-    def mean(values):
-        values = [v for v in values if v is not None]
-        return float(np.mean(values)) if values else None
-
     twin_probe, phase1 = [None], [None]
     ref = seen.get(t_e + 1, {}) if t_e is not None else {}
     for rnd in range(1, rounds + 1):
         now = seen.get(rnd, {})
-        twin_probe.append(mean(float(np.mean(p == t)) for p, _, t in now.values()
+        twin_probe.append(mean_reading(float(np.mean(p == t)) for p, _, t in now.values()
                                if t is not None))
-        phase1.append(mean(float(np.mean(now[pid][0] == ref[pid][0]))
+        phase1.append(mean_reading(float(np.mean(now[pid][0] == ref[pid][0]))
                            for pid in now if pid in ref) if t_e is not None and rnd > t_e
                       else None)
     return {"twin-probe agreement": twin_probe, "phase-1 agreement": phase1}
 
 
 def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
-                 z: float) -> list[float]:
+                 z: float, veto: str | None = None, delta: float = 0.0) -> list[float]:
     """The test-accuracy records of the guarded run (docs/FEDEFC.md §3.4), the model it
     delivered held to the last planned round: the rule of
     ``Phase2Guard`` on the recorded signal, a round counting against phase 2 when its
-    A(t) is below the best by more than ``z`` standard errors (z = 0: not beating it)."""
+    A(t) is below the best by more than ``z`` standard errors (z = 0: not beating it).
+    With a ``veto`` signal (module docstring), a phase-2 round whose veto reading is below
+    its reading at T_e + 1 (phase 1's last model) by more than ``delta`` counts against
+    phase 2 and cannot become the best, whatever its A(t): the model restored is then the
+    best the veto let through. A veto with no reading at T_e + 1 bars nothing."""
     a_of = tr.signals[signal]
     if tr.t_e is None:
         return tr.acc
+    v_of = tr.signals[veto] if veto else []
+    ref = v_of[tr.t_e + 1] if tr.t_e + 1 < len(v_of) else None
     best, best_round, worse = -1.0, None, 0
     for t in range(tr.rebase.get(signal, start_round + 1), len(tr.acc)):
         a = a_of[t]
         if a is None:
             continue
-        if a > best:
+        vetoed = (ref is not None and t - 1 > tr.t_e and v_of[t] is not None
+                  and v_of[t] < ref - delta)
+        if a > best and not vetoed:
             best, best_round, worse = a, t, 0
             continue
         if t - 1 <= tr.t_e:
             continue
         margin = z * float(np.sqrt(sum(best * (1 - best) / n for n in tr.shares))) / len(
             tr.shares)
-        worse = worse + 1 if a <= best - margin else 0
+        worse = worse + 1 if vetoed or a <= best - margin else 0
         if worse >= patience:  # round t restores the model round best_round received,
             # which the federation then holds in the rounds it did not run (so that the
             # last 10 rounds are read as paired.md reads them: common/results.py:
@@ -286,31 +295,8 @@ def replay_guard(tr: Trajectory, signal: str, start_round: int, patience: int,
 
 def replay_veto(tr: Trajectory, veto: str, start_round: int, patience: int,
                 delta: float) -> list[float]:
-    """The test-accuracy records of today's guard with a veto (module docstring): the
-    rule of :func:`replay_guard` on A(t) through Q (z = 0), except that a phase-2 round
-    whose ``veto`` signal is below its value at T_e + 1 (phase 1's last model) by more
-    than ``delta`` counts against phase 2 and cannot become the best, whatever its A(t).
-    The model restored is then the best the veto let through: a phase-2 model that kept
-    the veto's reading, or one of phase 1."""
-    a_of, v_of = tr.signals["guard"], tr.signals[veto]
-    if tr.t_e is None or tr.t_e + 1 >= len(v_of) or v_of[tr.t_e + 1] is None:
-        return replay_guard(tr, "guard", start_round, patience, 0.0)  # a veto never read
-    ref = v_of[tr.t_e + 1]
-    best, best_round, worse = -1.0, None, 0
-    for t in range(start_round + 1, len(tr.acc)):
-        a = a_of[t]
-        if a is None:
-            continue
-        vetoed = t - 1 > tr.t_e and v_of[t] is not None and v_of[t] < ref - delta
-        if a > best and not vetoed:
-            best, best_round, worse = a, t, 0
-            continue
-        if t - 1 <= tr.t_e:
-            continue
-        worse += 1
-        if worse >= patience:
-            return tr.acc[:t] + [tr.acc[best_round - 1]] * (len(tr.acc) - t)
-    return tr.acc
+    """Today's guard (A(t) through Q, z = 0) with ``veto``: :func:`replay_guard`."""
+    return replay_guard(tr, "guard", start_round, patience, 0.0, veto, delta)
 
 
 VETOES = ("plain", "plain, dominant Q", "trusted 0.5", "trusted 0.7", "twin-probe agreement")
