@@ -129,13 +129,12 @@ def twin_obstacle(cfg: RunConfig) -> str:
 
 
 def twin_mode(cfg: RunConfig) -> str:
-    """``on`` or ``off``; ``auto`` is ``on`` where a twin can be trained (every client in
-    every round: the held-out signal) and the share's labels are the observed ones
+    """``on`` or ``off``; ``auto`` is ``on`` wherever a twin can be trained (every client
+    in every round: the held-out signal), with observed or verified labels on the share
     (docs/FEDEFC.md §3.8)."""
     if cfg.twin_model != "auto":
         return cfg.twin_model
-    usable = not twin_obstacle(cfg) and cfg.validation_labels == "observed"
-    return "on" if usable else "off"
+    return "off" if twin_obstacle(cfg) else "on"
 
 
 def stacked_obstacle(cfg: RunConfig) -> str:
@@ -766,6 +765,13 @@ class RunConfig(BaseModel):
         for settings in self._settings.values():
             flat.update(settings.model_dump(by_alias=True))
         return flat
+
+    def recorded(self) -> dict[str, Any]:
+        """:meth:`to_flat` as a run records it (``config.json``, the checkpoint), with
+        ``twin-model`` as the clients trained it, "on" or "off": what ``auto`` does has
+        changed once (docs/FEDEFC.md §3.8), and a record must say what ran
+        (:func:`common.methods.as_recorded` reads the records written before)."""
+        return {**self.to_flat(), "twin-model": twin_mode(self)}
 
     def data_key(self) -> str:
         """A digest of every key that decides the clients' data (partition and noise)."""

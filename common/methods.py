@@ -301,6 +301,16 @@ BEFORE_THE_KEY = {"accuracy-signal": "global", "q-pooling": "none", "q-estimator
                   "prestopping-min-gain": 0.0, "stacked-clients": 0, "twin-model": "off"}
 
 
+def as_recorded(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored config as the run it records. Runs record the twin they trained ("on" or
+    "off", :meth:`RunConfig.recorded`); one that recorded ``twin-model = "auto"`` ran
+    before ``auto`` trained a twin with verified labels (docs/FEDEFC.md §3.8), so with
+    ``validation-labels = "verified"`` it trained none."""
+    if stored.get("twin-model") == "auto" and stored.get("validation-labels") == "verified":
+        return {**stored, "twin-model": "off"}
+    return stored
+
+
 def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> dict[str, tuple[Any, Any]]:
     """{key: (stored, wanted)} where a stored resolved config differs from a wanted one;
@@ -316,10 +326,10 @@ def changed_keys(stored: dict[str, Any], wanted: dict[str, Any],
     one; ``prestopping-min-gain`` by its setting where a share is kept (0 without one;
     a recorded run whose T_e another setting leaves unchanged is that setting's run too,
     which only its records can tell: ``fedefc_server/prestopping_replay.py``);
-    ``twin-model`` by whether the
-    clients trained a twin (docs/FEDEFC.md §3.8)."""
+    ``twin-model`` by whether the clients trained a twin (docs/FEDEFC.md §3.8; a stored
+    ``auto`` as :func:`as_recorded` reads it)."""
     defaults = default_config()
-    return config_differences(_resolved(stored, BEFORE_THE_KEY, defaults),
+    return config_differences(_resolved(as_recorded(stored), BEFORE_THE_KEY, defaults),
                               _resolved(wanted, defaults, defaults), defaults, ignore)
 
 

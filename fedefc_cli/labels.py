@@ -370,8 +370,9 @@ def describe(written: Written, classes: list[str]) -> str:
     lines += [f"  the original, unchanged: {written.backup}",
               "the run: --set validation-labels=verified (with accuracy-signal=held-out, "
               "which auto chooses where every client trains every round): a node holding "
-              "this file keeps its verified samples out of training as its validation "
-              "share (docs/OWN-DATA.md, \"Verified labels\")"]
+              "this file keeps its verified samples as its validation share, out of the "
+              "training of the model the guard reads; the delivered model (the twin) "
+              "trains on them too (docs/OWN-DATA.md, \"Verified labels\")"]
     return "\n".join(lines)
 
 

@@ -87,14 +87,14 @@ def resolve_run_config(preset: str | None, overrides: list[str],
 
 def resume_config(folder: str, overrides: list[str]) -> dict[str, Any]:
     """The config of the run in ``folder`` (its config.json), set to resume it there."""
-    from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
+    from common.methods import as_recorded, load_run_config  # lazy: torch, 1.9 s of CPU
     path = Path(folder).expanduser().resolve()
     try:
         stored = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"cannot resume {str(path)!r}: its config.json is unreadable ({err}); "
                           "give the out-dir of an earlier run") from None
-    merged = {**stored, **parse_overrides(overrides), "resume-from": str(path),
+    merged = {**as_recorded(stored), **parse_overrides(overrides), "resume-from": str(path),
               "out-dir": str(path)}
     return load_run_config(merged).to_flat()
 

@@ -210,7 +210,7 @@ class RoundLoop(Server):
         if server_round > 0:
             checkpoint.save(self.recorder.out_dir, checkpoint.Checkpoint(
                 server_round, parameters_to_ndarrays(self.parameters),
-                self.pipeline.state(), self.cfg.to_flat(), self.elapsed(),
+                self.pipeline.state(), self.cfg.recorded(), self.elapsed(),
                 self.pipeline.server.models()))
 
     def _finish(self, weights: list[np.ndarray] | None, failure: str | None = None

@@ -239,7 +239,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     init = paired(get_weights(model)) if cfg.twinned else get_weights(model)
     ckpt = resume_point(cfg, [w.shape for w in init])
     out_dir = run_folder(cfg.out_dir, cfg.resume_from, cfg.method, cfg.dataset, cfg.seed)
-    recorder = RunRecorder(out_dir, {**cfg.to_flat(), "out-dir": out_dir},
+    recorder = RunRecorder(out_dir, {**cfg.recorded(), "out-dir": out_dir},
                            resume_round=ckpt.round if ckpt else None)
     announce(cfg, source, out_dir, admitted)
     pipeline = pipeline_for(cfg, model, source, admitted, ckpt, simulation)

@@ -527,7 +527,9 @@ def test_a_consistent_relabelling_is_seen_only_through_verified_labels(tmp_path,
         assert summary["guard_ended_at"] == t_e + 1 + 2 < 14
         assert summary["final_acc"] == pytest.approx(
             recs[summary["guard_restored_round"] - 1]["test_acc"])
-        assert summary["final_acc"] > best_phase_1 - 0.05
+        # a phase-1 model (a tie of A(t) keeps the earlier one), far above the relabelled
+        assert summary["guard_restored_round"] - 1 <= t_e
+        assert summary["final_acc"] > max(hurt) + 0.3
 
 
 # -- runs too short for a phase 2 (docs/FEDEFC.md §3.5) ---------------------------------------

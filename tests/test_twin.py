@@ -41,18 +41,20 @@ from tests.test_guard import GUARDED, SIZES, HeldOutNode
 
 CPU = torch.device("cpu")
 SILO = {"num-clients": 4, "fraction": 1.0, "local-epochs": 1}  # every client, every round
+VERIFIED = {"validation-labels": "verified", "validation-max-per-class": 5, "rho": 0.4,
+            "zeta": 0.8}  # a checked share of 5 per class, heavy noise on the rest
 
 
 @pytest.mark.parametrize(("keys", "twinned"), [
     ({}, False),                                    # the paper's sampling: no share
     (SILO, True),                                   # every client, every round
-    ({**SILO, "validation-labels": "verified"}, False),
+    ({**SILO, "validation-labels": "verified"}, True),   # the checked share too
     ({**SILO, "method": "fedavg"}, False),
     ({**SILO, "method": "forward-correction"}, False),
     ({**SILO, "dp-clip": 1.0}, False),
     ({**SILO, "prestopping": False}, False),
     ({**SILO, "twin-model": "off"}, False),
-    ({**SILO, "validation-labels": "verified", "twin-model": "on"}, True),
+    ({**SILO, "validation-labels": "verified", "twin-model": "off"}, False),
 ])
 def test_auto_trains_a_twin_where_the_held_out_signal_keeps_a_share(keys, twinned):
     assert load_run_config(keys).twinned is twinned
@@ -78,6 +80,28 @@ def test_a_stored_run_without_the_key_had_no_twin():
     assert changed_keys({k: v for k, v in flat.items() if k != "twin-model"}, flat) == {}
 
 
+def test_a_run_records_the_twin_it_trained_and_an_older_auto_with_verified_labels_had_none(
+        tmp_path):
+    """A run records "on" or "off" (config.json, the checkpoint); a recorded "auto" with
+    verified labels is from before "auto" trained a twin with them: it is read, and
+    resumed, as "off" (docs/FEDEFC.md §3.8)."""
+    from fedefc_cli.run_configs import resume_config
+    verified = load_run_config({**SILO, **VERIFIED})
+    wanted = verified.to_flat()
+    assert wanted["twin-model"] == "auto" and verified.recorded()["twin-model"] == "on"
+    assert changed_keys(verified.recorded(), wanted) == {}
+    assert load_run_config(SILO).recorded()["twin-model"] == "on"
+    assert load_run_config({}).recorded()["twin-model"] == "off"  # the paper's sampling
+    older = {**wanted, "out-dir": str(tmp_path)}  # recorded "auto"
+    folder = frozenset({"out-dir"})
+    assert changed_keys(older, wanted, folder) == {"twin-model": ("off", "on")}
+    assert changed_keys(older, {**wanted, "twin-model": "off"}, folder) == {}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    assert resume_config(str(tmp_path), [])["twin-model"] == "off"
+    (tmp_path / "config.json").write_text(json.dumps(verified.recorded()))
+    assert resume_config(str(tmp_path), [])["twin-model"] == "on"
+
+
 def test_a_pair_is_the_twin_then_the_probe():
     assert paired([1, 2]) == [1, 2, 1, 2]
     assert halves([1, 2, 3, 4]) == ([1, 2], [3, 4])
@@ -86,11 +110,12 @@ def test_a_pair_is_the_twin_then_the_probe():
         halves([1, 2, 3])
 
 
-def clients(pid: int = 1):
+def clients(pid: int = 1, **keys):
     """(the twinned client, the same client without a twin, FedAvg's client) of one
-    partition, each with a fresh node state, and the twinned run's config."""
-    cfg = load_run_config(SILO)
-    plain = load_run_config({**SILO, "twin-model": "off"})
+    partition, each with a fresh node state, and the twinned run's config; ``keys``
+    change the two FedEFC clients' config."""
+    cfg = load_run_config({**SILO, **keys})
+    plain = load_run_config({**SILO, **keys, "twin-model": "off"})
     fedavg = load_run_config({**SILO, "method": "fedavg"})
     data = {c: partition_data(c, pid, CPU) for c in (cfg, plain, fedavg)}
     return ([MethodClient(c, pid, lambda c=c: data[c], RecordDict())
@@ -122,8 +147,11 @@ def trained_start(fedavg: MethodClient, cfg) -> list[np.ndarray]:
     return fedavg.fit(start, round_config(cfg, 1, 1))[0]
 
 
-def test_in_phase_2_the_twin_trains_all_samples_with_the_q_its_probe_counted():
-    (twinned, plain, fedavg), cfg = clients()
+@pytest.mark.parametrize("keys", [{}, VERIFIED], ids=["observed", "verified"])
+def test_in_phase_2_the_twin_trains_all_samples_with_the_q_its_probe_counted(keys):
+    """With verified labels (docs/FEDEFC.md §3.8) "every sample" holds the checked share
+    with its true labels, which the probe keeps out of training and of Q's counts."""
+    (twinned, plain, fedavg), cfg = clients(**keys)
     start = trained_start(fedavg, cfg)
     config = {**round_config(cfg, 1, 9), "phase": 2}
     counted = {}
@@ -149,6 +177,10 @@ def test_in_phase_2_the_twin_trains_all_samples_with_the_q_its_probe_counted():
                                                                 dtype=torch.float32)))
     assert equal(twin, get_weights(model))
     assert len(local.validation) > 0  # ... and every sample includes the share
+    if keys:  # ... whose labels are the true ones
+        observed = partition_data(load_run_config({**SILO, **keys, "validation-labels":
+                                                   "observed"}), 1, CPU).labels[local.validation]
+        assert np.any(local.labels[local.validation] != observed)
 
 
 def test_the_twin_leaves_the_nodes_state_as_the_probe_alone_does():
@@ -206,6 +238,9 @@ def test_a_twinned_run_trains_fedavgs_models_until_t_e_and_delivers_its_twin(twi
     assert [r["test_acc"] for r in twin[:3]] == [r["test_acc"] for r in fedavg[:3]]
     summary = json.loads((twin_and_fedavg["twin"] / "summary.json").read_text())
     assert summary["twin_model"] == "on" and summary["t_e"] == 2
+    config = json.loads((twin_and_fedavg["twin"] / "config.json").read_text())
+    assert config["twin-model"] == "on"  # what ran, not "auto"
+    assert checkpoint.load(twin_and_fedavg["twin"]).config["twin-model"] == "on"
     saved, want = (torch.load(twin_and_fedavg[k] / "model.pt") for k in ("twin", "fedavg"))
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in want.items()}
 

@@ -87,7 +87,7 @@ def run_in_process(flat: dict) -> dict:
                              TestSetEvaluator(cfg, data))
     server = RoundLoop(client_manager=manager, pipeline=pipeline,
                        parameters=ndarrays_to_parameters(get_weights(model)), cfg=cfg,
-                       recorder=RunRecorder(cfg.out_dir, cfg.to_flat()), model=model,
+                       recorder=RunRecorder(cfg.out_dir, cfg.recorded()), model=model,
                        run_info={})
     server.set_max_workers(1)  # clients share the process's model cache: one at a time
     start = time.monotonic()
