@@ -122,6 +122,10 @@ def twin_obstacle(cfg: RunConfig) -> str:
                 f"(here {cfg.accuracy_signal_mode!r}) keeps none")
     if not cfg.prestopping:
         return "prestopping=false never reaches phase 2, where the twin differs from FedAvg"
+    if cfg.validation_phase_2 != "estimate":
+        return (f"the twin keeps half the share out of training for the guard to read it, "
+                f"and validation-phase-2={cfg.validation_phase_2!r} trains on the share "
+                "in phase 2")
     if cfg.dp_clip > 0 or cfg.max_update_norm > 0:
         return ("dp-clip and max-update-norm bound one model's update, and a client with a "
                 "twin sends two")
@@ -253,6 +257,11 @@ class RunConfig(BaseModel):
     # a file on the ServerApp's machine, or N per class drawn in a simulation
     clean_validation_path: str = ""
     clean_validation_per_class: int = Field(0, ge=0, le=100_000)
+    # a method without a guard (FedAvg, FedProx, FedDitto) with the coordinator's clean
+    # set: deliver the last model ("final"), or the model that reads best on the set where
+    # the set can tell it from the last ("best-read": the phase-2 guard's delivered-model
+    # rule, docs/FEDEFC.md §3.4, §3.9)
+    deliver: Literal["final", "best-read"] = "final"
     q_pooling: Literal[Q_POOLINGS] = "auto"  # type: ignore[valid-type]
     q_estimator: Literal[Q_ESTIMATORS] = "auto"  # type: ignore[valid-type]
     phase_2_guard: Literal[PHASE_2_GUARDS] = "auto"  # type: ignore[valid-type]

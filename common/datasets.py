@@ -67,6 +67,9 @@ class Dataset:
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    # own data: the training file's ``verified`` mask, where it has one (docs/OWN-DATA.md,
+    # "Verified labels"): a simulation of that file takes those samples as checked
+    train_verified: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
@@ -174,7 +177,27 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     with _LOCK:
         if key not in _CACHE:
             _CACHE[key] = _build(cfg)
-        return _CACHE[key]
+        data = _CACHE[key]
+    check_checked_labels(cfg, data)
+    return data
+
+
+def check_checked_labels(cfg: RunConfig, data: Dataset) -> None:
+    """A simulation of one's own training file with ``validation-labels = "verified"``
+    and no synthetic noise (rho 0): the file's labels are its observed ones, so only its
+    ``verified`` mask can say which are checked (docs/FEDEFC.md §3.7); without one the
+    run is refused rather than take observed labels for checked ones."""
+    if (cfg.validation_labels != "verified" or cfg.dataset not in OWN_DATASETS
+            or not cfg.data_path or data.train_verified is not None
+            or any(group.rho > 0 for group in cfg.noise_group_list())):
+        return
+    raise DatasetError(
+        f"data-path={cfg.data_path!r}: validation-labels=\"verified\" with rho=0 takes the "
+        "file's labels as they are, and the file names no checked sample: its observed "
+        "labels would be treated as verified. Mark the checked samples in a boolean "
+        "'verified' array (fedefc labels writes it: docs/OWN-DATA.md, \"Verified "
+        "labels\"), or set rho > 0 to simulate noise on labels taken as true, or "
+        "validation-labels=\"observed\"")
 
 
 def _build(cfg: RunConfig) -> Dataset:
@@ -217,7 +240,7 @@ def _load_own(cfg: RunConfig) -> Dataset:
     else:
         test_x, test_y = test.x, test.y
     return Dataset(cfg.dataset, spec, torch.from_numpy(train.x), torch.from_numpy(train.y),
-                   torch.from_numpy(test_x), torch.from_numpy(test_y))
+                   torch.from_numpy(test_x), torch.from_numpy(test_y), train.verified)
 
 
 def _load_test_only(cfg: RunConfig) -> Dataset:

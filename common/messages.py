@@ -68,6 +68,9 @@ class FitReply:
     # float in [0, 1]: A_k in phase 1 (docs/FEDEFC.md §3.1), and in phase 2 where the
     # phase-2 guard watches the held-out accuracy (§3.4)
     ACCURACY = "accuracy"
+    # float in [0, 1]: with a twin, the twin's reading on its guard slice, the samples
+    # neither model trains on (the delivered model's guard signal, docs/FEDEFC.md §3.4, §3.8)
+    GUARD_ACCURACY = "guard-accuracy"
     # simulation diagnostics (diagnostics = true, the simulator's truth; docs/FEDEFC.md §5)
     NOISE_RATE = "noise-rate"  # float: the client's realized flip rate
     Q_COS = "q-cos"  # float: cosine similarity of Q and the true noise matrix (phase 2)

@@ -159,6 +159,16 @@ def _check_method(cfg: RunConfig) -> None:
             "secure-aggregation=false and dp-clip=0")
     if cfg.clean_validation_key:
         _check_clean_set(cfg, method)
+    if cfg.deliver == "best-read" and (method.prestopping or method.server != _PLAIN
+                                       or not cfg.clean_validation_key):
+        why = ("FedEFC's phase-2 guard already delivers the model that reads best (docs/"
+               "FEDEFC.md §3.4)" if method.prestopping else
+               "the model that reads best is read on the coordinator's clean set, and "
+               "this run has none: give clean-validation-path (or, in a simulation, "
+               "clean-validation-per-class)" if method.server == _PLAIN else
+               f"method {cfg.method!r} has server steps of its own")
+        raise ConfigError(f"run config: deliver=\"best-read\" with method {cfg.method!r}: "
+                          f"{why}; set deliver=\"final\"")
 
 
 def _check_clean_set(cfg: RunConfig, method: Method) -> None:

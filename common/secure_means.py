@@ -29,8 +29,8 @@ from .messages import FitReply
 # client's update norm over the round's bound (common/update_bound.py: round_bound),
 # which the server checks the decoded mean update against (fedefc_server/secure_sum.py).
 UPDATE_RATIO = "update-ratio"
-SLOTS = (("count", 1.0), (FitReply.ACCURACY, 1.0), (FitReply.TRAIN_LOSS, 20.0),
-         (UPDATE_RATIO, 1.0))
+SLOTS = (("count", 1.0), (FitReply.ACCURACY, 1.0), (FitReply.GUARD_ACCURACY, 1.0),
+         (FitReply.TRAIN_LOSS, 20.0), (UPDATE_RATIO, 1.0))
 SUMMED_KEYS = tuple(name for name, _ in SLOTS[1:])
 SCALE_KEY = "secagg-scale"  # fit config: s = c * M / 2
 

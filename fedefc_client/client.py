@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from logging import INFO
 
 import numpy as np
@@ -39,7 +38,7 @@ from common.twin import halves, paired
 
 from .client_group import Group, fit_group
 from .job import LocalJob
-from .local_data import LocalData, partition_sizes
+from .local_data import LocalData, partition_sizes, twin_data
 from .local_update import Update, twin
 
 
@@ -110,7 +109,10 @@ class MethodClient(NumPyClient):
         twin_weights, parameters = halves(parameters) if self.cfg.twinned else ([], parameters)
         weights, num_examples, metrics, job = self.fit_model(parameters, config)
         if self.cfg.twinned:  # the twin (docs/FEDEFC.md §3.8), after its probe
-            weights = [*self.fit_twin(twin_weights, job), *weights]
+            twin_weights, reading = self.fit_twin(twin_weights, job)
+            weights = [*twin_weights, *weights]
+            if reading is not None:
+                metrics[FitReply.GUARD_ACCURACY] = reading
         metrics[FitReply.FIT_S] = time.perf_counter() - start  # local compute, everywhere alike
         return weights, num_examples, metrics
 
@@ -141,20 +143,26 @@ class MethodClient(NumPyClient):
                 job.server_round, np.round(np.diag(job.last_q), 3).tolist())
         return get_weights(model), num_examples, metrics, job
 
-    def fit_twin(self, weights, probe: LocalJob | None) -> list:
-        """The twin's local update on all of the client's data, the validation share
-        included, with the Q its probe's update trained with (:func:`.local_update.twin`);
-        its seed is the probe's, so that in phase 1 it is FedAvg's client update."""
+    def fit_twin(self, weights, probe: LocalJob | None) -> tuple[list, float | None]:
+        """The twin's local update (:func:`.local_update.twin`) on all of the client's
+        data but its guard slice (:func:`.local_data.twin_data`), with the Q its probe's
+        update trained with; its seed is the probe's. Returns the twin's weights and,
+        where the round asks for A_k, the RECEIVED twin's reading on the guard slice,
+        read as the probe's share is read (through the Q the client trained with last
+        round, :attr:`.job.LocalJob.prior_q`): the delivered model's guard signal
+        (docs/FEDEFC.md §3.4, §3.8)."""
         local = self.local
         model = model_for(self.cfg, local.data.task, local.x.device, f"{self.slot}-twin")
         set_weights(model, weights)
         if probe is None:  # no samples
-            return get_weights(model)
-        everything = replace(local, validation=None, estimation=None)
-        job = LocalJob(self.cfg, everything, model, probe.phase, probe.server_round,
+            return get_weights(model), None
+        job = LocalJob(self.cfg, twin_data(local), model, probe.phase, probe.server_round,
                        probe.seed, config=probe.config)
+        job.prior_q = probe.prior_q
+        reading = (job.validation_accuracy()
+                   if carries_accuracy(probe.phase, self.cfg.guarded) else None)
         twin(job, probe.last_q)
-        return get_weights(model)
+        return get_weights(model), reading
 
     def fit_group(self, parameters, config):
         """A simulation's group of clients in one message (:mod:`.client_group`); a node

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -147,6 +147,17 @@ def guard_slice(validation: np.ndarray) -> np.ndarray:
     return validation[::2]
 
 
+def twin_data(local: LocalData) -> LocalData:
+    """The twin's view of a client's data (docs/FEDEFC.md §3.8): every sample but the
+    guard slice of the validation share (:func:`guard_slice`), which the twin never
+    trains on and is read on (the delivered model's guard signal, §3.4); the rest of
+    the share, with its labels (checked ones where the share is verified, §3.7), and
+    the estimation share are trained on. A client without a share trains the twin on
+    everything."""
+    slice_ = None if local.validation is None else guard_slice(local.validation)
+    return replace(local, validation=slice_, estimation=None)
+
+
 def layout(cfg: RunConfig, partition_id: int, n: int, num_classes: int
            ) -> tuple[tuple[np.ndarray, np.ndarray] | None, np.ndarray | None]:
     """How a client's ``n`` samples divide: the federated-evaluation split of
@@ -196,13 +207,14 @@ def verified_share(cfg: RunConfig, share: np.ndarray | None, labels: np.ndarray,
                    where: str) -> tuple[np.ndarray | None, np.ndarray]:
     """(validation positions, labels) of a client's training part, given its seeded
     ``share`` (:func:`layout`; docs/FEDEFC.md §3.1, §3.7). Observed labels: the share,
-    labels unchanged. Verified labels: in a partition of the run's dataset the share
-    with its true labels put in place of the observed ones (a simulated check of those
-    samples); in a node's own data (no true labels) the samples its ``verified`` mask
-    names, labels as stored."""
+    labels unchanged. Verified labels: the samples a ``verified`` mask names, where the
+    data has one (a node's own data, labels as stored; a simulation of such a file, its
+    checked labels put in place of the noised ones); else, in a partition of the run's
+    dataset, the share with its true labels put in place of the observed ones (a
+    simulated check of those samples)."""
     if cfg.validation_labels != "verified" or share is None:
         return share, labels
-    if true_labels is not None:
+    if true_labels is not None and verified is None:
         checked = labels.copy()
         checked[share] = true_labels[share]
         return share, checked
@@ -218,6 +230,9 @@ def verified_share(cfg: RunConfig, share: np.ndarray | None, labels: np.ndarray,
             f"{where}: all {len(labels)} samples it trains on are verified, so none is left "
             "to train on; mark only a sample of them verified (docs/OWN-DATA.md, "
             "\"Verified labels\")")
+    if true_labels is not None:  # a simulation of a file that marks its checked samples
+        labels = labels.copy()
+        labels[positions] = true_labels[positions]
     return positions, labels
 
 
@@ -269,8 +284,10 @@ def partition_data(cfg: RunConfig, partition_id: int, device: torch.device) -> L
     idx = fed.client_indices[partition_id]
     idx_t = torch.as_tensor(idx, dtype=torch.int64)
     x = on_device(fed.data, "train", device).index_select(0, idx_t.to(device))
+    marked = fed.data.train_verified
     local = make_local(cfg, partition_id, x, fed.noisy_labels[idx], fed.true_labels[idx],
-                       fed.data)
+                       fed.data, None if marked is None else marked[idx],
+                       f"partition {partition_id} of data-path={cfg.data_path!r}")
     with _LOCK:
         _CACHE[key] = local
     return local

@@ -1,10 +1,11 @@
 """A run in a picture: ``curves.png`` beside ``summary.json`` (README, "Results folder").
 
 Three panels over the rounds: the accuracy of the global model (the server's test set,
-and the nodes' held-out data with federated evaluation); A(t) with A_max, T_e and the
-phase-2 guard's verdicts (a round whose received model became its best, one that did
-not beat it, the round it fell back or ended the run in, and the model it restored);
-and which partitions took part in each round (trained, missed, or not sampled).
+and the nodes' held-out data with federated evaluation) and the model the run delivered,
+with its reading and why; A(t) with A_max, T_e, the guard's own reading and its verdicts
+(a round whose received model became its best, one that did not beat it, the round it
+fell back or gave its verdict in); and which partitions took part in each round
+(trained, missed, or not sampled).
 
 The ServerApp draws it at the end of every run, completed, degraded or failed
 (:meth:`.round_loop.RoundLoop._finish`), not the ``fedefc`` command: in a deployment
@@ -44,6 +45,7 @@ class Series:
     federated_acc: list[float | None] = field(default_factory=list)
     a: dict[int, float] = field(default_factory=dict)  # round -> A(t), where recorded
     a_max: dict[int, float] = field(default_factory=dict)  # round -> A_max, once set
+    guard_acc: dict[int, float] = field(default_factory=dict)  # round -> the guard's reading
     t_e: int | None = None
     guard_best: list[int] = field(default_factory=list)  # phase-2 rounds: a new best
     guard_worse: list[int] = field(default_factory=list)  # phase-2 rounds: not better
@@ -65,6 +67,8 @@ def series(records: list[dict[str, Any]]) -> Series:
         out.federated_acc.append(rec.get("federated_acc"))
         if rec.get("A") is not None:
             out.a[t] = float(rec["A"])
+        if rec.get("guard_acc") is not None:
+            out.guard_acc[t] = float(rec["guard_acc"])
         if rec.get("A_max") and t > 0:  # 0 until the rule watches (after start-round)
             out.a_max[t] = float(rec["A_max"])
         if rec.get("t_e") is not None:
@@ -94,11 +98,11 @@ def _title(summary: dict[str, Any]) -> str:
 
 
 def draw(data: Series, summary: dict[str, Any], num_partitions: int, path: Path) -> None:
-    """Write the picture of ``data`` (its title from ``summary``) to ``path``."""
+    """Write the picture of ``data`` (its title from ``summary``) to ``path``: one
+    function a panel, then what every panel shares (T_e, phase 2, grid, legend)."""
     # lazy (module docstring): matplotlib's figure, canvas and ticker
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: 2.3 s with the two below
     from matplotlib.figure import Figure  # lazy: 2.3 s with the canvas
-    from matplotlib.ticker import MaxNLocator  # lazy: 2.3 s with the canvas
 
     has_a = bool(data.a)
     rows = 3 if has_a else 2
@@ -106,41 +110,74 @@ def draw(data: Series, summary: dict[str, Any], num_partitions: int, path: Path)
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(rows, 1, height_ratios=[3, 2.2, 1.8] if has_a else [3, 1.8])
     acc = fig.add_subplot(grid[0])
+    accuracy_panel(acc, data, summary)
     axes = [acc]
+    if has_a:
+        axes.append(fig.add_subplot(grid[1], sharex=acc))
+        signal_panel(axes[-1], data, summary)
+    axes.append(fig.add_subplot(grid[rows - 1], sharex=acc))
+    sites_panel(axes[-1], data, num_partitions)
+    for ax in axes:
+        finish_axis(ax, data, first=ax is acc)
+    if data.rounds:
+        acc.set_xlim(min(data.rounds) - 0.5, max(data.rounds) + 0.5)
+    fig.suptitle(_title(summary), fontsize=10)
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    atomic_write_bytes(path, png.getvalue())
+
+
+def accuracy_panel(acc, data: Series, summary: dict[str, Any]) -> None:
+    """The global model's accuracy per round, and the model the run delivered: the
+    round it was made in, its reading on the guard's signal and why (docs/FEDEFC.md
+    §3.4)."""
     for values, label, style in ((data.test_acc, "test accuracy (server test set)", "-"),
                                  (data.federated_acc, "federated accuracy (held-out data)",
                                   "--")):
         points = [(t, v) for t, v in zip(data.rounds, values) if v is not None]
         if points:
             acc.plot(*zip(*points), style, marker=".", lw=1.4, label=label)
-    if summary.get("guard_restored_round"):
-        acc.axvline(summary["guard_restored_round"], color="tab:green", lw=1, ls=":",
-                    label=f"model restored by the guard (round "
-                          f"{summary['guard_restored_round']})")
+    after = summary.get("delivered_after_round")
+    if after is not None:
+        reading = summary.get("delivered_reading")
+        read = "" if reading is None else f", read {reading:.3f}"
+        acc.axvline(after, color="tab:green", lw=1.2, ls=":",
+                    label=textwrap.fill(f"delivered: the model after round {after}{read}; "
+                                        f"{summary.get('delivered_why', '')}", 44))
     acc.set_ylabel("accuracy")
-    if has_a:
-        sig = fig.add_subplot(grid[1], sharex=acc)
-        axes.append(sig)
-        sig.plot(list(data.a), list(data.a.values()), "-", marker=".", color="tab:purple",
-                 lw=1.4, label="A(t)")
-        if data.a_max:
-            sig.step(list(data.a_max), list(data.a_max.values()), where="post",
-                     color="tab:gray", ls="--", lw=1, label="A_max")
-        for rounds, marker, colour, label in (
-                (data.guard_best, "^", "tab:green", "guard: a new best"),
-                (data.guard_worse, "v", "tab:red", "guard: not better")):
-            points = [(t, data.a[t]) for t in rounds if t in data.a]
-            if points:
-                sig.scatter(*zip(*points), marker=marker, color=colour, s=40, zorder=3,
-                            label=label)
-        for key, text, colour in (("guard_fell_back_at", "guard fell back", "tab:orange"),
-                                  ("guard_ended_at", "guard ended the run", "tab:red")):
-            if summary.get(key) is not None:
-                sig.axvline(summary[key], color=colour, lw=1.2, label=f"{text} "
-                            f"(round {summary[key]})")
-        sig.set_ylabel("A(t)")
-    sites = fig.add_subplot(grid[rows - 1], sharex=acc)
-    axes.append(sites)
+
+
+def signal_panel(sig, data: Series, summary: dict[str, Any]) -> None:
+    """A(t) with A_max, the guard's reading (where it reads more than A(t): the twin's
+    slices or the coordinator's clean set) and its verdicts."""
+    sig.plot(list(data.a), list(data.a.values()), "-", marker=".", color="tab:purple",
+             lw=1.4, label="A(t)")
+    if data.a_max:
+        sig.step(list(data.a_max), list(data.a_max.values()), where="post",
+                 color="tab:gray", ls="--", lw=1, label="A_max")
+    if data.guard_acc and data.guard_acc != data.a:
+        sig.plot(list(data.guard_acc), list(data.guard_acc.values()), "-", marker=".",
+                 color="tab:green", lw=1.2,
+                 label=textwrap.fill(f"guard reads {summary.get('guard_signal')}", 44))
+    read = data.guard_acc or data.a
+    for rounds, marker, colour, label in (
+            (data.guard_best, "^", "tab:green", "guard: a new best"),
+            (data.guard_worse, "v", "tab:red", "guard: not better")):
+        points = [(t, read[t]) for t in rounds if t in read]
+        if points:
+            sig.scatter(*zip(*points), marker=marker, color=colour, s=40, zorder=3,
+                        label=label)
+    for key, text, colour in (("guard_fell_back_at", "guard fell back", "tab:orange"),
+                              ("guard_ended_at", "guard's verdict", "tab:red")):
+        if summary.get(key) is not None:
+            sig.axvline(summary[key], color=colour, lw=1.2, label=f"{text} "
+                        f"(round {summary[key]})")
+    sig.set_ylabel("A(t)")
+
+
+def sites_panel(sites, data: Series, num_partitions: int) -> None:
+    """Which partitions trained in each round and which missed it."""
     trained = [(t, p) for t, ps in data.took_part.items() for p in ps]
     missed = [(t, p) for t, ps in data.missed.items() for p in ps]
     size = max(4.0, 60.0 / max(num_partitions, 1) ** 0.8)
@@ -155,24 +192,23 @@ def draw(data: Series, summary: dict[str, Any], num_partitions: int, path: Path)
     sites.set_xlabel("round")
     if num_partitions <= 12:
         sites.set_yticks(range(num_partitions))
-    for ax in axes:
-        if data.t_e is not None:
-            ax.axvline(data.t_e, color="black", lw=1, ls="--",
-                       label=f"T_e = {data.t_e}" if ax is axes[0] else None)
-            ax.axvspan(data.t_e + 0.5, max(data.rounds) + 0.5, color="tab:orange",
-                       alpha=0.07, label="phase 2" if ax is axes[0] else None)
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                      borderaxespad=0)
-    if data.rounds:
-        acc.set_xlim(min(data.rounds) - 0.5, max(data.rounds) + 0.5)
-    fig.suptitle(_title(summary), fontsize=10)
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    atomic_write_bytes(path, png.getvalue())
+
+
+def finish_axis(ax, data: Series, first: bool) -> None:
+    """T_e and the phase-2 span (labelled on the first panel), grid, integer rounds,
+    legend."""
+    from matplotlib.ticker import MaxNLocator  # lazy: 2.3 s with the canvas
+
+    if data.t_e is not None:
+        ax.axvline(data.t_e, color="black", lw=1, ls="--",
+                   label=f"T_e = {data.t_e}" if first else None)
+        ax.axvspan(data.t_e + 0.5, max(data.rounds) + 0.5, color="tab:orange",
+                   alpha=0.07, label="phase 2" if first else None)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0)
 
 
 def write_curves(out_dir: str | Path, records: list[dict[str, Any]],

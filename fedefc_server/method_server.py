@@ -28,7 +28,7 @@ is returned by :meth:`state` for every checkpoint and restored by :meth:`load_st
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
 from common.config import RunConfig
 from common.models import ClassifierShape
 
+from .guard import BestRead, ModelGuard, Phase2Guard, binomial_se
 from .plan import sample_round
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class MethodServer:
         self.model_shape = model_shape
         # the coordinator's clean validation set, measured and reported (docs/FEDEFC.md §3.9)
         self.clean: tuple[Evaluator, CleanSet] | None = None
+        # what chooses the delivered model among those the run made, keeping the best in
+        # every checkpoint: FedEFC's phase-2 guard, or with the clean set and deliver =
+        # "best-read" the best read on it (docs/FEDEFC.md §3.4, §3.9)
+        self.chooser: ModelGuard | None = None
 
     def read_clean_set(self, evaluator: Evaluator, clean: CleanSet) -> str:
         """Measure each round's new global model on the coordinator's clean validation set
@@ -82,6 +87,10 @@ class MethodServer:
         pairs with (docs/FEDEFC.md §3.9). Nothing else changes. Returns what the server
         does with the set, in words, for the log."""
         self.clean = (evaluator, clean)
+        if self.cfg.deliver == "best-read":
+            self.chooser = BestRead(clean.summary)
+            return (f"the server reads each round's model on {clean.summary} and delivers "
+                    "the model that reads best where the set can tell (deliver=\"best-read\")")
         return f"the server reports each round's model's accuracy on {clean.summary}"
 
     # -- plan --------------------------------------------------------------------------
@@ -117,8 +126,12 @@ class MethodServer:
         model's accuracy on the coordinator's clean set where the run has one."""
         if self.clean is None or result.parameters is None:
             return result.parameters, {}
-        return result.parameters, {
-            "clean_acc": self.clean[0](parameters_to_ndarrays(result.parameters))[1]}
+        acc = self.clean[0](parameters_to_ndarrays(result.parameters))[1]
+        if not isinstance(self.chooser, BestRead):
+            return result.parameters, {"clean_acc": acc}
+        return self.chooser.choose(result.round, acc, binomial_se(acc, len(self.clean[1].y)),
+                                   result.parameters, result.round == self.cfg.rounds), \
+            {"clean_acc": acc}
 
     # -- record ------------------------------------------------------------------------
     def state_fields(self, server_round: int) -> dict[str, Any]:
@@ -131,12 +144,15 @@ class MethodServer:
 
     def summary_fields(self) -> dict[str, Any]:
         """What summary.json adds about the method: the clean set it reported on."""
-        return {} if self.clean is None else {"clean_set": self.clean[1].summary}
+        if self.clean is None:
+            return {}
+        chosen = {} if self.chooser is None else self.chooser.summary_fields()
+        return {"clean_set": self.clean[1].summary, "deliver": self.cfg.deliver, **chosen}
 
     def notes(self) -> list[str]:
         """Plain-words remarks on a completed run that change how to read it (the last
         log lines and the summary's ``notes``)."""
-        return []
+        return [] if self.chooser is None else self.chooser.notes(self.cfg.rounds)
 
     # -- loop --------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -147,18 +163,22 @@ class MethodServer:
     # -- checkpoint --------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Everything the method must remember to continue the run (JSON-serializable)."""
-        return {}
+        return {} if self.chooser is None else {"chooser": asdict(self.chooser.rule)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state` from a checkpoint."""
+        if self.chooser is not None and "chooser" in state:
+            self.chooser.rule = Phase2Guard(**state["chooser"])
 
     def models(self) -> dict[str, list[np.ndarray]]:
         """Models the method keeps besides the global one (name -> arrays), for the
         checkpoint."""
-        return {}
+        return {} if self.chooser is None else self.chooser.models()
 
     def load_models(self, models: dict[str, list[np.ndarray]]) -> None:
         """Restore :meth:`models` from a checkpoint (after :meth:`load_state`)."""
+        if self.chooser is not None:
+            self.chooser.load_models(models)
 
     @classmethod
     def check_checkpoint(cls, state: dict[str, Any], cfg: RunConfig) -> None:

@@ -60,6 +60,7 @@ from common.twin import paired
 from . import checkpoint
 from .allowlist import Allowlist
 from .clean_set import attach_clean_set
+from .guard import delivery_rule
 from .declarations import SizeRule, admission
 from .dishonest import DishonestGrid, with_server_faults
 from .evaluation import TestSetEvaluator
@@ -190,16 +191,17 @@ def announce(cfg: RunConfig, source: DataSource, out_dir: str, admitted: Admissi
     """The run's header in the log: what runs on which data, where its results go, who
     is admitted, and the warnings of its config."""
     log(INFO, "FedEFC run | method %s | %s | %d clients, %d per round | %d rounds | "
-        "evaluation: %s | results -> %s", cfg.method, source.text, cfg.num_clients,
-        cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode, out_dir)
+        "evaluation: %s | delivers %s | results -> %s", cfg.method, source.text,
+        cfg.num_clients, cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode,
+        delivery_rule(cfg), out_dir)
     log(INFO, "%s", admission_text(admitted.record))
     if cfg.stacked_clients:
         log(INFO, "the sampled clients go %d to a message, stepped together "
             "(stacked-clients; 0 sends one message per client)", cfg.stacked_clients)
     if cfg.twinned:
-        log(INFO, "each client also trains a twin of the global model on all its data, the "
-            "validation share included: the model the run delivers (twin-model; "
-            "docs/FEDEFC.md §3.8)")
+        log(INFO, "each client also trains a twin of the global model on all its data but "
+            "the guard slice of its share: the model the run delivers and the guard reads "
+            "(twin-model; docs/FEDEFC.md §3.8)")
     short = short_run_warning(cfg)
     if short:
         log(WARNING, "%s", short)

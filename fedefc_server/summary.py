@@ -199,15 +199,29 @@ def guard_verdict(summary: dict[str, Any]) -> str:
     fell = summary.get("guard_fell_back_at")
     first = (f"restored its best model after round {fell} and went on with cross-entropy, "
              "then " if fell is not None else "")
-    if summary.get("guard_ended_at") is not None:
-        return (f"phase-2 guard: {first}restored the model of round "
-                f"{summary.get('guard_restored_round')} and ended the run after round "
-                f"{summary['guard_ended_at']}")
+    ended = summary.get("guard_ended_at")
+    if ended is not None:
+        when = ("at the end of the run" if ended == summary.get("rounds") else
+                f"and ended the run after round {ended}")
+        return (f"phase-2 guard: {first}restored the model round "
+                f"{summary.get('guard_restored_round')} received {when}")
     if fell is not None:
         return f"phase-2 guard: {first}kept that training to the end"
     if summary.get("t_e") is None:
         return "phase-2 guard: no phase 2 to judge"
     return "phase-2 guard: kept phase 2 to the end"
+
+
+def delivered_text(summary: dict[str, Any]) -> str:
+    """Which model a run with a guard signal delivered, its reading and why, in one line
+    ('' without one: docs/FEDEFC.md §3.4, §3.9)."""
+    after = summary.get("delivered_after_round")
+    if after is None:
+        return ""
+    reading = summary.get("delivered_reading")
+    read = (f", reading {reading:.4f} on {summary.get('guard_signal')}"
+            if reading is not None else "")
+    return f"delivered: the model after round {after}{read}; {summary.get('delivered_why')}"
 
 
 def _sites(summary: dict[str, Any]) -> list[str]:
@@ -265,6 +279,9 @@ def run_report(summary: dict[str, Any], folder: str | Path | None = None) -> lis
                    f"from round {t_e + 1}" if t_e is not None else
                    "T_e none: the run never left phase 1 (it trained as FedAvg)")
         lines.append(f"  {prestop}; {guard_verdict(summary)}")
+    delivered = delivered_text(summary)
+    if delivered:
+        lines.append(f"  {delivered}")
     if status != "failed" or summary.get("missed_rounds"):
         lines += [f"  {line}" for line in _sites(summary)]
     lines += [f"  note: {note}" for note in summary.get("notes") or []]

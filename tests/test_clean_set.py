@@ -307,7 +307,10 @@ def test_the_guard_follows_the_clean_set_where_the_clients_a_t_rises(tmp_path):
     clean = ScriptedClean(float(init[1][0]), step, CLEAN)
     pipeline = make_pipeline(cfg, max_private=10**8,
                              evaluator=lambda weights: (1.0, float(weights[1][0])))
-    pipeline.server.read_clean_set(clean, CleanSet(torch.zeros(1), torch.zeros(1), "scripted"))
+    # a set of 1,000: its readings' standard error (under 1.6 points) tells the script's
+    # differences of 5 points and more apart
+    pipeline.server.read_clean_set(clean, CleanSet(torch.zeros(1000), torch.zeros(1000),
+                                                   "scripted"))
     manager = SimpleClientManager()
     for pid, size in SIZES.items():
         manager.register(RisingNode(f"node-{pid}", pid, size))
@@ -326,4 +329,64 @@ def test_the_guard_follows_the_clean_set_where_the_clients_a_t_rises(tmp_path):
     assert (summary["guard_restored_round"], summary["guard_ended_at"]) == (8, 10)
     assert summary["final_acc"] == pytest.approx(float(init[1][0]) + 7 * step)
     assert summary["guard_signal"].startswith("the coordinator's clean validation set")
-    assert "accuracy on the coordinator's clean set" in summary["notes"][0]
+    assert "the coordinator's clean validation set (1000 samples" in summary["notes"][0]
+    assert summary["delivered_after_round"] == 7 and summary["delivered_reading"] == 0.9
+
+
+# the clean set's accuracy of FedAvg's model after round r (FedAvg reads the model each
+# round made): the best after round 7, the last 5 points below it
+FEDAVG_CLEAN = {**CLEAN, 12: 0.85}
+
+
+@pytest.mark.parametrize("deliver, samples, after", [
+    ("best-read", 1000, 7),   # 0.90 against 0.85, 3.4 standard errors: round 7's model
+    ("final", 1000, 12),      # FedAvg's own rule: the last model
+    ("best-read", 50, 12),    # 0.76 standard errors on 50 samples: the set cannot tell
+])
+def test_fedavg_can_deliver_the_model_that_reads_best_on_the_clean_set(tmp_path, deliver,
+                                                                      samples, after):
+    """``deliver = "best-read"`` (docs/FEDEFC.md §3.9): FedAvg's server reads every
+    round's new model on the coordinator's set and, at the end of the run, delivers the
+    best where the set tells it from the last by more than the margin; model.pt, the
+    final accuracy and the summary say so."""
+    cfg = load_run_config({**SILO, "num-clients": 4, "method": "fedavg", "rounds": 12,
+                           "deliver": deliver,
+                           "out-dir": str(tmp_path), "clean-validation-per-class": 1})
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 3)
+    init = get_weights(model)
+    step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
+    pipeline = make_pipeline(cfg, max_private=10**8,
+                             evaluator=lambda weights: (1.0, float(weights[1][0])))
+    pipeline.server.read_clean_set(ScriptedClean(float(init[1][0]), step, FEDAVG_CLEAN),
+                                   CleanSet(torch.zeros(samples), torch.zeros(samples), "s"))
+    manager = SimpleClientManager()
+    for pid, size in SIZES.items():
+        manager.register(RisingNode(f"node-{pid}", pid, size))
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(init), cfg=cfg,
+                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
+    loop.set_max_workers(1)
+    loop.fit(12, None)
+    recs = records(tmp_path)
+    assert [r["clean_acc"] for r in recs[1:]] == [FEDAVG_CLEAN[t] for t in range(1, 13)]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final_acc"] == pytest.approx(float(init[1][0]) + after * step)
+    saved = torch.load(tmp_path / "model.pt")
+    np.testing.assert_allclose(saved["bias"].numpy(), init[1] + after * step, rtol=1e-6)
+    if deliver == "final":
+        assert "delivered_after_round" not in summary
+    else:
+        assert summary["delivered_after_round"] == after
+        assert summary["delivered_reading"] == (0.9 if after == 7 else 0.85)
+
+
+@pytest.mark.parametrize("keys, match", [
+    ({"method": "fedavg", "deliver": "best-read"}, "this run has none"),
+    ({"method": "fedefc", "deliver": "best-read", "clean-validation-per-class": 10},
+     "already delivers the model that reads best"),
+    ({"method": "fedcorr", "deliver": "best-read"}, "has server steps of its own"),
+])
+def test_best_read_needs_the_clean_set_and_a_method_without_a_guard(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        load_run_config({**SILO, **keys})

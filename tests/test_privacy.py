@@ -183,7 +183,8 @@ def test_a_tail_stays_inside_the_clipping_range_and_leaves_the_clear_metrics():
     assert clear == {"partition-id": 3, "loss": "cross-entropy"}
     w = 40 / 40
     assert np.all(w * tail <= 8.0 / 2 + 1e-12)  # half the clipping range, any size
-    assert tail[2] == tail[0]  # a loss above its bound is clipped to it
+    loss = [name for name, _ in SLOTS].index("train-loss")
+    assert tail[loss] == tail[0]  # a loss above its bound is clipped to it
     assert decode_tail(np.zeros(len(SLOTS))) == {}
 
 
@@ -269,15 +270,17 @@ def test_the_server_learns_a_t_and_never_a_clients_accuracy(rounds):
     assert fields["A"] == pytest.approx(np.mean(accuracies), abs=1e-6)
     assert fields["client_acc"] is None and fields["n_clients"] == 4
     # the update's norm over the round's bound (issue 47) is summed too, never per client
-    assert fields["server_saw"]["sum_only"] == ["weights", "accuracy", "train-loss",
-                                                "update-ratio"]
-    assert not {"accuracy", "update-ratio"} & set(fields["server_saw"]["per_client"])
+    # with a twin, its reading on the guard slice too (docs/FEDEFC.md §3.8)
+    assert fields["server_saw"]["sum_only"] == ["weights", "accuracy", "guard-accuracy",
+                                                "train-loss", "update-ratio"]
+    assert not {"accuracy", "guard-accuracy", "update-ratio"} & set(
+        fields["server_saw"]["per_client"])
     # ... from messages none of which holds one client's accuracy in the clear
     replies = secure_grid.received
     assert replies and not any(m.has_error() for m in replies)
     for msg in replies:
         for name, key, value in scalars(msg):
-            assert key != "accuracy", (name, key)
+            assert key not in ("accuracy", "guard-accuracy"), (name, key)
             assert not (isinstance(value, float) and value in accuracies), (name, key, value)
         assert all(len(rec) == 0 for rec in msg.content.array_records.values())
     # the arrays travelled as masked integer vectors only; read as if they were not

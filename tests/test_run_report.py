@@ -79,7 +79,7 @@ def test_the_summary_is_told_in_a_few_lines(tmp_path):
         "  federated accuracy (the nodes' held-out data): final 0.7000 | best 0.7500 (round "
         "12) | mean of last 10 rounds 0.7100",
         "  T_e 14 (A_max 0.8096), phase 2 from round 15; phase-2 guard: restored the model "
-        "of round 19 and ended the run after round 24",
+        "round 19 received and ended the run after round 24",
         "  sites missing: partition 2 missed 5 rounds (3-6, 9)",
         "  federated evaluations missed: partition 2 2 (3-4)",
         "  2 client failures, 1 refused federated evaluations (reasons: metrics.jsonl)",
@@ -100,8 +100,11 @@ def test_a_failed_run_says_why_and_a_plain_one_has_no_guard_or_absences():
     assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_fell_back_at": 9,
                           "guard_restored_round": 11, "guard_ended_at": 14}) == (
         "phase-2 guard: restored its best model after round 9 and went on with "
-        "cross-entropy, then restored the model of round 11 and ended the run after round "
-        "14")
+        "cross-entropy, then restored the model round 11 received and ended the run after "
+        "round 14")
+    assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "rounds": 20,
+                          "guard_restored_round": 11, "guard_ended_at": 20}) == (
+        "phase-2 guard: restored the model round 11 received at the end of the run")
     assert guard_verdict({"phase_2_guard": "on", "t_e": 7, "guard_ended_at": None}) == (
         "phase-2 guard: kept phase 2 to the end")
     assert guard_verdict({"phase_2_guard": "on", "t_e": None}) == (

@@ -1,10 +1,11 @@
 """The twin (``twin-model``, docs/FEDEFC.md §3.8): under full participation FedEFC's
-clients also train a twin of the global model on all their data, the model the run
-delivers. Checked against independent truths: in phase 1 the twin is FedAvg's client
-update bit for bit and the probe the client without a twin; in phase 2 the twin is the
-forward-corrected update of all the client's samples with the Q the probe counted; the
-server reads the twin (test set, federated evaluation, ``model.pt``); a real simulation
-with a twin trains FedAvg's models, round for round, until T_e."""
+clients also train a twin of the global model on all their data but the guard slice of
+their share, the model the run delivers and the guard reads. Checked against independent
+truths: in phase 1 the twin is the cross-entropy update of every sample but the slice
+and the probe the client without a twin; the twin's reading is the received twin's
+accuracy on the slice; in phase 2 the twin is the forward-corrected update of those
+samples with the Q the probe counted; the server reads the twin (test set, federated
+evaluation, ``model.pt``); a real simulation with a twin delivers it, read."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from common.methods import changed_keys, default_config, load_run_config
 from common.params import get_weights, set_weights
 from common.results import RunRecorder
 from common.runtime import initial_model, model_for
+from common.training import BatchTransform, predict_proba
 from common.twin import delivered, halves, paired
 from fedefc_client.baselines.label_state import load_vector
 from fedefc_client.client import MethodClient
@@ -126,19 +128,43 @@ def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-def test_in_phase_1_the_twin_is_fedavgs_client_and_the_probe_the_client_without_one():
+def truth(cfg, local, start, seed, q=None) -> list[np.ndarray]:
+    """The twin's update by hand: cross-entropy (or the forward-corrected loss with
+    ``q``) on every sample but the guard slice, every second position of the share."""
+    keep = np.ones(len(local), dtype=bool)
+    keep[local.validation[::2]] = False
+    model = model_for(cfg, local.data.task, CPU, "truth")
+    set_weights(model, start)
+    job = LocalJob(cfg, replace(local, validation=None, estimation=None), model,
+                   1 if q is None else 2, 9, seed)
+    loss = {} if q is None else {"loss_fn": partial(
+        forward_corrected_loss, q=torch.as_tensor(q, dtype=torch.float32))}
+    job.train(keep=keep, **loss)
+    return get_weights(model)
+
+
+def test_in_phase_1_the_twin_trains_all_but_its_guard_slice_and_is_read_on_the_slice():
     (twinned, plain, fedavg), cfg = clients()
-    start = get_weights(initial_model(cfg, twinned.local.data.task))
+    local = twinned.local
+    start = get_weights(initial_model(cfg, local.data.task))
     config = round_config(cfg, 1, 3)
     weights, n, metrics = twinned.fit(paired(start), {**config, "phase": 1})
     twin, probe = halves(weights)
     want_probe, want_n, want_metrics = plain.fit(start, {**config, "phase": 1})
-    want_twin, fedavg_n, _ = fedavg.fit(start, config)
-    assert equal(probe, want_probe) and equal(twin, want_twin)
-    assert not equal(twin, probe)  # the twin trained on the share too
-    assert n == want_n == fedavg_n == len(twinned.local)
-    assert metrics.keys() == want_metrics.keys()
+    assert equal(probe, want_probe)
+    assert equal(twin, truth(cfg, local, start, int(config["seed"])))
+    assert not equal(twin, probe)  # the twin trained on half the share too
+    assert n == want_n == len(local)
+    assert metrics.keys() == {*want_metrics.keys(), "guard-accuracy"}
     assert metrics["accuracy"] == want_metrics["accuracy"]  # A_k: the probe's, on the share
+    # the guard's reading: the RECEIVED twin's accuracy on the slice, by hand
+    model = model_for(cfg, local.data.task, CPU, "truth")
+    set_weights(model, start)
+    slice_ = local.validation[::2]
+    probs = predict_proba(model, local.x[torch.as_tensor(slice_)],
+                          BatchTransform.of(local.spec, CPU), 1024)
+    assert len(slice_) > 20 and metrics["guard-accuracy"] == pytest.approx(
+        float(np.mean(probs.argmax(1) == local.labels[slice_])))
 
 
 def trained_start(fedavg: MethodClient, cfg) -> list[np.ndarray]:
@@ -148,9 +174,10 @@ def trained_start(fedavg: MethodClient, cfg) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("keys", [{}, VERIFIED], ids=["observed", "verified"])
-def test_in_phase_2_the_twin_trains_all_samples_with_the_q_its_probe_counted(keys):
-    """With verified labels (docs/FEDEFC.md §3.8) "every sample" holds the checked share
-    with its true labels, which the probe keeps out of training and of Q's counts."""
+def test_in_phase_2_the_twin_trains_all_but_its_slice_with_the_q_its_probe_counted(keys):
+    """With verified labels (docs/FEDEFC.md §3.8) the samples trained on hold half the
+    checked share with its true labels, which the probe keeps out of training and of
+    Q's counts."""
     (twinned, plain, fedavg), cfg = clients(**keys)
     start = trained_start(fedavg, cfg)
     config = {**round_config(cfg, 1, 9), "phase": 2}
@@ -167,16 +194,10 @@ def test_in_phase_2_the_twin_trains_all_samples_with_the_q_its_probe_counted(key
     twin, probe = halves(weights)
     assert equal(probe, want_probe)
     assert not np.allclose(counted["q"], np.eye(len(counted["q"])))  # a correction
-    # the truth: the forward-corrected update of every sample, from the same seed
+    # the truth: the forward-corrected update of all but the slice, from the same seed
     local = twinned.local
-    every = replace(local, validation=None, estimation=None)
-    model = model_for(cfg, local.data.task, CPU, "truth")
-    set_weights(model, start)
-    job = LocalJob(cfg, every, model, 2, 9, int(config["seed"]))
-    job.train(partial(forward_corrected_loss, q=torch.as_tensor(counted["q"],
-                                                                dtype=torch.float32)))
-    assert equal(twin, get_weights(model))
-    assert len(local.validation) > 0  # ... and every sample includes the share
+    assert equal(twin, truth(cfg, local, start, int(config["seed"]), counted["q"]))
+    assert len(local.validation) > 1  # ... which includes half the share
     if keys:  # ... whose labels are the true ones
         observed = partition_data(load_run_config({**SILO, **keys, "validation-labels":
                                                    "observed"}), 1, CPU).labels[local.validation]
@@ -215,33 +236,39 @@ def test_the_server_evaluates_the_twin():
 
 
 @pytest.fixture(scope="module")
-def twin_and_fedavg(tiny_mnist_dir, tmp_path_factory):
-    """The small job with the held-out signal and a twin, and FedAvg on the same config:
-    {name: out-dir}. Every client reports accuracy 0 in round 2 (an ``acc=0.0`` fault),
-    which makes round 2 the prestopping point, so rounds 3.. run phase 2."""
+def twinned_run(tiny_mnist_dir, tmp_path_factory):
+    """The small job with the held-out signal and a twin: its out-dir. Every client
+    reports accuracy 0 in round 2 (an ``acc=0.0`` fault), which makes round 2 the
+    prestopping point, so rounds 3.. run phase 2."""
     from fedefc_cli.simulation import run_simulation_job
-    out = {}
-    for name, method in (("twin", "fedefc"), ("fedavg", "fedavg")):
-        out[name] = tmp_path_factory.mktemp(name)
-        run_simulation_job(small_job(tiny_mnist_dir, out[name], method=f'"{method}"',
-                                     **{"accuracy-signal": '"held-out"', "start-round": 0,
-                                        "faults": '"acc=0.0@0-3@2"'}))
+    out = tmp_path_factory.mktemp("twin")
+    run_simulation_job(small_job(tiny_mnist_dir, out, method='"fedefc"',
+                                 **{"accuracy-signal": '"held-out"', "start-round": 0,
+                                    "faults": '"acc=0.0@0-3@2"'}))
     return out
 
 
 @pytest.mark.flower
-def test_a_twinned_run_trains_fedavgs_models_until_t_e_and_delivers_its_twin(twin_and_fedavg):
-    """The twin's rounds up to T_e are FedAvg's, round by round (the server's test set
-    reads the twin); phase 2 then moves it away; model.pt holds one model."""
-    twin, fedavg = (records(twin_and_fedavg[k]) for k in ("twin", "fedavg"))
-    assert [r["phase"] for r in twin[:4]] == [1, 1, 1, 2]
-    assert [r["test_acc"] for r in twin[:3]] == [r["test_acc"] for r in fedavg[:3]]
-    summary = json.loads((twin_and_fedavg["twin"] / "summary.json").read_text())
+def test_a_twinned_run_delivers_its_twin_read_on_its_guard_slices(twinned_run):
+    """Through Flower: every round's record holds the guard's reading of the twin (the
+    clients' guard slices), the summary says which model was delivered and on what
+    signal, the server's test set read that model, and model.pt holds one model."""
+    recs = records(twinned_run)
+    assert [r["phase"] for r in recs[:4]] == [1, 1, 1, 2]
+    assert all(0.0 <= r["guard_acc"] <= 1.0 for r in recs[1:])
+    summary = json.loads((twinned_run / "summary.json").read_text())
     assert summary["twin_model"] == "on" and summary["t_e"] == 2
-    config = json.loads((twin_and_fedavg["twin"] / "config.json").read_text())
+    assert summary["guard_signal"] == "the held-out accuracy on the twin's guard slices, through Q"
+    after = summary["delivered_after_round"]
+    assert summary["final_acc"] == pytest.approx(
+        recs[-1]["test_acc"] if summary["guard_ended_at"] is not None
+        else recs[after]["test_acc"])
+    config = json.loads((twinned_run / "config.json").read_text())
     assert config["twin-model"] == "on"  # what ran, not "auto"
-    assert checkpoint.load(twin_and_fedavg["twin"]).config["twin-model"] == "on"
-    saved, want = (torch.load(twin_and_fedavg[k] / "model.pt") for k in ("twin", "fedavg"))
+    assert checkpoint.load(twinned_run).config["twin-model"] == "on"
+    saved = torch.load(twinned_run / "model.pt")
+    cfg = load_run_config({**config, "out-dir": ""})
+    want = initial_model(cfg, partition_data(cfg, 0, CPU).data.task).state_dict()
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in want.items()}
 
 
@@ -266,6 +293,8 @@ class PairNode(HeldOutNode):
 
     def fit(self, ins, timeout, group_id):
         res = super().fit(ins, timeout, group_id)  # + partition id to every array
+        if "accuracy" in res.metrics:  # the twin's reading: the script's too
+            res.metrics["guard-accuracy"] = res.metrics["accuracy"]
         twin, probe = halves(parameters_to_ndarrays(res.parameters))
         res.parameters = ndarrays_to_parameters(
             [*twin, *(w - 2 * self.partition_id for w in probe)])

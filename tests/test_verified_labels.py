@@ -230,3 +230,44 @@ def test_an_export_as_image_folders_cannot_mark_verified_samples(tmp_path, capsy
     assert code == 2
     assert "--images: an image folder cannot mark verified samples" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def own_file(tmp_path, marked: bool):
+    """A table of 240 samples (K = 3) with a test file; every 8th sample marked checked
+    in a ``verified`` array when ``marked``."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(240, 5)).astype(np.float32), rng.integers(0, 3, 240)
+    extra = {"verified": np.arange(240) % 8 == 0} if marked else {}
+    np.savez(tmp_path / "train.npz", features=x, labels=y, **extra)
+    np.savez(tmp_path / "test.npz", features=x[:30], labels=y[:30])
+    return {"dataset": "npz", "data-path": str(tmp_path / "train.npz"),
+            "test-path": str(tmp_path / "test.npz"), "num-clients": 3, "fraction": 1.0,
+            "iid": True, "validation-labels": "verified"}
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.3])
+def test_a_simulation_of_a_file_that_marks_its_checked_samples_reads_them(tmp_path, rho):
+    """The steward's work reaches a simulation (docs/FEDEFC.md §3.7): each client's share
+    is exactly its samples the file marks verified, with the file's (checked) labels,
+    whatever synthetic noise the rest gets."""
+    cfg = load_run_config({**own_file(tmp_path, marked=True), "rho": rho, "zeta": 0.0})
+    fed = data_plan(cfg)
+    mask = np.load(tmp_path / "train.npz")["verified"]
+    for pid in range(3):
+        local = partition_data(cfg, pid, CPU)
+        idx = fed.client_indices[pid]
+        np.testing.assert_array_equal(local.validation, np.flatnonzero(mask[idx]))
+        np.testing.assert_array_equal(local.labels[local.validation],
+                                      fed.true_labels[idx][mask[idx]])
+
+
+def test_verified_labels_on_a_file_of_observed_labels_without_a_mask_are_refused(tmp_path):
+    """rho = 0 takes the file's labels as observed: without a ``verified`` array nothing
+    says which are checked, and the run is refused rather than treat observed labels as
+    checked ones; with synthetic noise the file's labels are the truth, and a simulated
+    check of the seeded share stands."""
+    keys = own_file(tmp_path, marked=False)
+    with pytest.raises(DatasetError, match="its observed labels would be treated as verified"):
+        data_plan(load_run_config({**keys, "rho": 0.0}))
+    assert partition_data(load_run_config({**keys, "rho": 0.3, "zeta": 0.0}), 0,
+                          CPU).validation is not None
