@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -37,7 +38,6 @@ from common.models import classifier_shape
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
-from common.training import configure_threads
 from common.twin import paired
 from fedefc_cli.grid import Grid
 from fedefc_client.client import MethodClient
@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", type=Path, required=True)
     ap.add_argument("--row", dest="rows", action="append", default=None)
     args = ap.parse_args(argv)
-    configure_threads(1)
+    # one thread (the clients' configure_threads reads it): a client's two OpenMP threads
+    # on a loaded 2-core machine spin at every barrier (measured: 40x slower rounds)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     grid = Grid.load(args.grid)
     cells = [c for c in grid.cells(args.results_dir.resolve(), [])
              if args.rows is None or c.row in args.rows]
