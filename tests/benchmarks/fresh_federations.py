@@ -105,6 +105,7 @@ ROWS = '''[rows]
 "FedEFC, the coordinator's 10 clean samples per class" = { method = "fedefc", clean-validation-per-class = 10 }
 "FedAvg without the coordinator's 10 clean samples per class" = { method = "fedavg", clean-validation-per-class = 10 }
 "FedEFC, 10 verified labels per class" = { method = "fedefc", validation-labels = "verified", validation-max-per-class = 10 }
+"FedAvg without the coordinator's 10 clean samples per class, best read" = { method = "fedavg", clean-validation-per-class = 10, deliver = "best-read" }
 '''
 
 

@@ -14,7 +14,7 @@ its ``paired.md`` read these folders as they read a Flower grid's. Runs of the t
 runners agree in what they compute, not bit for bit (the threads' float sums differ).
 
     PYTHONPATH=. python tests/benchmarks/grid_in_process.py fresh-federations \\
-        --results-dir /abs/runs [--row LABEL ...]
+        --results-dir /abs/runs [--row LABEL ...] [--column LABEL ...]
 """
 
 from __future__ import annotations
@@ -101,13 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("grid", help="configs/grids/<name>.toml name or a grid file")
     ap.add_argument("--results-dir", type=Path, required=True)
     ap.add_argument("--row", dest="rows", action="append", default=None)
+    ap.add_argument("--column", dest="columns", action="append", default=None)
     args = ap.parse_args(argv)
     # one thread (the clients' configure_threads reads it): a client's two OpenMP threads
     # on a loaded 2-core machine spin at every barrier (measured: 40x slower rounds)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     grid = Grid.load(args.grid)
     cells = [c for c in grid.cells(args.results_dir.resolve(), [])
-             if args.rows is None or c.row in args.rows]
+             if (args.rows is None or c.row in args.rows)
+             and (args.columns is None or c.column in args.columns)]
     todo = [c for c in cells if not c.done]
     print(f"grid {grid.name}: {len(cells)} cells, {len(todo)} to run", flush=True)
     for i, cell in enumerate(todo, 1):
