@@ -12,7 +12,7 @@ from common.config import RunConfig
 from common.datasets import Dataset
 from common.params import set_weights
 from common.runtime import model_for, on_device
-from common.training import BatchTransform, evaluate, pick_device
+from common.training import BatchTransform, evaluate, pick_device, predict_proba
 
 
 class TestSetEvaluator:
@@ -34,3 +34,10 @@ class TestSetEvaluator:
     def __call__(self, weights: list[np.ndarray]) -> tuple[float, float]:
         set_weights(self.model, weights)
         return evaluate(self.model, self.x, self.y, self.transform, self.cfg.eval_batch_size)
+
+    def correct(self, weights: list[np.ndarray]) -> np.ndarray:
+        """Which samples the model of ``weights`` gets right (its argmax against the
+        labels): the phase-2 guard's paired reading on the coordinator's clean set."""
+        set_weights(self.model, weights)
+        probs = predict_proba(self.model, self.x, self.transform, self.cfg.eval_batch_size)
+        return probs.argmax(1) == self.y.cpu().numpy()

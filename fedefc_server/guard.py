@@ -25,17 +25,21 @@ the two readings. So:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import log
 
 from common.config import RunConfig
+from common.twin import delivered
 
 from .checkpoint import CheckpointError
+from .clean_set import CleanSet
+from .evaluation import TestSetEvaluator
 
 KEPT = "guard-best"  # the checkpoint's name for the guard's best model
 
@@ -50,11 +54,30 @@ def binomial_se(accuracy: float, n: int) -> float:
     return math.sqrt(max(accuracy * (1.0 - accuracy), 0.0) / n) if n > 0 else math.inf
 
 
-def tells_apart(high: float, high_se: float, low: float, low_se: float) -> bool:
+def tells_apart(high: float, high_se: float, low: float, low_se: float,
+                high_correct: Sequence[bool] | None = None,
+                low_correct: Sequence[bool] | None = None) -> bool:
     """Whether ``high`` reads above ``low`` by more than :data:`MARGIN` standard errors
-    of their difference (the two readings' errors taken as independent, which errs on
-    the side of not choosing)."""
+    of their difference. Where both were read on the same samples and the server saw
+    which each got right (``*_correct``: the coordinator's clean set), the error is the
+    paired one, from the samples the two models disagree on; else the two readings'
+    errors are taken as independent, which errs on the side of not choosing."""
+    if high_correct is not None and low_correct is not None \
+            and len(high_correct) == len(low_correct) > 1:
+        d = np.asarray(high_correct, dtype=float) - np.asarray(low_correct, dtype=float)
+        return high - low > MARGIN * math.sqrt(d.var() / len(d))
     return high - low > MARGIN * math.hypot(high_se, low_se)
+
+
+def clean_reading(clean: tuple[TestSetEvaluator, CleanSet], parameters: Parameters,
+                  twinned: bool) -> Reading:
+    """The accuracy on the coordinator's clean set of the model of ``parameters`` that
+    the run delivers (with a twin, the twin), its standard error, and which samples it
+    got right."""
+    evaluator, samples = clean
+    correct = evaluator.correct(delivered(parameters_to_ndarrays(parameters), twinned))
+    acc = float(correct.mean()) if len(correct) else 0.0
+    return Reading(acc, binomial_se(acc, len(samples.y)), correct)
 
 
 def clients_signal(cfg: RunConfig) -> str:
@@ -90,6 +113,7 @@ class Phase2Guard:
     patience: int
     best_a: float = -1.0
     best_se: float = 0.0
+    best_correct: list[bool] | None = None  # which samples the best got right, if known
     best_round: int | None = None
     worse: int = 0
     fired: int | None = None
@@ -98,8 +122,10 @@ class Phase2Guard:
     unclear: list[int] | None = None  # rounds whose verdict the signal could not make
 
     def observe(self, server_round: int, accuracy: float, phase_2_model: bool,
-                rebase: bool = False, se: float = 0.0) -> str:
-        """Feed the reading of round ``server_round`` with its standard error ``se``;
+                rebase: bool = False, se: float = 0.0,
+                correct: Sequence[bool] | None = None) -> str:
+        """Feed the reading of round ``server_round`` with its standard error ``se`` (and,
+        where the server read it itself, which samples it got right: ``correct``);
         returns ``"best"`` (the round's received model is the new best: keep it),
         ``"fell back"`` (restore the best model and train on with cross-entropy),
         ``"fired"`` (restore the best model and end the run), ``"unclear"`` (a verdict
@@ -114,6 +140,7 @@ class Phase2Guard:
             return ""
         if rebase or accuracy > self.best_a:
             self.best_a, self.best_se = float(accuracy), float(se)
+            self.best_correct = None if correct is None else [bool(c) for c in correct]
             self.best_round, self.worse = server_round, 0
             return "best"
         if not phase_2_model or server_round == (self.fell_back or -1) + 1:
@@ -121,7 +148,8 @@ class Phase2Guard:
         self.worse += 1
         if self.worse < self.patience:
             return ""
-        if not tells_apart(self.best_a, self.best_se, accuracy, se):
+        if not tells_apart(self.best_a, self.best_se, accuracy, se, self.best_correct,
+                           correct):
             self.worse = 0
             self.unclear = [*(self.unclear or []), server_round]
             return "unclear"
@@ -131,17 +159,30 @@ class Phase2Guard:
         self.fired = server_round
         return "fired"
 
-    def last_verdict(self, server_round: int, accuracy: float | None, se: float) -> bool:
+    def last_verdict(self, server_round: int, accuracy: float | None, se: float,
+                     correct: Sequence[bool] | None = None) -> bool:
         """The end of the run (round ``server_round``, the last): whether the best model
         replaces the one the run would deliver, read ``accuracy`` (± ``se``; None where
         the signal never read it: then the last reading, of the model the last round
         received, stands for it). Records the verdict as :attr:`fired`."""
         if self.fired is not None or self.best_round is None or accuracy is None:
             return False
-        if not tells_apart(self.best_a, self.best_se, accuracy, se):
+        if not tells_apart(self.best_a, self.best_se, accuracy, se, self.best_correct,
+                           correct):
             return False
         self.fired = server_round
         return True
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One model's reading on the guard's signal: its accuracy, the standard error of
+    that accuracy and, where the server read it itself (the coordinator's clean set),
+    which of the set's samples it got right (for the paired error of a difference)."""
+
+    value: float
+    se: float
+    correct: Sequence[bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,17 +207,18 @@ class ModelGuard:
         self.kept: Parameters | None = None
         self.delivered: Delivered | None = None
 
-    def judge(self, t: int, reading: float, se: float, received: Parameters | None,
+    def judge(self, t: int, read: Reading, received: Parameters | None,
               proposed: Parameters | None, *, phase_2_model: bool, rebase: bool,
-              last: bool, read_output: Callable[[Parameters], tuple[float, float]] | None
+              last: bool, read_output: Callable[[Parameters], Reading] | None
               ) -> Parameters | None:
-        """The round's new global model after the guard read ``reading`` (± ``se``) of the
-        model round ``t`` received: ``proposed`` (FedAvg's), or the kept best when a
-        verdict restores it. ``last``: the run's last round, whose end is a verdict too;
+        """The round's new global model after the guard's reading ``read`` of the model
+        round ``t`` received: ``proposed`` (FedAvg's), or the kept best when a verdict
+        restores it. ``last``: the run's last round, whose end is a verdict too;
         ``read_output`` reads ``proposed`` on the signal where the server can (the
         coordinator's clean set), else the last reading stands for it."""
-        verdict = self.rule.observe(t, reading, phase_2_model, rebase, se)
-        r, trained_on = self.rule, self.trained_on
+        verdict = self.rule.observe(t, read.value, phase_2_model, rebase, read.se,
+                                    read.correct)
+        r, trained_on, reading = self.rule, self.trained_on, read.value
         if verdict == "best":
             self.kept = received
         elif verdict == "unclear":
@@ -198,21 +240,21 @@ class ModelGuard:
                                 f"more than {MARGIN:g} standard error(s)")
         if not last:
             return proposed
-        final, final_se = (reading, se) if read_output is None or proposed is None \
-            else read_output(proposed)
-        if r.last_verdict(t, final, final_se):
+        out = read if read_output is None or proposed is None else read_output(proposed)
+        final = out.value
+        if r.last_verdict(t, final, out.se, out.correct):
             log(WARNING, "PHASE-2 GUARD at the end of the run: the model round %d received "
                 "reads %.4f on %s, above the last model's %.4f by more than %g standard "
                 "error(s): that model is restored and delivered", r.best_round, r.best_a,
                 self.signal, final, MARGIN)
             return self.restore("at the end of the run it read above the last model by "
                                 f"more than {MARGIN:g} standard error(s)")
-        read = read_output is not None and proposed is not None
-        self.delivered = Delivered(t, final if read else None, (
+        own = read_output is not None and proposed is not None
+        self.delivered = Delivered(t, final if own else None, (
             "the last model: " + ("it reads best" if final >= r.best_a else
                                   f"{self.signal} cannot tell the best (round "
                                   f"{r.best_round}'s, {r.best_a:.4f}) from it")
-            + ("" if read else f" (read through the model round {t} received)")))
+            + ("" if own else f" (read through the model round {t} received)")))
         return proposed
 
     @property
@@ -296,14 +338,16 @@ class BestRead(ModelGuard):
     def __init__(self, signal: str):
         super().__init__(Phase2Guard(start_round=0, patience=1), signal)
 
-    def choose(self, t: int, reading: float, se: float, model: Parameters,
+    def choose(self, t: int, read: Reading, model: Parameters,
                last: bool) -> Parameters | None:
-        """The round's new global model after the set read it ``reading`` (± ``se``)."""
-        if self.rule.observe(t + 1, reading, phase_2_model=False, se=se) == "best":
+        """The round's new global model after the set read it (``read``)."""
+        reading = read.value
+        if self.rule.observe(t + 1, reading, phase_2_model=False, se=read.se,
+                             correct=read.correct) == "best":
             self.kept = model
         if not last:
             return model
-        if self.rule.last_verdict(t + 1, reading, se):
+        if self.rule.last_verdict(t + 1, reading, read.se, read.correct):
             return self.restore("at the end of the run it read above the last model by "
                                 f"more than {MARGIN:g} standard error(s)")
         self.delivered = Delivered(t, reading, "the last model: " + (

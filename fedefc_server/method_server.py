@@ -37,7 +37,7 @@ from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
 from common.config import RunConfig
 from common.models import ClassifierShape
 
-from .guard import BestRead, ModelGuard, Phase2Guard, binomial_se
+from .guard import BestRead, ModelGuard, Phase2Guard, clean_reading
 from .plan import sample_round
 
 if TYPE_CHECKING:
@@ -126,12 +126,12 @@ class MethodServer:
         model's accuracy on the coordinator's clean set where the run has one."""
         if self.clean is None or result.parameters is None:
             return result.parameters, {}
-        acc = self.clean[0](parameters_to_ndarrays(result.parameters))[1]
         if not isinstance(self.chooser, BestRead):
-            return result.parameters, {"clean_acc": acc}
-        return self.chooser.choose(result.round, acc, binomial_se(acc, len(self.clean[1].y)),
-                                   result.parameters, result.round == self.cfg.rounds), \
-            {"clean_acc": acc}
+            return result.parameters, {
+                "clean_acc": self.clean[0](parameters_to_ndarrays(result.parameters))[1]}
+        read = clean_reading(self.clean, result.parameters, twinned=False)
+        return self.chooser.choose(result.round, read, result.parameters,
+                                   result.round == self.cfg.rounds), {"clean_acc": read.value}
 
     # -- record ------------------------------------------------------------------------
     def state_fields(self, server_round: int) -> dict[str, Any]:

@@ -105,9 +105,8 @@ class PrestoppingServer(MethodServer):
                 t + 1)
         if self.guard is None:
             return result.parameters, fields
-        reading, se = guard_reading(result, a_t, self.cfg, self.model_shape.num_classes,
-                                    self.clean)
-        fields.update(guard_acc=reading, guard_se=se)
+        read = guard_reading(result, a_t, self.cfg, self.model_shape.num_classes, self.clean)
+        fields.update(guard_acc=read.value, guard_se=read.se)
         # guard-score = "cross-fit" and validation-phase-2 = "guard-slice" read phase 2's
         # received models on a scale of their own from round T_e + 1, whose model phase 1
         # made (docs/FEDEFC.md §3.4, §3.6)
@@ -115,7 +114,7 @@ class PrestoppingServer(MethodServer):
                    or self.cfg.validation_phase_2 == "guard-slice")
                   and self.prestopper.t_e is not None and t == self.prestopper.t_e + 1)
         return self.guard.judge(
-            t, reading, se, result.received, result.parameters,
+            t, read, result.received, result.parameters,
             phase_2_model=self.prestopper.phase(t - 1) == 2, rebase=rebase,
             last=t == self.cfg.rounds,
             read_output=None if self.clean is None else partial(

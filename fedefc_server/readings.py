@@ -5,19 +5,16 @@ model the run would deliver, with its standard error (docs/FEDEFC.md §3.1-§3.4
 
 from __future__ import annotations
 
-from flwr.common import Parameters, parameters_to_ndarrays
-
 from common.config import RunConfig
 from common.data_plan import validation_count
 from common.messages import FitReply
-from common.twin import delivered
 
 from .accuracy import aggregate_accuracy
 from .clean_set import CleanSet
-from .guard import binomial_se
+from .evaluation import TestSetEvaluator
+from .guard import Reading, clean_reading
 from .method_server import Aggregated
 from .prestopping import accuracy_standard_error
-from .round_evaluation import Evaluator
 
 
 def client_mean(result: Aggregated, key: str, cfg: RunConfig
@@ -38,17 +35,8 @@ def share_sizes(result: Aggregated, cfg: RunConfig, num_classes: int) -> list[in
             for _, res in result.replies if res.num_examples > 1]
 
 
-def clean_reading(clean: tuple[Evaluator, CleanSet], parameters: Parameters,
-                  twinned: bool) -> tuple[float, float]:
-    """The accuracy (± its standard error) on the coordinator's clean set of the model of
-    ``parameters`` that the run delivers (with a twin, the twin)."""
-    evaluator, samples = clean
-    acc = evaluator(delivered(parameters_to_ndarrays(parameters), twinned))[1]
-    return acc, binomial_se(acc, len(samples.y))
-
-
 def guard_reading(result: Aggregated, a_t: float, cfg: RunConfig, num_classes: int,
-                  clean: tuple[Evaluator, CleanSet] | None) -> tuple[float, float]:
+                  clean: tuple[TestSetEvaluator, CleanSet] | None) -> Reading:
     """The guard's reading of the model round ``result.round`` received, with its
     standard error: on the coordinator's clean set (the server's own evaluation), else
     the clients' mean reading of it on data it never trained on: the twin's guard slices
@@ -57,7 +45,7 @@ def guard_reading(result: Aggregated, a_t: float, cfg: RunConfig, num_classes: i
         return clean_reading(clean, result.received, cfg.twinned)
     shares = share_sizes(result, cfg, num_classes)
     if not cfg.twinned:
-        return a_t, accuracy_standard_error(a_t, shares)
+        return Reading(a_t, accuracy_standard_error(a_t, shares))
     reading = client_mean(result, FitReply.GUARD_ACCURACY, cfg)[1]
     reading = a_t if reading is None else reading
-    return reading, accuracy_standard_error(reading, [(n + 1) // 2 for n in shares])
+    return Reading(reading, accuracy_standard_error(reading, [(n + 1) // 2 for n in shares]))

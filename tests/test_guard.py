@@ -711,3 +711,22 @@ def test_the_closing_lines_say_which_model_was_delivered_its_reading_and_why():
             "set; the best model read (round 12 received it): at the end of the run it "
             "read above the last model") in lines
     assert not any("delivered" in line for line in run_report({"status": "completed"}))
+
+
+def test_on_the_same_samples_the_paired_error_tells_what_independent_errors_cannot():
+    """Two models read on one clean set of 100 samples, 0.75 and 0.69: as independent
+    readings their difference (6 points) is inside one standard error (6.3); but they
+    disagree on only 6 samples, all in the first's favour, and the paired error of the
+    difference (2.4 points) tells them apart. Models that disagree on as many samples
+    each way are never told apart, whatever the errors."""
+    first = np.zeros(100, dtype=bool)
+    first[:75] = True
+    second = first.copy()
+    second[:6] = False  # the second gets 6 of the first's right samples wrong
+    a, b = first.mean(), second.mean()
+    se_a, se_b = (math.sqrt(p * (1 - p) / 100) for p in (a, b))
+    assert not tells_apart(a, se_a, b, se_b)
+    assert tells_apart(a, se_a, b, se_b, first, second)
+    swapped = first.copy()
+    swapped[:3], swapped[75:78] = False, True  # 3 each way: the same accuracy
+    assert not tells_apart(a, se_a, swapped.mean(), se_a, first, swapped)
