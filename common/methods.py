@@ -29,13 +29,9 @@ from .baselines.fednoro import FedNoRoSettings
 from .baselines.fedprox import FedProxSettings
 from .baselines.forward_correction import ForwardCorrectionSettings
 from .baselines.rofl import RoFLMessages, RoFLSettings
-from .config import (
-    ConfigError,
-    MethodSettings,
-    RunConfig,
+from .config import ConfigError, MethodSettings, RunConfig, config_differences, parse_run_config
+from .fedefc_plan import (
     accuracy_signal_mode,
-    config_differences,
-    parse_run_config,
     phase_2_guard_mode,
     q_estimator_mode,
     q_pooling_mode,

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import accuracy_signal_mode
+from common.fedefc_plan import accuracy_signal_mode
 from common.data_plan import data_plan
 from common.datasets import DatasetError
 from common.methods import default_config, load_run_config

@@ -27,7 +27,8 @@ from typing import Any
 from flwr.common import Parameters, Scalar
 from flwr.common.logger import log
 
-from common.config import RunConfig, twin_mode
+from common.config import RunConfig
+from common.fedefc_plan import twin_mode
 from common.messages import FitConfig, FitReply, carries_accuracy
 from common.methods import counts_pooling, q_estimator_used, validation_share
 from common.models import ClassifierShape
