@@ -542,12 +542,16 @@ def test_a_new_check_after_a_written_one_says_how_many_are_verified(tmp_path):
     assert "data.before-labels-*.npz beside it): this check draws 10 more" in text
 
 
-def test_a_second_command_on_the_same_data_is_refused(tmp_path, capsys):
+def test_a_second_command_on_the_same_data_is_refused(tmp_path):
+    """The command holds DATA locked while it serves (cmd_labels: ``with hold(data)``):
+    a second one on the same file is refused; another file is free."""
     data = write_images(tmp_path, [0, 1, 2] * 4)
-    with labels.hold(data):
-        assert main(["labels", str(data), "--port", "0"]) == 2
-    assert "another fedefc labels serves the check of DATA=" in capsys.readouterr().err
-    assert not progress_path(data).exists()
+    other = write_images(tmp_path / "other", [0, 1, 2] * 4)
+    with labels.hold(data), labels.hold(other):
+        with pytest.raises(LabelsError, match="another fedefc labels serves the check of "
+                                              "DATA="):
+            labels.hold(data)
+    labels.hold(data).close()  # free again once the first has ended
 
 
 def test_a_link_planted_at_the_backups_temporary_name_is_never_written_through(tmp_path):
