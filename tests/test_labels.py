@@ -455,6 +455,16 @@ def test_a_bad_content_length_is_refused_without_reading_the_body(served, length
     assert not served.session.progress.answers
 
 
+def test_a_silent_connection_is_closed_so_the_command_can_end(tmp_path, monkeypatch):
+    """Closing the server waits for every request in progress (so that waiting tabs
+    learn of the write); a connection a browser opened ahead and never used must not
+    hold it: the server closes a silent one after ``Handler.timeout`` (1 s here)."""
+    monkeypatch.setattr(labels.Handler, "timeout", 1)
+    with serving(write_images(tmp_path, [0, 1, 2] * 4)) as server:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:
+            assert sock.recv(1024) == b""  # closed by the server, nothing sent
+
+
 def test_two_tabs_see_each_others_answers_and_a_stale_answer_is_refused(served):
     """Tab B waits for a change (``api/changes``); tab A answers sample 1: B gets it. B,
     still showing sample 1 unanswered, skips it: refused (409) with A's answer, which
