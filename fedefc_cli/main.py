@@ -9,6 +9,7 @@
                                                     a deployment across machines
     fedefc data SOURCE OUT --size N                 a folder of images -> a node's data.npz
     fedefc labels DATA.npz [--per-class N]          check labels in the browser -> verified
+    fedefc labels DATA.npz --suspects MODEL         the likeliest wrong labels first -> reviewed
 
 Bad input exits 2 before anything starts; a failed run exits 1, a degraded one 3
 (:mod:`.errors`).

@@ -1,7 +1,9 @@
 """``fedefc data``: a folder of images of any size and format, one sub-folder per class,
 turned into a node's data (docs/OWN-DATA.md, "Preparing a folder of images").
 
-    SOURCE/<class name>/**/<image>  ->  OUT/data.npz      uint8 images (N, C, H, W), labels
+    SOURCE/<class name>/**/<image>  ->  OUT/data.npz      uint8 images (N, C, H, W), labels,
+                                                          each row's file (``sources``) and
+                                                          the class names (``class_names``)
                                         OUT/classes.json  the class map used: {name: index}
                                         OUT/summary.json  what was found, read and skipped
 
@@ -21,7 +23,11 @@ SuperNode's ``--data-path``.
   map is written to OUT/classes.json, and to FILE when ``--classes`` makes it there. A
   folder the map does not name is an error, or gets the next index with
   ``--extend-class-map``, which rewrites FILE; a class of the map without a folder is
-  absent at this site (listed, K unchanged).
+  absent at this site (listed, K unchanged). ``data.npz`` carries the map's names in
+  index order (``class_names``), and each row's file relative to SOURCE (``sources``),
+  so that a row can be traced to its image. Names that are all numbers, some written as
+  words ("one", "two"), whose indices do not follow their values get a warning
+  (:func:`number_order_warning`): "label 1" would not be "one".
 - Pixels (:func:`decode`): EXIF rotation applied; images of more than 8 bits per sample
   (16-bit PNG or TIFF, 32-bit integer or float TIFF) stretched from their own minimum to
   their own maximum onto 0..255; transparency composited onto black; then converted to
@@ -96,6 +102,42 @@ def parse_size(text: str) -> tuple[int, int]:
         return h, w
     raise PrepareError(f"--size={text!r} is not a size; write N for N x N pixels or HxW "
                        "(height x width), e.g. --size 64 or --size 96x128")
+
+
+NUMBER_WORDS = {word: value for value, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty".split())}
+
+
+def number_value(name: str) -> int | None:
+    """The number a class name says, in digits ("7") or an English word ("seven", any
+    case); None for any other name."""
+    text = name.strip()
+    if text.isdigit():
+        return int(text)
+    return NUMBER_WORDS.get(text.lower())
+
+
+def number_order_warning(mapping: dict[str, int]) -> str | None:
+    """A warning when every class name is a number, one at least written as a word, and
+    the indices do not follow the numbers (``--classes one,two,three`` sorts by name:
+    one = 0, three = 1, two = 2): a steward, a script or a report reading label 1 as
+    "one" would be wrong. None otherwise."""
+    values = {name: number_value(name) for name in mapping}
+    if any(v is None for v in values.values()) or all(n.strip().isdigit() for n in mapping):
+        return None
+    by_index = sorted(mapping, key=mapping.get)
+    if [values[n] for n in by_index] == sorted(values.values()):
+        return None
+    shown = ", ".join(f"{mapping[n]} = {n}" for n in by_index[:4])
+    misread = next((f": label {values[n]} is {by_index[values[n]]!r}, not {n!r}"
+                    for n in sorted(mapping, key=values.get)
+                    if values[n] < len(by_index) and mapping[n] != values[n]), "")
+    return (f"the class names are numbers written as words, but their indices do not follow "
+            f"the numbers ({shown}{', ...' if len(by_index) > 4 else ''}){misread}. Keep "
+            "this map at every site if the federation already uses it; otherwise give a "
+            "map in the numbers' order (--class-map FILE holding, e.g., "
+            '{"one": 0, "two": 1, "three": 2})')
 
 
 def natural_order(names: list[str]) -> list[str]:
@@ -176,17 +218,14 @@ def assign_indices(names: list[str], known: dict[str, int] | None, extend: bool,
         raise PrepareError(f"--classes and --class-map={str(map_path)!r}, which exists, both "
                            "name the classes; give one (the map already fixes the indices)")
     if classes is None and known is None:
-        shown = ",".join(natural_order(names))
-        hint = (f" (SOURCE holds one class folder, {names[0]!r}: if the classes are folders "
-                "inside it, point SOURCE at that folder)" if len(names) == 1 else
-                f" (--class-map={str(map_path)!r} does not exist yet: --classes writes it "
-                "there)" if map_path is not None else "")
         raise PrepareError(
             "the class map must be the federation's, not made from the folders this site "
-            f"happens to hold{hint}: give every class of the federation with --classes "
-            f"(e.g. --classes {shown} if this site holds them all; the same list at every "
-            "site), or the federation's class map with --class-map FILE (the classes.json "
-            "another site or fedefc deploy export wrote)")
+            f"happens to hold{map_hint(names, map_path)}: give every class of the "
+            "federation with --classes NAME,NAME,... (the same list at every site, with "
+            "the classes this site lacks), or the federation's class map with --class-map "
+            "FILE (the classes.json another site or fedefc deploy export wrote); this "
+            f"site's class folders: {', '.join(natural_order(names))}"
+            f"{missing_numbers(names)}")
     source = f"--class-map={str(map_path)!r}"
     if classes is not None:
         known, source = {name: i for i, name in enumerate(natural_order(classes))}, "--classes"
@@ -203,6 +242,31 @@ def assign_indices(names: list[str], known: dict[str, int] | None, extend: bool,
     for name in unknown:
         extended[name] = len(extended)
     return extended, unknown
+
+
+def map_hint(names: list[str], map_path: Path | None) -> str:
+    if len(names) == 1:
+        return (f" (SOURCE holds one class folder, {names[0]!r}: if the classes are folders "
+                "inside it, point SOURCE at that folder)")
+    if map_path is not None:
+        return f" (--class-map={str(map_path)!r} does not exist yet: --classes writes it there)"
+    return ""
+
+
+def missing_numbers(names: list[str]) -> str:
+    """Where every folder name is a number in digits: the numbers below the largest that
+    no folder has, and the complete list (a site lacking class 6 of 0..9 would otherwise
+    copy its own nine folders and shift 7, 8, 9 down by one)."""
+    if not all(n.isdigit() for n in names):
+        return ""
+    values = sorted({int(n) for n in names})
+    gaps = sorted(set(range(values[-1] + 1)) - set(values))
+    if not gaps:
+        return ""
+    full = ",".join(str(v) for v in range(values[-1] + 1))
+    return (f"; no folder for {', '.join(map(str, gaps))}: if the federation has "
+            f"{'that class' if len(gaps) == 1 else 'those classes'}, name "
+            f"{'it' if len(gaps) == 1 else 'them'} too, e.g. --classes {full}")
 
 
 def check_layout(folders: dict[str, Path], named: Collection[str], source: Path) -> None:
@@ -301,6 +365,7 @@ def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb
     files = [(name, f) for name in natural_order(list(folders)) for f in image_files(folders[name])]
     images = np.empty((len(files), c, *size), dtype=np.uint8)  # untouched pages cost nothing
     labels = np.empty(len(files), dtype=np.int64)
+    sources = []
     found = Found(skipped=[(f.name, "not inside a class folder") for f in loose])
     n = 0
     for i, (name, path) in enumerate(files, 1):
@@ -310,6 +375,7 @@ def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb
             found.skipped.append((str(path.relative_to(source)), skip_reason(err)))
             continue
         images[n], labels[n] = pixels, mapping[name]
+        sources.append(path.relative_to(source).as_posix())
         n += 1
         found.counts[name] += 1
         found.formats[fmt] += 1
@@ -320,7 +386,10 @@ def prepare(source: Path, out: Path, size: tuple[int, int], channels: str = "rgb
     check_found(found, folders, source)
 
     summary = make_summary(source, out, size, c, fit, mapping, added, map_path, known, found, n)
-    write_output(out, images[:n], labels[:n], mapping, summary, shared)
+    write_output(out, {"images": images[:n], "labels": labels[:n],
+                       "sources": np.array(sources, dtype=str),
+                       "class_names": np.array(sorted(mapping, key=mapping.get), dtype=str)},
+                 mapping, summary, shared)
     if map_path is not None and (known is None or added):
         map_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(map_path, class_map_bytes(mapping))
@@ -376,6 +445,7 @@ def make_summary(source: Path, out: Path, size: tuple[int, int], c: int, fit: st
         "modes": dict(found.modes.most_common()),
         "sizes": dict(found.sizes.most_common()),
         "skipped": [{"file": f, "reason": r} for f, r in found.skipped],
+        "warnings": [w for w in (number_order_warning(mapping),) if w],
         "run_keys": {"dataset": "npz", "data-path": str(data), "num-classes": len(mapping),
                      "input-shape": shape},
     }
@@ -386,9 +456,10 @@ def class_map_bytes(mapping: dict[str, int]) -> bytes:
     return (json.dumps(ordered, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def write_output(out: Path, images: np.ndarray, labels: np.ndarray, mapping: dict[str, int],
+def write_output(out: Path, arrays: dict[str, np.ndarray], mapping: dict[str, int],
                  summary: dict, shared: bool = False) -> None:
-    """OUT, written beside it under a hidden name and renamed into place when complete:
+    """OUT (``arrays`` as data.npz), written beside it under a hidden name and renamed
+    into place when complete:
     owner-only (0700 / 0600, docs/PRIVACY.md §6: the images and labels are the node's
     private data), its missing parents too; with ``shared`` (``--readable-by-others``)
     data.npz and OUT readable by others (0644 / 0755: a container whose SuperExec user
@@ -397,7 +468,7 @@ def write_output(out: Path, images: np.ndarray, labels: np.ndarray, mapping: dic
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         with open_private(tmp / "data.npz", "wb") as fh:
-            np.savez(fh, images=images, labels=labels)
+            np.savez(fh, **arrays)
         (tmp / "data.npz").chmod(0o644 if shared else FILE_MODE)
         atomic_write_bytes(tmp / "classes.json", class_map_bytes(mapping))
         atomic_write_json(tmp / "summary.json", summary)
@@ -418,6 +489,7 @@ def describe(summary: dict) -> str:
     absent = [c["name"] for c in summary["classes"] if not c["images"]]
     if absent:
         lines.append(f"  absent at this site (in the class map): {', '.join(absent)}")
+    lines += [f"  WARNING: {w}" for w in summary["warnings"]]
     counts = (("formats", summary["formats"]), ("modes as stored", summary["modes"]))
     lines += [f"  {label}: " + ", ".join(f"{k} {v}" for k, v in seen.items())
               for label, seen in counts]

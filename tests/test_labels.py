@@ -11,11 +11,13 @@ import http.client
 import json
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import urllib.request
 import zipfile
 from collections import Counter
 from html.parser import HTMLParser
@@ -34,6 +36,7 @@ from fedefc_cli.labels import (
     Session,
     describe,
     draw,
+    keep,
     load_site,
     open_progress,
     progress_path,
@@ -96,11 +99,18 @@ def test_the_draw_is_seeded_and_shows_the_classes_mixed():
 
 
 # -- the progress file ---------------------------------------------------------------------
+def begin(site, per_class: int | None, seed: int | None):
+    """A check of ``site`` opened and saved, as the command opens it."""
+    progress, kind = open_progress(site, per_class, seed)
+    keep(site, progress)
+    return progress, kind
+
+
 def test_every_answer_is_saved_owner_only_next_to_the_data_and_a_new_command_continues(
         tmp_path):
     data = write_images(tmp_path / "site", [0, 1, 2] * 4)
     site = load_site(data)
-    progress, kind = open_progress(site, 2, 0)
+    progress, kind = begin(site, 2, 0)
     path = progress_path(data)
     assert kind == "new" and path == tmp_path / "site" / "data.npz.labels-progress.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -131,14 +141,14 @@ def test_every_answer_is_saved_owner_only_next_to_the_data_and_a_new_command_con
 def test_a_check_in_progress_refuses_another_draw_and_says_how_to_continue(tmp_path, flags,
                                                                           named):
     data = write_images(tmp_path, [0, 1, 2] * 4)
-    open_progress(load_site(data), 2, 0)
+    begin(load_site(data), 2, 0)
     with pytest.raises(LabelsError, match=re.escape(named) + ".*leave .* out"):
         open_progress(load_site(data), *flags)
 
 
 def test_a_check_of_data_that_changed_since_is_refused_and_a_broken_file_named(tmp_path):
     data = write_images(tmp_path, [0, 1, 2] * 4)
-    open_progress(load_site(data), 2, 0)
+    begin(load_site(data), 2, 0)
     write_images(tmp_path, [0, 1, 2] * 5)
     with pytest.raises(LabelsError, match="changed since the check saved .* delete"):
         open_progress(load_site(data), None, None)
@@ -152,7 +162,7 @@ def answered(data: Path, answers: dict[int, tuple[str, int | None]], per_class: 
              seed: int = 0):
     """A check of ``data`` with ``answers`` {index shown: (verdict, label)} given."""
     site = load_site(data)
-    progress, _ = open_progress(site, per_class, seed)
+    progress, _ = begin(site, per_class, seed)
     session = Session(site, progress, shared=False)
     for index, (verdict, label) in answers.items():
         session.answer({"index": index, "verdict": verdict, "label": label})
@@ -173,7 +183,7 @@ def test_finishing_backs_up_then_writes_verified_and_the_corrected_labels(tmp_pa
     data = write_images(tmp_path, labels, ids=ids, verified=before)
     original = data.read_bytes()
     site = load_site(data)
-    progress, _ = open_progress(site, 2, 0)
+    progress, _ = begin(site, 2, 0)
     a, b, c = progress.rows[:3]
     wrong = (int(labels[b]) + 1) % 3
     session = Session(site, progress, shared=False)
@@ -199,8 +209,8 @@ def test_finishing_backs_up_then_writes_verified_and_the_corrected_labels(tmp_pa
     assert written.counts["checked"] == 2 and written.counts["skipped"] == 1
     assert written.counts["left"] == 3
     assert written.corrected == [(b, int(labels[b]), wrong)]
-    assert (written.verified_before, written.verified_after) == (1, 3)
-    text = describe(written, site.classes)
+    assert (written.mark, written.marked_before, written.marked_after) == ("verified", 1, 3)
+    text = describe(written, site)
     assert f"row {b}: label {labels[b]} (" in text and "2 checked (1 correct, 1 corrected)" \
         in text and str(backup) in text
 
@@ -215,10 +225,10 @@ def test_a_second_backup_never_replaces_the_first_and_compression_is_kept(tmp_pa
     written = write_checked(site, progress, stamp="S")
     assert first.read_bytes() == b"an older backup"
     assert written.backup == tmp_path / "data.before-labels-S-2.npz"
-    assert "WARNING" not in describe(written, site.classes)
+    assert "WARNING" not in describe(written, site)
     site, progress = answered(data, {i: ("correct", None) for i in range(7)}, per_class=4)
     assert "WARNING: every sample is verified now" in describe(write_checked(site, progress),
-                                                               site.classes)
+                                                               site)
     with zipfile.ZipFile(data) as zf:
         assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
 
@@ -335,13 +345,15 @@ def test_a_port_in_use_is_refused_before_anything_is_written(tmp_path, capsys):
 def serving(data: Path):
     """The page's server on a free port, in a thread, over a check of 2 per class."""
     site = load_site(data)
-    server = labels.bind(0)
-    server.session = Session(site, open_progress(site, 2, 0)[0], False)
+    progress = begin(site, 2, 0)[0]
+    server = labels.bind(0, progress.token)
+    server.session = Session(site, progress, False)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server
     finally:
         server.shutdown()
+        server.session.close()
         server.server_close()
 
 
@@ -389,7 +401,8 @@ def test_the_page_references_nothing_outside_its_own_server(served):
 def test_the_server_answers_its_token_and_host_only_and_refuses_bad_answers(served):
     token = served.token
     assert request(served, "GET", "/api/state")[0] == 404
-    assert request(served, "GET", f"/{'x' * len(token)}/api/state")[0] == 404
+    status, _, stale = request(served, "GET", f"/{'x' * len(token)}/api/state")
+    assert status == 404 and b"A check keeps its address when the command is started" in stale
     assert request(served, "GET", f"/{token}/api/state", host="evil.example:80")[0] == 403
     assert request(served, "GET", f"/{token}")[1]["Location"] == f"/{token}/"
     status, _, body = request(served, "GET", f"/{token}/api/state")
@@ -406,6 +419,270 @@ def test_the_server_answers_its_token_and_host_only_and_refuses_bad_answers(serv
     status, _, body = request(served, "POST", f"/{token}/api/finish", {})
     assert status == 400 and "no label is checked yet" in json.loads(body)["error"]
     assert not served.session.progress.answers
+
+
+def raw_post(server, head: str, body: bytes = b"{}") -> bytes:
+    """A POST as bytes on a socket left open, and all the server sends before it closes
+    (the page's server speaks HTTP/1.0: it closes after its answer)."""
+    with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:
+        sock.sendall(f"POST /{server.token}/api/answer HTTP/1.1\r\nHost: 127.0.0.1:"
+                     f"{server.server_port}\r\n{head}\r\n".encode() + body)
+        reply = b""
+        while chunk := sock.recv(65536):  # a server still reading would leave this waiting
+            reply += chunk
+    return reply
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"5", b"null", b'"correct"'])
+def test_a_body_that_is_not_a_json_object_gets_a_reason_not_a_dropped_connection(served,
+                                                                                   body):
+    """Issue 58, lows: such a body raised in the handler (a traceback, the connection
+    dropped without an answer)."""
+    reply = raw_post(served, f"Content-Type: application/json\r\nContent-Length: "
+                             f"{len(body)}\r\n", body)
+    assert reply.startswith(b"HTTP/1.0 400 ")
+    assert b"the body is JSON but not an object" in reply
+    assert request(served, "GET", f"/{served.token}/api/state")[0] == 200
+    assert not served.session.progress.answers
+
+
+@pytest.mark.parametrize("length", ["-1", "abc", "+5", str(64 * 1024 + 1)])
+def test_a_bad_content_length_is_refused_without_reading_the_body(served, length):
+    """Issue 58, lows: ``Content-Length: -1`` read until the client closed the
+    connection; a length that is not a number raised in the handler."""
+    reply = raw_post(served, f"Content-Type: application/json\r\nContent-Length: {length}\r\n")
+    assert reply.startswith(b"HTTP/1.0 400 ") and b"with its Content-Length" in reply
+    assert not served.session.progress.answers
+
+
+def test_a_silent_connection_is_closed_so_the_command_can_end(tmp_path, monkeypatch):
+    """Closing the server waits for every request in progress (so that waiting tabs
+    learn of the write); a connection a browser opened ahead and never used must not
+    hold it: the server closes a silent one after ``Handler.timeout`` (1 s here)."""
+    monkeypatch.setattr(labels.Handler, "timeout", 1)
+    with serving(write_images(tmp_path, [0, 1, 2] * 4)) as server:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=60) as sock:
+            assert sock.recv(1024) == b""  # closed by the server, nothing sent
+
+
+def test_two_tabs_see_each_others_answers_and_a_stale_answer_is_refused(served):
+    """Tab B waits for a change (``api/changes``); tab A answers sample 1: B gets it. B,
+    still showing sample 1 unanswered, skips it: refused (409) with A's answer, which
+    stays; B, now showing A's answer, changes it: accepted."""
+    token = served.token
+    rows = served.session.progress.rows
+    observed = int(served.session.site.samples.y[rows[0]])
+    since = json.loads(request(served, "GET", f"/{token}/api/state")[2])["version"]
+    seen = []
+    tab_b = threading.Thread(target=lambda: seen.append(
+        request(served, "GET", f"/{token}/api/changes?since={since}")))
+    tab_b.start()
+    status, _, body = request(served, "POST", f"/{token}/api/answer",
+                              {"index": 0, "verdict": "correct", "was": None})
+    tab_b.join()
+    assert status == 200
+    changes = json.loads(seen[0][2])
+    assert changes["version"] != since and changes["counts"]["answered"] == 1
+    assert changes["answers"][0] == {"verdict": "correct", "label": observed}
+    status, _, body = request(served, "POST", f"/{token}/api/answer",
+                              {"index": 0, "verdict": "skipped", "was": None})
+    refused = json.loads(body)
+    assert status == 409 and "answered meanwhile, in another tab (correct)" in refused["error"]
+    assert refused["answers"][0] == {"verdict": "correct", "label": observed}
+    assert served.session.progress.answers[rows[0]]["verdict"] == "correct"
+    status, _, _ = request(served, "POST", f"/{token}/api/answer",
+                           {"index": 0, "verdict": "skipped", "was": refused["answers"][0]})
+    assert status == 200 and served.session.progress.answers[rows[0]]["verdict"] == "skipped"
+
+
+def test_a_waiting_tab_learns_that_another_wrote_the_file(tmp_path):
+    data = write_images(tmp_path, [0, 1, 2] * 4)
+    site, progress = answered(data, {0: ("correct", None)})
+    session = Session(site, progress, shared=False)
+    since = session.changes()["version"]
+    seen = []
+    tab = threading.Thread(target=lambda: seen.append(session.wait(since, 60, "a")))
+    tab.start()
+    session.wait(since, 0, "b")  # a tab that polls now and then
+    session.finish()
+    tab.join()
+    assert seen[0]["written"].startswith(f"fedefc labels: wrote {data}")
+    assert not progress_path(data).exists()
+    assert not session.everyone_told(0)  # tab b polled a moment ago: the command waits
+    assert session.wait(since, 60, "b")["written"] == seen[0]["written"]
+    assert session.everyone_told(0)
+
+
+def test_a_check_keeps_its_address_when_the_command_is_started_again(tmp_path):
+    """The token and (with --port 0) the port are saved with the check: the same address
+    after a restart; a port taken meanwhile gives another, an explicit one is refused."""
+    data = write_images(tmp_path, [0, 1, 2] * 4)
+    site = load_site(data)
+    first, _ = open_progress(site, 2, 0)
+    server = labels.bind(0, first.token, first.port)
+    first.port = server.server_port
+    keep(site, first)
+    url = server.url
+    server.server_close()
+    again, kind = open_progress(load_site(data), None, None)
+    assert kind == "continued" and (again.token, again.port) == (first.token, first.port)
+    server = labels.bind(0, again.token, again.port)
+    assert server.url == url
+    try:
+        assert labels.bind(0, again.token, again.port).server_port != first.port
+        with pytest.raises(LabelsError, match=f"--port={first.port}: the port is in use"):
+            labels.bind(first.port, again.token)
+    finally:
+        server.server_close()
+    assert open_progress(load_site(data), None, None)[0].token == first.token
+    progress_path(data).unlink()  # started over: another address
+    assert open_progress(load_site(data), None, None)[0].token != first.token
+
+
+def test_a_new_check_after_a_written_one_says_how_many_are_verified(tmp_path):
+    data = write_images(tmp_path, [0, 1, 2] * 4)
+    site, progress = answered(data, {0: ("correct", None), 1: ("skipped", None),
+                                      2: ("correct", None)})
+    write_checked(site, progress, stamp="S")
+    site = load_site(data)
+    progress, kind = open_progress(site, None, None)
+    text = labels.opening(site, progress, kind)
+    assert kind == "new" and len(progress.rows) == 10  # the 10 unverified, 10 per class
+    assert "DATA marks 2 of 12 samples verified already" in text
+    assert "data.before-labels-*.npz beside it): this check draws 10 more" in text
+
+
+def test_a_second_command_on_the_same_data_is_refused(tmp_path):
+    """The command holds DATA locked while it serves (cmd_labels: ``with hold(data)``):
+    a second one on the same file is refused; another file is free."""
+    data = write_images(tmp_path, [0, 1, 2] * 4)
+    other = write_images(tmp_path / "other", [0, 1, 2] * 4)
+    with labels.hold(data), labels.hold(other):
+        with pytest.raises(LabelsError, match="another fedefc labels serves the check of "
+                                              "DATA="):
+            labels.hold(data)
+    labels.hold(data).close()  # free again once the first has ended
+
+
+def test_a_link_planted_at_the_backups_temporary_name_is_never_written_through(tmp_path):
+    """Issue 58, lows: the backup was copied through ``.NAME.tmp``, opened without
+    O_EXCL | O_NOFOLLOW: a link planted there had its target overwritten and made 0600.
+    A dangling link at the backup's own name counts as taken."""
+    data = write_images(tmp_path / "site", [0, 1, 2] * 4)
+    original = data.read_bytes()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file")
+    victim.chmod(0o644)
+    first = tmp_path / "site" / "data.before-labels-S.npz"
+    (first.parent / f".{first.name}.tmp").symlink_to(victim)
+    second = first.with_name("data.before-labels-S-2.npz")
+    (second.parent / f".{second.name}.tmp").symlink_to(victim)
+    first.symlink_to(tmp_path / "nowhere")
+    site, progress = answered(data, {0: ("correct", None)})
+    written = write_checked(site, progress, stamp="S")
+    assert victim.read_text() == "someone else's file"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert written.backup == second and second.read_bytes() == original
+    assert first.is_symlink() and not first.exists()
+
+
+def test_the_keys_follow_the_numbers_the_names_say_and_the_order_on_screen():
+    """Issue 60: with the classes one, three, two (fedefc data's map sorts them by
+    name) the key "1" meant index 1, "three". Keys are the names' numbers where all
+    are numbers 0..9, else the position on screen; the screen lists numbers by value."""
+    words = "zero one two three four five six seven eight nine".split()
+    by_name = sorted(words)  # eight = 0, five = 1, four = 2, ...
+    assert [by_name[k] for k in labels.screen_order(by_name)] == words
+    keys = labels.class_keys(by_name)
+    assert {by_name[k]: keys[k] for k in range(10)} == {w: str(i) for i, w in enumerate(words)}
+    assert labels.screen_order(["one", "three", "two"]) == [0, 2, 1]
+    assert labels.class_keys(["one", "three", "two"]) == ["1", "3", "2"]
+    assert labels.class_keys(["Two", "One"]) == ["2", "1"]
+    assert labels.screen_order(["cat", "dog", "bird"]) == [0, 1, 2]
+    assert labels.class_keys(["cat", "dog", "bird"]) == ["0", "1", "2"]
+    assert labels.screen_order(["30", "10", "20"]) == [1, 2, 0]
+    assert labels.class_keys(["30", "10", "20"]) == ["2", "0", "1"]  # positions on screen
+    assert labels.class_keys([str(k) for k in range(11)]) == [None] * 11
+
+
+def test_the_data_names_its_classes_and_files_and_a_map_that_contradicts_it_is_refused(
+        tmp_path):
+    """DATA as fedefc data writes it carries its class names and each row's file; the
+    page shows the file, the report names it; a classes.json naming the classes
+    otherwise is refused, a list of the wrong length named."""
+    files = np.array(["ant/a.png", "bee/b.png", "cat/c.png", "bee/d.png"] * 3)
+    data = write_images(tmp_path, np.array([0, 1, 2, 1] * 3), classes=None, sources=files,
+                        class_names=np.array(["ant", "bee", "cat"]))
+    site = load_site(data)
+    assert site.classes == ["ant", "bee", "cat"] and site.sources == files.tolist()
+    row = open_progress(site, 2, 0)[0].rows[0]  # the first sample the check shows
+    other = (int(site.samples.y[row]) + 1) % 3
+    site, progress = answered(data, {0: ("class", other), 1: ("correct", None)})
+    with serving(data) as server:
+        shown = json.loads(request(server, "GET", f"/{server.token}/api/state")[2])
+    assert [s["source"] for s in shown["samples"]] == [files[r] for r in progress.rows]
+    text = describe(write_checked(site, progress, stamp="S"), site)
+    assert f"row {row} ({files[row]}): label {site.samples.y[row]} (" in text
+    (tmp_path / "classes.json").write_text('{"bee": 0, "ant": 1, "cat": 2}')
+    with pytest.raises(LabelsError, match="names the classes bee, ant, cat, but DATA's own "
+                                          "class_names are ant, bee, cat"):
+        load_site(data)
+    (tmp_path / "classes.json").write_text('{"ant": 0, "bee": 1, "cat": 2}')
+    assert load_site(data).classes == ["ant", "bee", "cat"]
+    bad = write_images(tmp_path / "bad", [0, 1, 2], classes=None, sources=np.array(["a", "b"]))
+    with pytest.raises(LabelsError, match="array 'sources' is not a list of 3 names"):
+        load_site(bad)
+
+
+def test_a_check_of_the_suspects_shows_the_most_suspect_first_and_marks_them_reviewed(
+        tmp_path, monkeypatch):
+    """``--suspects``: the model's ranking (here a hand-made one: rows 7, 2, 9, 4 the
+    most suspect, row 2 verified before), the top 3 among the rows neither verified nor
+    reviewed, in that order; the answers set ``reviewed`` and the corrected labels,
+    never ``verified`` (the guard reads only a random draw). Flags of the other kind of
+    check are refused, naming it."""
+    from fedefc_cli import suspects
+
+    labels_ = np.array([0, 1, 2] * 4)
+    before = np.zeros(12, dtype=bool)
+    before[2] = True
+    data = write_images(tmp_path, labels_, verified=before)
+    observed_p = np.linspace(0.5, 0.7, 12)  # the others: row 0 before row 1 ...
+    observed_p[[7, 2, 9, 4]] = [0.01, 0.02, 0.03, 0.1]
+    order = np.argsort(observed_p, kind="stable")
+    ranked = suspects.Ranked(order, observed_p, np.full((12, 3), 1 / 3), np.eye(3))
+    asked = []
+    monkeypatch.setattr(labels, "rank_site", lambda d, m: asked.append((d, m)) or ranked)
+    site = load_site(data)
+    model = tmp_path / "run" / "model.pt"
+    progress, kind = open_progress(site, None, None, model, 3)
+    assert asked == [(data, model)] and kind == "new"
+    assert progress.rows == [7, 9, 4] and progress.mark == "reviewed"
+    assert progress.observed_p == [0.01, 0.03, 0.1]
+    keep(site, progress)
+    with pytest.raises(LabelsError, match="is a check of the suspects: finish it first"):
+        open_progress(load_site(data), 5, None)
+    session = Session(site, progress, shared=False)
+    shown = session.state()  # what the page shows beside each sample
+    assert (shown["ranking"], shown["mark"]) == ("suspects", "reviewed")
+    assert [s["observed_p"] for s in shown["samples"]] == [0.01, 0.03, 0.1]
+    session.answer({"index": 0, "verdict": "class", "label": 2})  # row 7: 1 -> 2
+    session.answer({"index": 1, "verdict": "correct"})  # row 9
+    written = write_checked(site, progress, stamp="S")
+    with np.load(data) as new:
+        np.testing.assert_array_equal(new["verified"], before)
+        assert np.flatnonzero(new["reviewed"]).tolist() == [7, 9]
+        assert new["labels"][7] == 2 and (np.delete(new["labels"], 7) ==
+                                          np.delete(labels_, 7)).all()
+    text = describe(written, site)
+    assert "reviewed: 2 of 12 samples (2 new, 0 before)" in text
+    assert "Reviewed samples are not verified" in text
+    again, _ = open_progress(load_site(data), None, None, model, 3)  # reviewed: not again
+    assert again.rows == [4, 0, 1]
+    with pytest.raises(LabelsError, match="--top=3 counts the suspects"):
+        open_progress(load_site(data), None, None, None, 3)
+    with pytest.raises(LabelsError, match="leave --per-class and --seed out"):
+        open_progress(load_site(data), 2, None, model, None)
 
 
 def test_a_served_image_is_the_samples_pixels(served):
@@ -438,41 +715,68 @@ def chromium(profile: Path):
     return webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
 
 
+class Command:
+    """``fedefc labels DATA ARGS`` as a steward runs it, in its own process: its printed
+    address, then its exit code and the rest of what it printed."""
+
+    def __init__(self, *argv: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "fedefc_cli", "labels", *argv],
+                                     cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.printed = []
+        for line in self.proc.stdout:
+            self.printed.append(line)
+            if line.strip().startswith("http://"):
+                self.url = line.strip()
+                return
+        pytest.fail("fedefc labels printed no address: " + "".join(self.printed))
+
+    def end(self, interrupt: bool = False) -> tuple[int, str]:
+        if interrupt:
+            self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rest = self.proc.communicate()[0]
+        return self.proc.returncode, "".join(self.printed) + rest
+
+
 @pytest.mark.browser
 def test_a_stewards_whole_session_in_chromium(tmp_path):
-    """Open the page, answer three samples (Enter, S, a click on another class), reload
-    (the three still there), answer the other three (a digit key: a correction; the
-    Correct button; Enter), finish; then the file against the clicks, the backup against
-    the original, and every request the page made against 127.0.0.1."""
+    """Issue 60's steward, in one browser session, with only the page's keys and buttons:
+    DATA as fedefc data writes it (its class names "one", "three", "two" in the order of
+    the alphabet, each row's file), 2 per class. Enter; Enter after clicking a strip
+    square; the key of the observed class's number ("1" on a "one") records "correct";
+    another class's key asks first (Enter goes back, nothing recorded; the same key
+    again records it); a second tab sees the first's answers and the first the
+    second's; Ctrl-C and the same command again: the same address, the page reconnects
+    and reloads; a click on another class, confirmed; Finish in one tab, and the other
+    tab shows the file written; the same command again says how many are verified, and
+    the old address says what happened. Then the file against the answers and every
+    request against 127.0.0.1."""
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    data = write_images(tmp_path / "site", [0, 1, 2] * 5)
+    names = ["one", "three", "two"]  # fedefc data's map of --classes one,two,three
+    labels_ = np.array([0, 1, 2] * 5)
+    sources = np.array([f"{names[y]}/scan-{i:02d}.png" for i, y in enumerate(labels_)])
+    data = write_images(tmp_path / "site", labels_, classes=None, sources=sources,
+                        class_names=np.array(names))
     original = data.read_bytes()
-    proc = subprocess.Popen([sys.executable, "-m", "fedefc_cli", "labels", str(data),
-                             "--per-class", "2", "--port", "0"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    printed = []
-    for line in proc.stdout:
-        printed.append(line)
-        if line.strip().startswith("http://"):
-            url = line.strip()
-            break
-    else:
-        pytest.fail("fedefc labels printed no address: " + "".join(printed))
+    number = {"one": 1, "two": 2, "three": 3}
+    command = Command(str(data), "--per-class", "2", "--port", "0")
+    url = command.url
+    drawn = json.loads(urllib.request.urlopen(url + "api/state").read())["samples"]
     driver = chromium(tmp_path / "chromium-profile")
     wait = WebDriverWait(driver, 120)  # a wait until, never a measured duration
-    body = (By.TAG_NAME, "body")
     clicks = {}  # row -> the label answered (None: skipped)
-    finished = False
     try:
         def ready():
-            wait.until(lambda d: d.find_element(*body).get_attribute("data-ready") == "yes")
+            wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
+                "data-ready") == "yes")
 
         def shown():
             el = driver.find_element(By.ID, "sample")
-            return int(el.get_attribute("data-row")), int(el.get_attribute("data-observed"))
+            return int(el.get_attribute("data-index")), int(el.get_attribute("data-observed"))
 
         def answered():
             return int(driver.find_element(By.ID, "count-text").get_attribute("data-answered"))
@@ -481,39 +785,93 @@ def test_a_stewards_whole_session_in_chromium(tmp_path):
             action()
             wait.until(lambda d: answered() == n)
 
-        def press(key):
-            driver.find_element(*body).send_keys(key)
+        def press(key):  # to whatever has focus, as a steward's keyboard does
+            ActionChains(driver).send_keys(key).perform()
+
+        def square(index):
+            driver.find_elements(By.CSS_SELECTOR, "#strip button")[index].click()
+            wait.until(lambda d: shown()[0] == index)
+
+        def unanswered(observed=None):
+            verdicts = [b.get_attribute("data-verdict")
+                        for b in driver.find_elements(By.CSS_SELECTOR, "#strip button")]
+            return next(i for i, s in enumerate(drawn) if verdicts[i] == "open" and
+                        (observed is None or s["observed"] in observed))
+
+        def confirm_shown():
+            return driver.find_element(By.ID, "confirm-dialog").is_displayed()
 
         driver.get(url)
         ready()
-        row, observed = shown()
-        clicks[row] = observed
+        tab_a = driver.current_window_handle
+        index, observed = shown()
+        assert driver.find_element(By.ID, "sample").get_attribute("data-source") == \
+            sources[drawn[index]["row"]]
+        clicks[drawn[index]["row"]] = observed
         after(1, lambda: press(Keys.ENTER))
-        row, observed = shown()
-        clicks[row] = None
-        after(2, lambda: press("s"))
-        row, observed = shown()
-        clicks[row] = (observed + 2) % 3
-        after(3, lambda: driver.find_element(
-            By.CSS_SELECTOR, f"#classes button[data-label='{clicks[row]}']").click())
 
+        index = unanswered()  # Enter after a click on a strip square (the square has focus)
+        square(index)
+        clicks[drawn[index]["row"]] = drawn[index]["observed"]
+        after(2, lambda: press(Keys.ENTER))
+
+        index = unanswered({0, 1})  # a "one" or a "three": its number's key is not its index
+        square(index)
+        observed = drawn[index]["observed"]
+        clicks[drawn[index]["row"]] = observed
+        after(3, lambda: press(str(number[names[observed]])))
+        assert not confirm_shown()
+
+        index = unanswered()
+        square(index)
+        observed = drawn[index]["observed"]
+        other = (observed + 1) % 3
+        key = str(number[names[other]])
+        press(key)
+        wait.until(lambda d: confirm_shown())
+        assert driver.find_element(By.ID, "confirm-from").text == names[observed]
+        assert driver.find_element(By.ID, "confirm-to").text == names[other]
+        press(Keys.ENTER)  # the reflex: goes back, records nothing
+        wait.until(lambda d: not confirm_shown())
+        assert answered() == 3 and shown()[0] == index
+        press(key)
+        wait.until(lambda d: confirm_shown())
+        clicks[drawn[index]["row"]] = other
+        after(4, lambda: press(key))  # the same key again: confirmed
+
+        driver.switch_to.new_window("tab")  # a second tab on the same check
+        tab_b = driver.current_window_handle
+        driver.get(url)
+        ready()
+        assert answered() == 4
+        index = unanswered()
+        square(index)
+        clicks[drawn[index]["row"]] = None
+        after(5, lambda: press("s"))
+        driver.switch_to.window(tab_a)
+        wait.until(lambda d: answered() == 5)  # the first tab sees the second's answer
+
+        code, printed = command.end(interrupt=True)  # Ctrl-C
+        assert code == 130, printed
+        error = driver.find_element(By.ID, "error")
+        wait.until(lambda d: error.is_displayed() and "not answering" in error.text)
+        command = Command(str(data), "--port", "0")  # the same command again
+        assert command.url == url and "continuing: 5 answered, 1 left" in "".join(
+            command.printed)
+        wait.until(lambda d: not error.is_displayed())  # reconnected by itself
         driver.refresh()
         ready()
-        strip = [b.get_attribute("data-verdict")
-                 for b in driver.find_elements(By.CSS_SELECTOR, "#strip button")]
-        assert answered() == 3 and sorted(strip) == ["correct", "corrected", "open", "open",
-                                                     "open", "skipped"]
-        row, observed = shown()
-        assert row not in clicks  # the page opens at the first unanswered sample
-        clicks[row] = (observed + 1) % 3
-        after(4, lambda: press(str(clicks[row])))
-        row, observed = shown()
-        clicks[row] = observed
-        after(5, lambda: driver.find_element(By.ID, "correct").click())
-        row, observed = shown()
-        clicks[row] = observed
-        after(6, lambda: press(Keys.ENTER))
+        index, observed = shown()
+        assert answered() == 5 and drawn[index]["row"] not in clicks
+        other = (observed + 2) % 3
+        driver.find_element(By.CSS_SELECTOR, f"#classes button[data-label='{other}']").click()
+        wait.until(lambda d: confirm_shown())
+        clicks[drawn[index]["row"]] = other
+        after(6, lambda: driver.find_element(By.ID, "confirm-yes").click())
 
+        driver.switch_to.window(tab_b)
+        wait.until(lambda d: answered() == 6)
+        driver.switch_to.window(tab_a)
         driver.find_element(By.ID, "finish").click()
         wait.until(lambda d: d.find_element(By.ID, "finish-dialog").is_displayed())
         counts = {k: driver.find_element(By.ID, f"f-{k}").text
@@ -521,31 +879,42 @@ def test_a_stewards_whole_session_in_chromium(tmp_path):
         assert counts == {"correct": "3", "corrected": "2", "skipped": "1", "left": "0"}
         driver.find_element(By.ID, "write").click()
         wait.until(lambda d: d.find_element(By.ID, "done").is_displayed())
+        driver.switch_to.window(tab_b)  # the other tab learns that the file was written
+        wait.until(lambda d: d.find_element(By.ID, "done").is_displayed())
         done = driver.find_element(By.ID, "done-text").text
-        finished = True
-        driver.save_screenshot(str(tmp_path / "done.png"))
+        code, printed = command.end()
+        assert code == 0, printed
+
+        command = Command(str(data), "--port", url.split(":")[2].split("/")[0])
+        assert "DATA marks 5 of 15 samples verified already" in "".join(command.printed)
+        assert command.url != url
+        driver.refresh()  # the old address, to a new check
+        assert "not the check that fedefc labels serves now" in driver.find_element(
+            By.TAG_NAME, "body").text
+        assert command.end(interrupt=True)[0] == 130
         requests = [json.loads(entry["message"])["message"]
                     for entry in driver.get_log("performance")]
     finally:
         driver.quit()
-        if not finished:
-            proc.kill()
-        rest = proc.communicate()[0]
-    assert proc.returncode == 0, "".join(printed) + rest
-    assert "wrote " + str(data) in rest and "3 correct, 2 corrected" in done
+        if command.proc.poll() is None:
+            command.proc.kill()
+    assert "wrote " + str(data) in printed and "3 correct, 2 corrected" in done
+    corrected = [r for r, label in clicks.items() if label is not None and label != labels_[r]]
+    assert all(f"row {r} ({sources[r]}): label" in done for r in corrected)
 
     sent = [m["params"] for m in requests if m["method"] == "Network.requestWillBeSent"]
     origin = "/".join(url.split("/", 3)[:3]) + "/"  # http://127.0.0.1:PORT/
     # the browser's own pages (the new-tab page of Chromium 150 is chrome-untrusted:) and
     # inline data: no network
-    local = ("chrome:", "chrome-untrusted:", "data:")
+    local = ("chrome:", "chrome-untrusted:", "data:", "about:")
     mine = [p["request"]["url"] for p in sent if p.get("documentURL", "").startswith(origin)]
     assert len(mine) > 10, mine
     assert all(u.startswith((origin, "data:")) for u in mine), mine
     web = [p["request"]["url"] for p in sent if not p["request"]["url"].startswith(local)]
     assert all(u.startswith(origin) for u in web), web  # the browser's own: none either
 
-    with np.load(data) as new, np.load(next(tmp_path.glob("site/*before-labels*"))) as old:
+    backup = next(tmp_path.glob("site/*before-labels*"))
+    with np.load(data) as new, np.load(backup) as old:
         expected = old["labels"].copy()
         for row, label in clicks.items():
             if label is not None:
@@ -554,9 +923,10 @@ def test_a_stewards_whole_session_in_chromium(tmp_path):
         assert sorted(np.flatnonzero(new["verified"]).tolist()) == sorted(
             r for r, label in clicks.items() if label is not None)
         np.testing.assert_array_equal(new["images"], old["images"])
-    assert next(tmp_path.glob("site/*before-labels*")).read_bytes() == original
+        np.testing.assert_array_equal(new["sources"], sources)
+    assert backup.read_bytes() == original
     assert stat.S_IMODE(data.stat().st_mode) == 0o600
-    assert not progress_path(data).exists()
+    assert progress_path(data).exists()  # the new check's, begun by the last command
 
 
 def test_the_documented_session_prints_what_the_page_says(tmp_path, capsys):
@@ -573,9 +943,11 @@ def test_the_documented_session_prints_what_the_page_says(tmp_path, capsys):
     digits = load_digits()
     folder = tmp_path / "prepared"
     write_images(folder, digits.target[:300], classes=None)
-    np.savez(folder / "data.npz", images=(digits.images[:300] * 15).astype(np.uint8),
-             labels=digits.target[:300])
     names = "zero one two three four five six seven eight nine".split()
+    np.savez(folder / "data.npz", images=(digits.images[:300] * 15).astype(np.uint8),
+             labels=digits.target[:300],
+             sources=np.array([f"{names[y]}/img-{i:03d}.png"
+                               for i, y in enumerate(digits.target[:300])]))
     (folder / "classes.json").write_text(json.dumps({n: i for i, n in enumerate(names)}))
     (folder / "data.npz").chmod(0o600)
     code = []
@@ -583,7 +955,7 @@ def test_the_documented_session_prints_what_the_page_says(tmp_path, capsys):
         ["labels", str(folder / "data.npz"), "--per-class", "2", "--port", "0"])))
     command.start()
     printed = ""
-    while command.is_alive() and not printed.endswith("continue\n"):
+    while command.is_alive() and not printed.endswith("address\n"):
         command.join(0.05)  # until the command has printed its address
         printed += capsys.readouterr().out
     assert command.is_alive(), printed + capsys.readouterr().err

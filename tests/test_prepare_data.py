@@ -23,6 +23,7 @@ from common.datasets import load_dataset, task_shape
 from common.methods import load_run_config
 from common.models import TaskShape
 from fedefc_cli.main import main
+from fedefc_cli.prepare_data import decode
 from fedefc_client.private_data import load_private_data
 from tests.helpers import patience
 
@@ -113,6 +114,20 @@ def test_the_folder_becomes_uint8_images_with_a_class_map_and_counts(prepared):
         assert reason in skipped[file]
     assert (summary["input_shape"], summary["num_classes"], summary["images"]) == ("3x16x16",
                                                                                  2, 6)
+    assert summary["warnings"] == []
+
+
+def test_each_row_names_its_file_and_the_data_its_class_names(prepared):
+    """data.npz's ``sources``: row n's file relative to SOURCE (so that "row 4" leads to
+    an image); ``class_names``: the map's names in index order (the map travels with
+    the data)."""
+    with np.load(prepared["out"] / "data.npz") as npz:
+        assert npz["sources"].tolist() == prepared["files"]
+        assert npz["class_names"].tolist() == ["benign", "malignant"]
+    x = prepared["samples"].x
+    for row, rel in enumerate(prepared["files"]):  # the named file is the row's image
+        again = decode(prepared["source"] / rel, 3, (16, 16), "crop")[0]
+        np.testing.assert_array_equal(x[row], again)
 
 
 def test_pixels_match_pillow_with_the_hand_derived_crop_box_luma_and_alpha(prepared):
@@ -274,7 +289,9 @@ def test_a_first_site_missing_a_class_cannot_shift_the_map(tmp_path, capsys):
     args = ["data", str(a), str(tmp_path / "out-a"), "--size", "6", "--class-map", str(shared)]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "--classes 0,1,2,3,4,5,7,8,9 if this site holds them all" in err
+    assert "this site's class folders: 0, 1, 2, 3, 4, 5, 7, 8, 9; no folder for 6" in err
+    assert "e.g. --classes 0,1,2,3,4,5,6,7,8,9" in err
+    assert "--classes 0,1,2,3,4,5,7,8,9" not in err  # issue 60: copied, it shifted the map
     assert not shared.exists() and not (tmp_path / "out-a").exists()
     assert main([*args, "--classes", ",".join(digits)]) == 0
     printed = capsys.readouterr().out
@@ -291,6 +308,29 @@ def test_a_first_site_missing_a_class_cannot_shift_the_map(tmp_path, capsys):
         folder = b / str(label)
         [png] = folder.iterdir()
         assert np.array_equal(np.asarray(Image.open(png)).transpose(2, 0, 1), pixels)
+
+
+@pytest.mark.parametrize("given, warned", [
+    (["--classes", "one,two,three"], True),  # sorted by name: one = 0, three = 1, two = 2
+    (["--classes", "1,2,3"], False),  # digits: sorted by value
+    (["--class-map", "{map}"], False),  # words given in the numbers' order
+    (["--classes", "benign,cyst,malignant"], False),
+])
+def test_number_words_out_of_the_numbers_order_are_warned_about(tmp_path, capsys, given,
+                                                                warned):
+    """Issue 60: with classes "one", "two", "three" sorted by name, label 1 is "three",
+    and a steward pressing 1 for "one" wrote a wrong label."""
+    names = given[1].split(",") if given[0] == "--classes" else ["one", "two", "three"]
+    site = tiny_site(tmp_path / "site", names, per_class=1)
+    (tmp_path / "map.json").write_text('{"one": 0, "two": 1, "three": 2}')
+    assert main(["data", str(site), str(tmp_path / "out"), "--size", "6",
+                 *(a.format(map=tmp_path / "map.json") for a in given)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert ("WARNING: the class names are numbers written as words" in printed) == warned
+    assert len(summary["warnings"]) == warned
+    if warned:
+        assert "(0 = one, 1 = three, 2 = two): label 1 is 'three', not 'one'" in printed
 
 
 def make_bad(tmp_path: Path, case: str) -> tuple[list[str], list[str]]:
@@ -337,8 +377,9 @@ def make_bad(tmp_path: Path, case: str) -> tuple[list[str], list[str]]:
                 ["indices [0, 2]", "0..1, each once"])
     if case == "no class names":  # the map may not come from this site's folders
         return [str(src), str(out), "--size", "8"], [
-            "not made from the folders this site happens to hold", "--classes a,b",
-            "--class-map FILE"]
+            "not made from the folders this site happens to hold", "--classes NAME,NAME,...",
+            "with the classes this site lacks", "--class-map FILE",
+            "this site's class folders: a, b"]
     if case == "map file absent":
         return [str(src), str(out), "--size", "8", "--class-map", str(tmp_path / "m.json")], [
             f"--class-map='{tmp_path / 'm.json'}' does not exist yet: --classes writes it"]
