@@ -23,12 +23,25 @@ import signal
 import sys
 from pathlib import Path
 
-from . import deployment, flower, labels, prepare_data, services
+from . import (
+    deploy_export,
+    deploy_submit,
+    deploy_supervisor,
+    flower,
+    labels,
+    prepare_data,
+    services,
+)
 from .errors import EXIT_DEGRADED, UsageError, exit_code
 from .raw_archive import MANIFEST, RESULTS_HOME, fetch, grid_key, manifests, tables_dir
 from .ray_cluster import check_reachable, ray_address
-from .run_configs import (CONFIGS_DIR, inexact_resume_note, preset_names, resolve_run_config,
-                          resume_config)
+from .run_configs import (
+    CONFIGS_DIR,
+    inexact_resume_note,
+    preset_names,
+    resolve_run_config,
+    resume_config,
+)
 
 
 def _unwind_on_signals() -> None:
@@ -239,8 +252,9 @@ def _supernode_args(node: argparse.ArgumentParser) -> None:
                       help="the run's num-clients")
     node.add_argument("--data-path", help="private data: an .npz or an ImageFolder directory")
     node.add_argument("--cache-dir", default=None,
-                      help=f"prepared-data cache (default {deployment.DEFAULT_CACHE_DIR}; for a "
-                           "service STATE_DIR/cache)")
+                      help="prepared-data cache (default "
+                           f"{deploy_supervisor.DEFAULT_CACHE_DIR}; for a service "
+                           "STATE_DIR/cache)")
     node.add_argument("--ca-cert", help="the SuperLink's CA certificate (enables TLS)")
     node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh; "
                       "owner-only); its public key KEY.pub must be registered")
@@ -321,11 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = dep.add_subparsers(dest="deploy_command", required=True, metavar="DEPLOY_COMMAND")
     link = dsub.add_parser("superlink", help="the SuperLink and its SuperExec (foreground)")
     _superlink_args(link)
-    link.set_defaults(func=deployment.cmd_superlink)
+    link.set_defaults(func=deploy_supervisor.cmd_superlink)
 
     node = dsub.add_parser("supernode", help="a SuperNode and its SuperExec (foreground)")
     _supernode_args(node)
-    node.set_defaults(func=deployment.cmd_supernode)
+    node.set_defaults(func=deploy_supervisor.cmd_supernode)
 
     service = dsub.add_parser("service", help="write systemd units for the SuperLink or a "
                               "SuperNode (the same flags as superlink / supernode)")
@@ -345,13 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("address", help="host:port of the SuperLink")
     conn.add_argument("--ca-cert", help="CA certificate (TLS); without it: insecure")
     conn.add_argument("--flwr-home", help="default: $FLWR_HOME or ~/.flwr")
-    conn.set_defaults(func=deployment.cmd_connection)
+    conn.set_defaults(func=deploy_submit.cmd_connection)
 
     reg = dsub.add_parser("register", help="register SuperNode public keys (--node-auth)")
     reg.add_argument("connection", help="a connection to the SuperLink, with TLS")
     reg.add_argument("public_keys", nargs="+", metavar="PUBLIC_KEY",
                      help="NAME.pub files written by deploy/gen-node-keys.sh")
-    reg.set_defaults(func=deployment.cmd_register)
+    reg.set_defaults(func=deploy_submit.cmd_register)
 
     submit = dsub.add_parser(
         "submit", help="run the app on a connection (or resume a run: --resume OUT_DIR); "
@@ -386,13 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "config for machines started with --trusted-keys")
     submit.add_argument("--key-id", help="the key's name in the trusted keys file (default: "
                         "the key file's name)")
-    submit.set_defaults(func=deployment.cmd_submit)
+    submit.set_defaults(func=deploy_submit.cmd_submit)
 
     fetch = dsub.add_parser("fetch", help="bring a run's results (out-dir) to this machine")
     fetch.add_argument("source", help="[user@]host:/abs/out-dir on the SuperLink machine "
                        "(copied with scp), or a local path")
     fetch.add_argument("dest", help="a new local folder")
-    fetch.set_defaults(func=deployment.cmd_fetch)
+    fetch.set_defaults(func=deploy_export.cmd_fetch)
 
     export = dsub.add_parser("export", help="write each partition as private data")
     export.add_argument("out_dir", help="gets node-K/data.npz for every partition K")
@@ -401,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "folder of images per node, for fedefc data")
     _preset(export)
     _overrides(export)
-    export.set_defaults(func=deployment.cmd_export)
+    export.set_defaults(func=deploy_export.cmd_export)
 
     prepare_data.add_parser(sub)
     labels.add_parser(sub)
