@@ -2,7 +2,8 @@
 (``results/<grid>/runs.csv``: :mod:`.run_table`) by ``fedefc results docs``, so that no
 number in them is typed by hand.
 
-A generated table sits between two markers, the first of which says what it holds::
+A generated table sits between two markers, each a line of its own, the first of which
+says what it holds::
 
     <!-- results table mnist-lite-table1 -->
     ...
@@ -20,8 +21,8 @@ its grid file (``clean-labels/cross-silo`` is ``configs/grids/cross-silo.toml`` 
   pairs (mean, least, runs more than a point below); "last 10" is each run's own
   (``last10_acc``);
 - ``seeds column="C" rows="R1|R2|..."``: per row, over the seeds of C it ran: mean
-  final (± the sample standard deviation) / last 10 / best, and against the grid's baseline per seed the final and last 10
-  differences, T_e and the guard's rounds;
+  final (± the sample standard deviation) / last 10 / best, and against the grid's
+  baseline per seed the final and last 10 differences, T_e and the guard's rounds;
 - ``paired [rows="R1|R2|..."]``: ``paired.md``'s table of every row against the baseline
   (last 10 over the planned rounds: :mod:`.paired`).
 
@@ -37,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import ConfigError
+
 from .grid import Grid
 from .paired import paired_summary
 from .raw_archive import TREE_RESULTS
@@ -45,7 +48,7 @@ from .run_configs import APP_DIR
 from .run_table import RunRecord, table_runs
 
 DOCS = [APP_DIR / "docs" / "RESULTS.md"]
-BLOCK = re.compile(r"(<!-- results (.+?) -->\n)(.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"^(<!-- results ([^\n]+?) -->\n)(.*?)^(<!-- /results -->)", re.S | re.M)
 
 
 class DocsError(ValueError):
@@ -164,6 +167,12 @@ def render_block(spec: str) -> str:
         opts = dict(option.split("=", 1) for option in options)
     except ValueError:
         raise DocsError(f"block {spec!r}: write KIND GRID [key=\"value\" ...]") from None
+    needs = {"table": (), "compare": ("row",), "seeds": ("column", "rows"), "paired": ()}
+    if kind not in needs:
+        raise DocsError(f"no kind {kind!r}; kinds: {', '.join(needs)}")
+    missing = [f'{name}="..."' for name in needs[kind] if name not in opts]
+    if missing:
+        raise DocsError(f"a {kind} block needs {', '.join(missing)}")
     grid, finished = load(key)
     if kind == "table":
         return markdown_table(grid, table_stats(grid, finished)).split("\n", 2)[2]
@@ -171,10 +180,7 @@ def render_block(spec: str) -> str:
         return compare(grid, finished, opts["row"], opts.get("against"))
     if kind == "seeds":
         return seeds(grid, finished, opts["column"], opts["rows"].split("|"))
-    if kind == "paired":
-        rows = opts["rows"].split("|") if "rows" in opts else None
-        return paired_summary(grid, finished, rows)
-    raise DocsError(f"block {spec!r}: no kind {kind!r}; kinds: table, compare, seeds, paired")
+    return paired_summary(grid, finished, opts["rows"].split("|") if "rows" in opts else None)
 
 
 def render_docs(doc: Path, write: bool = True) -> bool:
@@ -184,7 +190,7 @@ def render_docs(doc: Path, write: bool = True) -> bool:
     def fill(match: re.Match) -> str:
         try:
             body = render_block(match.group(2))
-        except (KeyError, DocsError) as err:
+        except (KeyError, ConfigError, DocsError) as err:
             raise DocsError(f"{doc.name}, block <!-- results {match.group(2)} -->: {err}"
                             ) from None
         return f"{match.group(1)}{body}\n{match.group(4)}"

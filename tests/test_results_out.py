@@ -17,12 +17,25 @@ import pytest
 from fedefc_cli.errors import UsageError
 from fedefc_cli.grid import Grid
 from fedefc_cli.main import main
-from fedefc_cli.raw_archive import (MANIFEST, TREE_RESULTS, fetch, folder_record, manifests,
-                                    write_archive)
+from fedefc_cli.raw_archive import (
+    MANIFEST,
+    TREE_RESULTS,
+    fetch,
+    folder_record,
+    manifests,
+    write_archive,
+)
 from fedefc_cli.report import finished_runs
-from fedefc_cli.results_docs import DOCS, compare, render_docs, seeds
-from fedefc_cli.run_table import (RUNS_FILE, RunRecord, config_hash, publish, read_runs,
-                                  run_record, write_runs)
+from fedefc_cli.results_docs import DOCS, DocsError, compare, render_docs, seeds
+from fedefc_cli.run_table import (
+    RUNS_FILE,
+    RunRecord,
+    config_hash,
+    publish,
+    read_runs,
+    run_record,
+    write_runs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
@@ -232,8 +245,22 @@ def test_the_docs_blocks_by_hand(tmp_path):
     table = seeds(grid, runs, "IID", ["FedAvg", "FedEFC"])
     # sample sd of two values: their distance / sqrt(2): 10 / 1.414 = 7.1, 9.5 / 1.414 = 6.7
     assert "| FedAvg | 75.0 ± 7.1 | 75.0 | 77.0 | | | | |" in table
-    assert "| FedEFC | 78.2 ± 6.7 | 76.0 | 78.2 | +3.0, +3.5 | +1.0, +1.0 | 10, 12 | –, 15/18 |" \
-        in table
+    assert ("| FedEFC | 78.2 ± 6.7 | 76.0 | 78.2 | +3.0, +3.5 | +1.0, +1.0 | 10, 12 | "
+            "–, 15/18 |") in table
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("nosuch cross-silo", r"no kind 'nosuch'; kinds: table, compare, seeds, paired"),
+    ("compare cross-silo", r'a compare block needs row="..."'),
+    ("table no-such-grid", r"no summary table results/no-such-grid/runs.csv"),
+    ('compare cross-silo row="FedProx"', r"no run of 'FedProx' has a run of 'FedAvg'"),
+])
+def test_a_block_that_cannot_be_written_says_why(tmp_path, spec, error):
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"prose\n<!-- results {spec} -->\nold\n<!-- /results -->\nmore prose\n")
+    with pytest.raises(DocsError, match=error):
+        render_docs(doc)
+    assert "old" in doc.read_text()  # nothing written
 
 
 def test_results_md_tables_are_what_the_summary_tables_give():
