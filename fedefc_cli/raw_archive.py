@@ -104,12 +104,13 @@ def write_archive(folder: Path, archive: Path) -> dict[str, int | str]:
     return {"sha256": sha, "files": len(names), "bytes": size}
 
 
-def _git(repo: Path, *args: str, binary: bool = False) -> str | bytes:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
-                          text=not binary)
+def _git(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS``'s output; UsageError naming the command and git's words."""
+    if shutil.which("git") is None:
+        raise UsageError("git not found: install it to reach the runs git history holds")
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if done.returncode:
-        err = done.stderr if not binary else done.stderr.decode(errors="replace")
-        raise UsageError(f"git {' '.join(args)} failed in {repo}: {err.strip()}")
+        raise UsageError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()}")
     return done.stdout
 
 
@@ -125,8 +126,8 @@ def git_source(folder: Path) -> tuple[Path, str, str] | None:
     if not _git(repo, "ls-files", "--", f"{path}/*summary.json"):
         return None
     for line in _git(repo, "status", "--porcelain", "-uall", "--", path).splitlines():
-        rel = Path(line[3:].strip('"')).relative_to(path)
-        if not (len(rel.parts) == 1 and rel.name in TABLE_FILES):
+        rel = Path(line[3:].strip('"'))  # a changed file: only the tables at the top may be
+        if rel.parent.as_posix() != path or rel.name not in TABLE_FILES:
             return None
     return repo, _git(repo, "log", "-1", "--format=%H", "--", path).strip(), path
 
@@ -134,19 +135,23 @@ def git_source(folder: Path) -> tuple[Path, str, str] | None:
 def _extract_git(repo: Path, commit: str, path: str, into: Path) -> None:
     """The folder ``path`` of ``commit`` into ``into``, fetching the commit first where
     this clone lacks it (a shallow or partial clone)."""
+    shallow = _git(repo, "rev-parse", "--is-shallow-repository").strip() == "true"
     if subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"],
                       capture_output=True).returncode:
-        shallow = _git(repo, "rev-parse", "--is-shallow-repository").strip() == "true"
         _git(repo, "fetch", "--no-tags", *(["--depth=1"] if shallow else []), "origin",
              commit)
     stream = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar",
                                f"{commit}:{path}"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
-    with tarfile.open(fileobj=stream.stdout, mode="r|") as tar:
-        tar.extractall(into, filter="data")
-    if stream.wait():
-        raise UsageError(f"git archive {commit}:{path} failed in {repo}: "
-                         f"{stream.stderr.read().decode(errors='replace').strip()}")
+    try:
+        with tarfile.open(fileobj=stream.stdout, mode="r|") as tar:
+            tar.extractall(into, filter="data")
+        failure = None
+    except tarfile.TarError as err:
+        failure = str(err)
+    said = stream.stderr.read().decode(errors="replace").strip()
+    if stream.wait() or failure:
+        raise UsageError(f"git archive {commit}:{path} failed in {repo}: {said or failure}")
 
 
 def git_record(repo: Path, commit: str, path: str) -> dict[str, int | str]:

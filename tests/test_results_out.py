@@ -180,6 +180,32 @@ def test_a_copy_that_is_not_the_manifests_is_refused_and_nothing_lands(tmp_path)
     assert list((tmp_path / "fetched").iterdir()) == []  # no partial copy left behind
 
 
+def test_runs_changed_since_their_commit_are_archived_instead(tmp_path):
+    """Git's commit holds what was committed: a run changed on disk since (or one never
+    committed) makes the manifest name an archive of the folder as it is."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    grid = make_grid_folder(repo / "results")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "runs")
+    (grid / "fedavg/iid/seed0/metrics.jsonl").write_text("{\"round\": 1, \"test_acc\": 0.9}\n")
+    publish(grid, grid, None)
+    entry = json.loads((grid / MANIFEST).read_text())
+    assert entry["archive"] == "g.tar.gz" and "commit" not in entry
+    assert fetch(entry, tmp_path / "back" / "g", archive=repo / "results" / "g.tar.gz")[
+        "sha256"] == entry["sha256"]
+    assert (tmp_path / "back/g/fedavg/iid/seed0/metrics.jsonl").read_text().startswith(
+        '{"round": 1, "test_acc": 0.9}')
+
+
+def test_a_commit_no_remote_holds_is_refused_by_name(tmp_path):
+    repo, _, entry = committed_repo(tmp_path)
+    with pytest.raises(UsageError, match="git fetch .* failed"):
+        fetch({**entry, "commit": "0" * 40}, tmp_path / "fetched" / "g", repo=repo)
+    assert list((tmp_path / "fetched").iterdir()) == []
+
+
 def test_a_shallow_clone_fetches_the_commit_first(tmp_path):
     repo, _, entry = committed_repo(tmp_path)
     clone = tmp_path / "clone"
