@@ -6,8 +6,8 @@ Git holds, per grid folder ``results/<grid>/``, its summary table (``runs.csv``:
 run folders are and the sha256 that proves a copy of them is theirs:
 
 - ``commit`` and ``path``: the run folders are ``path`` in that commit of this
-  repository (the grids run before 2026-12-07, whose folders the next commit took out of
-  the tree: :func:`git_source`);
+  repository, the last that changed them (the grids whose folders git held until they
+  left the tree on 2026-12-07: :func:`git_source`);
 - ``archive``: they are the gzipped tar ``archive`` that the grid runner wrote beside the
   grid's folder in its results directory (default ``~/fedefc-results/<grid>.tar.gz``:
   :func:`write_archive`), to be kept wherever the team keeps data.

@@ -153,7 +153,7 @@ def read_runs(path: Path) -> list[RunRecord]:
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames != COLUMNS:
-            raise ValueError(f"{path}: columns {reader.fieldnames} are not {COLUMNS}; "
+            raise UsageError(f"{path}: columns {reader.fieldnames} are not {COLUMNS}; "
                              "rewrite it with `fedefc grid report` or `fedefc results table`")
         return [RunRecord(**{k: _value(k, v) for k, v in row.items()}) for row in reader]
 

@@ -101,7 +101,7 @@ def test_the_table_reads_back_exactly(tmp_path):
     path = write_runs([record], tmp_path / RUNS_FILE)
     assert read_runs(path) == [record]
     path.write_text(path.read_text().replace("config_sha256", "hash"))
-    with pytest.raises(ValueError, match="columns .* are not"):
+    with pytest.raises(UsageError, match="columns .* are not"):
         read_runs(path)
 
 
