@@ -102,7 +102,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
     :func:`.raw_archive.tables_dir` says, and the plots beside the runs."""
     from .grid import Grid, run_grid  # lazy: torch, 1.9 s of CPU
     from .report import write_plots, write_report  # lazy: torch, 1.9 s of CPU
-    from .run_table import RUNS_FILE, missing_runs, publish, table_runs  # lazy: torch
+    from .run_table import RUNS_FILE, missing_runs, publish, table_runs  # lazy: torch, 1.9 s
     _unwind_on_signals()
     results_dir = Path(args.results_dir).expanduser().resolve()
     grid = Grid.load(args.grid)
