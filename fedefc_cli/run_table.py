@@ -17,7 +17,9 @@ A row is read from a run folder's ``config.json``, ``summary.json`` and ``metric
   last 10 planned rounds, a run the phase-2 guard ended holding the model it delivered:
   :func:`common.results.mean_last10_held`, what ``paired.md`` compares);
 - ``t_e``, the phase-2 guard's verdict ``guard_restored_round`` and ``guard_ended_at``
-  (empty: it did not fire, or the run has no guard), ``wall_time_s``, and ``machine``
+  (empty: it did not fire, or the run has no guard), ``delivered_after_round`` (the
+  model the run delivered: the one after that round; empty where the summary predates
+  the record, docs/FEDEFC.md §3.4), ``wall_time_s``, and ``machine``
   (:func:`common.results.machine_record` as ``key=value; ...``; empty where the summary
   predates it).
 """
@@ -68,6 +70,7 @@ class RunRecord:
     t_e: int | None
     guard_restored_round: int | None
     guard_ended_at: int | None
+    delivered_after_round: int | None
     wall_time_s: float | None
     machine: str
 
@@ -78,7 +81,7 @@ class RunRecord:
 
 COLUMNS = [f.name for f in fields(RunRecord)]
 _INTS = {"seed", "rounds", "rounds_run", "best_round", "t_e", "guard_restored_round",
-         "guard_ended_at"}
+         "guard_ended_at", "delivered_after_round"}
 _FLOATS = {"rho", "final_acc", "best_acc", "last10_acc", "last10_held_acc", "wall_time_s"}
 
 
@@ -120,6 +123,7 @@ def run_record(run_dir: Path, grid: str, run: str, row: str, column: str) -> Run
         last10_held_acc=held, t_e=summary.get("t_e"),
         guard_restored_round=summary.get("guard_restored_round"),
         guard_ended_at=summary.get("guard_ended_at"),
+        delivered_after_round=summary.get("delivered_after_round"),
         wall_time_s=summary.get("wall_time_s"), machine=machine_text(summary.get("machine")))
 
 

@@ -80,12 +80,14 @@ def test_a_run_is_read_into_its_table_row(tmp_path):
     # own last rounds (0.5 + 0.6 + 0.8 + 0.7) / 4 = 0.65
     write_run(tmp_path / "run", [0.5, 0.6, 0.8, 0.7], {
         "t_e": 2, "guard_restored_round": 3, "guard_ended_at": 4, "status": "completed",
+        "delivered_after_round": 2,
         "wall_time_s": 12.5, "machine": {"torch": "2", "cpu": "X"}, "method": "fedefc"})
     r = run_record(tmp_path / "run", "grid", "fedefc/iid/seed3", "FedEFC", "IID")
     assert (r.seed, r.rounds, r.rounds_run, r.final_acc, r.best_acc, r.best_round) == \
         (3, 5, 4, 0.7, 0.8, 3)
     assert r.last10_acc == pytest.approx(0.65) and r.last10_held_acc == pytest.approx(0.66)
-    assert (r.t_e, r.guard_restored_round, r.guard_ended_at) == (2, 3, 4)
+    assert (r.t_e, r.guard_restored_round, r.guard_ended_at, r.delivered_after_round) == \
+        (2, 3, 4, 2)
     assert (r.machine, r.status, r.paper_cell, r.accuracy_source) == \
         ("cpu=X; torch=2", "completed", "", "server test set")
     # the hash ignores where a run wrote, not what it ran
@@ -249,7 +251,8 @@ def test_a_run_is_refused_where_the_table_holds_runs_this_folder_lacks(tmp_path,
 def record(row, seed, final, last10, best=None, t_e=None, guard=(None, None)):
     return RunRecord("g", f"{row.lower()}/iid/seed{seed}", row, "IID", seed, "", "", "",
                      0.2, "", 25, 25, "completed", "server test set", final,
-                     final if best is None else best, 1, last10, last10, t_e, *guard, 1.0, "")
+                     final if best is None else best, 1, last10, last10, t_e, *guard, None, 1.0,
+                     "")
 
 
 def test_the_docs_blocks_by_hand(tmp_path):
