@@ -3,10 +3,10 @@
     python -m fedefc_cli.flower_repairs supernode [flower-supernode's flags]
     python -m fedefc_cli.flower_repairs superexec [flower-superexec's flags]
 
-``fedefc deploy supernode|superlink``, their service units and :class:`.deployment.
-LocalDeployment` start every SuperNode and SuperExec this way (:func:`command`): Flower's
-own process, in this process, with these repairs (docs/RELIABILITY.md, "A SuperLink
-restart mid-round"):
+``fedefc deploy supernode|superlink``, their service units and
+:class:`.deploy_local.LocalDeployment` start every SuperNode and SuperExec this way
+(:func:`command`): Flower's own process, in this process, with these repairs
+(docs/RELIABILITY.md, "A SuperLink restart mid-round"):
 
 1. **A message of a run that stopped is dropped with its task.** A SuperNode receives a
    message in steps (the message, its objects, the confirmation), after it has stored

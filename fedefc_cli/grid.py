@@ -141,10 +141,8 @@ class Grid:
                                       f"{sorted(missing)}")
         return grid
 
-    def cells(self, results_dir: Path, overrides: list[str]) -> list[Cell]:
-        """Every cell with its validated run config, in run order (seed-major)."""
-        base = {**read_app_defaults(), **read_preset(self.preset)}
-        cli = parse_overrides(overrides)
+    def plan(self) -> list[tuple[str, str, int]]:
+        """Every cell's (row, column, seed), in run order (seed-major)."""
         plan: list[tuple[str, str, int]] = []
         for seed in self.seeds:
             plan += [(r, c, seed) for c in self.columns for r in self.rows]
@@ -152,13 +150,18 @@ class Grid:
             for seed in block["seeds"]:
                 plan += [(r, c, seed) for c in block.get("columns", self.columns)
                          for r in block["rows"] if (r, c, seed) not in plan]
+        return plan
+
+    def cells(self, results_dir: Path, overrides: list[str]) -> list[Cell]:
+        """Every cell with its validated run config, in run order (seed-major)."""
+        base = {**read_app_defaults(), **read_preset(self.preset)}
+        cli = parse_overrides(overrides)
         cells = []
-        for row, col, seed in plan:
+        for row, col, seed in self.plan():
             column = dict(self.columns[col])
             merged = {**base, **read_preset(column.pop("preset", None)), **column,
                       **self.rows[row], **cli, "seed": seed}
-            merged["out-dir"] = str(results_dir / self.name / slug(row) / slug(col)
-                                    / f"seed{seed}")
+            merged["out-dir"] = str(results_dir / self.name / run_path(row, col, seed))
             try:
                 cfg = load_run_config(merged)
             except ConfigError as err:
@@ -170,6 +173,11 @@ class Grid:
 def slug(label: str) -> str:
     """A folder name for a row or column label."""
     return re.sub(r"[^A-Za-z0-9.]+", "-", label).strip("-").lower() or "x"
+
+
+def run_path(row: str, column: str, seed: int) -> str:
+    """A cell's run folder under its grid's: ``<row>/<column>/seed<N>``."""
+    return f"{slug(row)}/{slug(column)}/seed{seed}"
 
 
 def check_finished(cell: Cell) -> None:

@@ -4,6 +4,7 @@
     fedefc resume OUT_DIR [--set rounds=N]          continue an interrupted job
     fedefc presets                                  list configs/*.toml
     fedefc grid run|report|list GRID [--set ...]    the experiment runner
+    fedefc results table|fetch|docs ...             grid tables; run folders out of git
     fedefc deploy superlink|supernode|service|connection|register|submit|fetch|
                   renew-cert|export ...
                                                     a deployment across machines
@@ -23,10 +24,25 @@ import signal
 import sys
 from pathlib import Path
 
-from . import deployment, flower, labels, prepare_data, services
-from .errors import EXIT_DEGRADED, exit_code
+from . import (
+    deploy_export,
+    deploy_submit,
+    deploy_supervisor,
+    flower,
+    labels,
+    prepare_data,
+    services,
+)
+from .errors import EXIT_DEGRADED, UsageError, exit_code
+from .raw_archive import MANIFEST, RESULTS_HOME, fetch, grid_key, manifests, tables_dir
 from .ray_cluster import check_reachable, ray_address
-from .run_configs import inexact_resume_note, preset_names, resolve_run_config, resume_config
+from .run_configs import (
+    CONFIGS_DIR,
+    inexact_resume_note,
+    preset_names,
+    resolve_run_config,
+    resume_config,
+)
 
 
 def _unwind_on_signals() -> None:
@@ -82,16 +98,27 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_grid(args: argparse.Namespace) -> int:
-    """``fedefc grid run|report|list``; run and report write the table and plots."""
+    """``fedefc grid run|report|list``; run and report write the summary table, its
+    manifest and the tables from it (:mod:`.run_table`, :mod:`.report`) where
+    :func:`.raw_archive.tables_dir` says, and the plots beside the runs."""
     from .grid import Grid, run_grid  # lazy: torch, 1.9 s of CPU
-    from .report import write_report  # lazy: torch, 1.9 s of CPU
+    from .report import write_plots, write_report  # lazy: torch, 1.9 s of CPU
+    from .run_table import RUNS_FILE, missing_runs, publish, table_runs  # lazy: torch, 1.9 s
     _unwind_on_signals()
     results_dir = Path(args.results_dir).expanduser().resolve()
     grid = Grid.load(args.grid)
+    raw, tables = results_dir / grid.name, tables_dir(results_dir) / grid.name
     if args.action == "list":
         for cell in grid.cells(results_dir, args.overrides):
             print(f"{'done' if cell.done else 'todo'}  {cell.out_dir}")
         return 0
+    here = any(raw.rglob("summary.json"))
+    missing = missing_runs(raw, tables)
+    if missing and (here or args.action == "run"):
+        key = grid_key(tables)
+        raise UsageError(f"{tables / RUNS_FILE} holds {len(missing)} runs that {raw} lacks "
+                         f"(e.g. {missing[0]}): fetch them first (fedefc results fetch {key} "
+                         f"puts them in {RESULTS_HOME / key}), or use another --results-dir")
     failures = 0
     if args.action == "run":
         if args.ray_address:
@@ -99,9 +126,49 @@ def cmd_grid(args: argparse.Namespace) -> int:
         failures = run_grid(grid, results_dir, args.overrides, args.max_cells,
                             args.client_cpus, args.client_gpus, rows=args.rows,
                             ray_address=args.ray_address, seeds=args.seeds)
-    for path in write_report(grid, results_dir, args.overrides):
+        here = any(raw.rglob("summary.json"))
+    written = []
+    if here:  # the runs are here: their table, manifest and plots anew
+        records = publish(raw, tables, grid)
+        written += [tables / RUNS_FILE, tables / MANIFEST]
+        written += write_plots(grid, grid.cells(results_dir, args.overrides), raw)
+    else:  # only the summary table: the tables from it
+        records = table_runs(tables)
+    for path in [*write_report(grid, records, tables), *written]:
         print(f"wrote {path}")
     return 1 if failures else 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """``fedefc results table|fetch|docs`` (docs/RESULTS.md, "Where the runs are")."""
+    if args.action == "fetch":
+        to = Path(args.to).expanduser().resolve()
+        archive = Path(args.archive).expanduser().resolve() if args.archive else None
+        for entry in manifests(args.grid):
+            dest = to / entry["grid"]
+            got = fetch(entry, dest, archive)
+            print(f"fetched {entry['grid']}: {got['files']} files, {got['bytes']} bytes, "
+                  f"sha256 {got['sha256']} as the manifest records -> {dest}")
+        return 0
+    if args.action == "docs":
+        from .results_docs import DOCS, render_docs  # lazy: torch, 1.9 s of CPU
+        stale = [doc for doc in DOCS if render_docs(doc, write=not args.check)]
+        for doc in stale:
+            print(f"{'stale' if args.check else 'wrote'} {doc}")
+        return 1 if args.check and stale else 0
+    from .grid import Grid  # lazy: torch, 1.9 s of CPU
+    from .report import write_report  # lazy: torch, 1.9 s of CPU
+    from .run_table import RUNS_FILE, publish  # lazy: torch, 1.9 s of CPU
+    raw = Path(args.folder).expanduser().resolve()
+    tables = tables_dir(raw.parent) / raw.name
+    name = args.grid or raw.name
+    grid = Grid.load(name) if args.grid or (CONFIGS_DIR / "grids" / f"{name}.toml").exists() \
+        else None
+    records = publish(raw, tables, grid)
+    for path in [tables / RUNS_FILE, tables / MANIFEST,
+                 *(write_report(grid, records, tables) if grid else [])]:
+        print(f"wrote {path}")
+    return 0
 
 
 def _overrides(parser: argparse.ArgumentParser, example: str = "rho=0.4") -> None:
@@ -186,8 +253,9 @@ def _supernode_args(node: argparse.ArgumentParser) -> None:
                       help="the run's num-clients")
     node.add_argument("--data-path", help="private data: an .npz or an ImageFolder directory")
     node.add_argument("--cache-dir", default=None,
-                      help=f"prepared-data cache (default {deployment.DEFAULT_CACHE_DIR}; for a "
-                           "service STATE_DIR/cache)")
+                      help="prepared-data cache (default "
+                           f"{deploy_supervisor.DEFAULT_CACHE_DIR}; for a service "
+                           "STATE_DIR/cache)")
     node.add_argument("--ca-cert", help="the SuperLink's CA certificate (enables TLS)")
     node.add_argument("--auth-key", help="this node's private key (deploy/gen-node-keys.sh; "
                       "owner-only); its public key KEY.pub must be registered")
@@ -227,8 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("action", choices=["run", "report", "list"])
     grid.add_argument("grid", help="configs/grids/<name>.toml name or a grid file path")
     _overrides(grid, "data-dir=/data")
-    grid.add_argument("--results-dir", default="results",
-                      help="root folder of grid results (default ./results)")
+    grid.add_argument("--results-dir", default=str(RESULTS_HOME),
+                      help="where the run folders go, <results-dir>/<grid>/ (default "
+                      "~/fedefc-results: their summary table then goes to this checkout's "
+                      "results/<grid>/, docs/RESULTS.md, \"Where the runs are\")")
     grid.add_argument("--max-cells", type=int, default=None, help="run at most this many cells")
     grid.add_argument("--row", dest="rows", action="append", default=None, metavar="LABEL",
                       help="run only the cells of this row (repeatable; the report covers "
@@ -239,15 +309,38 @@ def build_parser() -> argparse.ArgumentParser:
     _resources(grid, 0.0)
     grid.set_defaults(func=cmd_grid)
 
+    results = sub.add_parser("results", help="the grids' summary tables and their run "
+                             "folders outside git (docs/RESULTS.md, \"Where the runs are\")")
+    rsub = results.add_subparsers(dest="action", required=True, metavar="ACTION")
+    table = rsub.add_parser("table", help="write the summary table and manifest of a grid "
+                            "folder of run folders (git's, or an archive written beside it)")
+    table.add_argument("folder", help="a grid's folder, e.g. results/cross-silo")
+    table.add_argument("--grid", help="its grid file, for the row labels and tables "
+                       "(default: configs/grids/<folder name>.toml where there is one)")
+    fetch_ = rsub.add_parser("fetch", help="bring a grid's run folders back, checked "
+                             "against the sha256 its manifest records")
+    fetch_.add_argument("grid", help="a grid under results/ (e.g. cross-silo, "
+                        "clean-labels/cross-silo) or a folder of grids (clean-labels)")
+    fetch_.add_argument("--to", default=str(RESULTS_HOME), help="the results directory: "
+                        "the runs go to <to>/<grid>/, which must be new (default "
+                        "~/fedefc-results, where fedefc grid report looks)")
+    fetch_.add_argument("--archive", help="the grid's archive, for a grid whose manifest "
+                        "names one (default: beside the folder it unpacks to)")
+    docs = rsub.add_parser("docs", help="rewrite the tables of docs/RESULTS.md from the "
+                           "summary tables")
+    docs.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 where a doc differs from what it would be")
+    results.set_defaults(func=cmd_results)
+
     dep = sub.add_parser("deploy", help="run FedEFC across machines (docs/DEPLOYMENT.md)")
     dsub = dep.add_subparsers(dest="deploy_command", required=True, metavar="DEPLOY_COMMAND")
     link = dsub.add_parser("superlink", help="the SuperLink and its SuperExec (foreground)")
     _superlink_args(link)
-    link.set_defaults(func=deployment.cmd_superlink)
+    link.set_defaults(func=deploy_supervisor.cmd_superlink)
 
     node = dsub.add_parser("supernode", help="a SuperNode and its SuperExec (foreground)")
     _supernode_args(node)
-    node.set_defaults(func=deployment.cmd_supernode)
+    node.set_defaults(func=deploy_supervisor.cmd_supernode)
 
     service = dsub.add_parser("service", help="write systemd units for the SuperLink or a "
                               "SuperNode (the same flags as superlink / supernode)")
@@ -267,13 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("address", help="host:port of the SuperLink")
     conn.add_argument("--ca-cert", help="CA certificate (TLS); without it: insecure")
     conn.add_argument("--flwr-home", help="default: $FLWR_HOME or ~/.flwr")
-    conn.set_defaults(func=deployment.cmd_connection)
+    conn.set_defaults(func=deploy_submit.cmd_connection)
 
     reg = dsub.add_parser("register", help="register SuperNode public keys (--node-auth)")
     reg.add_argument("connection", help="a connection to the SuperLink, with TLS")
     reg.add_argument("public_keys", nargs="+", metavar="PUBLIC_KEY",
                      help="NAME.pub files written by deploy/gen-node-keys.sh")
-    reg.set_defaults(func=deployment.cmd_register)
+    reg.set_defaults(func=deploy_submit.cmd_register)
 
     submit = dsub.add_parser(
         "submit", help="run the app on a connection (or resume a run: --resume OUT_DIR); "
@@ -308,13 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "config for machines started with --trusted-keys")
     submit.add_argument("--key-id", help="the key's name in the trusted keys file (default: "
                         "the key file's name)")
-    submit.set_defaults(func=deployment.cmd_submit)
+    submit.set_defaults(func=deploy_submit.cmd_submit)
 
     fetch = dsub.add_parser("fetch", help="bring a run's results (out-dir) to this machine")
     fetch.add_argument("source", help="[user@]host:/abs/out-dir on the SuperLink machine "
                        "(copied with scp), or a local path")
     fetch.add_argument("dest", help="a new local folder")
-    fetch.set_defaults(func=deployment.cmd_fetch)
+    fetch.set_defaults(func=deploy_export.cmd_fetch)
 
     export = dsub.add_parser("export", help="write each partition as private data")
     export.add_argument("out_dir", help="gets node-K/data.npz for every partition K")
@@ -323,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "folder of images per node, for fedefc data")
     _preset(export)
     _overrides(export)
-    export.set_defaults(func=deployment.cmd_export)
+    export.set_defaults(func=deploy_export.cmd_export)
 
     prepare_data.add_parser(sub)
     labels.add_parser(sub)

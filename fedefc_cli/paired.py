@@ -34,16 +34,14 @@ no such difference is read as the method's.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from common.results import accuracy_key, mean_last10_held, read_records
-
-from .grid import Cell, Grid
+from .grid import Grid
+from .run_table import RunRecord
 
 BELOW = 1.0  # points: a run this far below the baseline counts as below it
 FELL = 3.0  # points: a baseline run this far below its own best at the end memorized
@@ -61,37 +59,28 @@ class Pair:
     other_machine: bool = False  # both runs record their machine, and they differ
 
 
-def _accuracies(cell: Cell) -> tuple[float, float, float, dict | None]:
-    """Final, last-10 (over the planned rounds: :func:`mean_last10_held`) and best
-    accuracy of a finished cell, in points, and the machine it ran on (None where its
-    summary predates the record)."""
-    summary = json.loads((cell.out_dir / "summary.json").read_text())
-    rounds = read_records(cell.out_dir)
-    key, _ = accuracy_key(rounds)
-    last10 = mean_last10_held(rounds, key, int(cell.config["rounds"]))
-    return (100 * summary["final_acc"], 100 * last10, 100 * summary["best_acc"],
-            summary.get("machine"))
-
-
-def paired_differences(grid: Grid, cells: list[Cell],
+def paired_differences(grid: Grid, finished: dict[tuple[str, str, int], RunRecord],
                        baselines: dict[str, str] | None = None) -> dict[str, list[Pair]]:
     """Per row other than the baseline (or per row of ``baselines``, against the row it
-    names: the grid's ``pair-with``): its finished runs whose baseline run (same column,
-    same seed) finished too, as differences from it, in the grid's order."""
-    finished = {(c.row, c.column, c.seed): _accuracies(c) for c in cells if c.done}
+    names: the grid's ``pair-with``): its finished runs (``finished``: (row, column, seed)
+    -> its row of the grid's summary table) whose baseline run (same column, same seed)
+    finished too, as differences from it, in the grid's order. Accuracies in points: the
+    final round's, the last 10 planned rounds' (``last10_held_acc``) and the baseline's
+    best."""
     columns = list(grid.columns)
     if baselines is None:
         baselines = {row: grid.baseline for row in grid.rows if row != grid.baseline}
     pairs: dict[str, list[Pair]] = {row: [] for row in grid.rows if row in baselines}
-    for (row, col, seed), (final, last10, _, machine) in sorted(
+    for (row, col, seed), run in sorted(
             finished.items(), key=lambda k: (columns.index(k[0][1]), k[0][2])):
         base = finished.get((baselines.get(row), col, seed))
         if row not in baselines or base is None:
             continue
-        b_final, b_last10, b_best, b_machine = base
-        pairs[row].append(Pair(col, seed, final - b_final, last10 - b_last10,
-                               b_best - b_final,
-                               None not in (machine, b_machine) and machine != b_machine))
+        pairs[row].append(Pair(col, seed, 100 * run.final_acc - 100 * base.final_acc,
+                               100 * run.last10_held_acc - 100 * base.last10_held_acc,
+                               100 * base.best_acc - 100 * base.final_acc,
+                               bool(run.machine and base.machine)
+                               and run.machine != base.machine))
     return {row: runs for row, runs in pairs.items() if runs}
 
 
@@ -181,11 +170,46 @@ def _other_machines(pairs: dict[str, list[Pair]], base: str) -> list[str]:
             "(docs/RESULTS.md, \"How far apart two runs of one method end\")."]
 
 
-def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
-    """``paired.md`` of a grid with a baseline row; None without one."""
+def _chance_head(envelope: Envelope | None) -> str:
+    """The table's last column heads, where the grid names a chance row."""
+    if envelope is None:
+        return ""
+    head = " runs beyond chance |"
+    if envelope.held_out_rate() is not None:
+        head += " chance alone: runs beyond, P(at least as many) |"
+    return head
+
+
+def _summary_table(grid: Grid, pairs: dict[str, list[Pair]], envelope: Envelope | None,
+                   rows: list[str] | None = None) -> list[str]:
+    """The table of every row (of ``rows``, if given) against the baseline."""
+    base, extra_head = grid.baseline, _chance_head(envelope)
+    lines = [f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
+             f"last 10 − {base}: mean, least, runs > {BELOW:g} below | where {base} fell "
+             f"≥ {FELL:g} from its best: runs, final − {base} mean |{extra_head}",
+             "|---|---|---|---|---|" + "---|" * extra_head.count("|")]
+    for row in rows or pairs:
+        runs = pairs[row]
+        lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
+                     f"{_summary([p.last10 for p in runs])} | {_where_baseline_fell(runs)} |"
+                     f"{_chance_cells(envelope, runs)}")
+    return lines
+
+
+def paired_summary(grid: Grid, finished: dict[tuple[str, str, int], RunRecord],
+                   rows: list[str] | None = None) -> str:
+    """``paired.md``'s table of every row (of ``rows``) against the baseline."""
+    pairs = paired_differences(grid, finished)
+    return "\n".join(_summary_table(grid, pairs, chance_envelope(grid, pairs), rows))
+
+
+def write_paired(grid: Grid, finished: dict[tuple[str, str, int], RunRecord],
+                 out: Path) -> Path | None:
+    """``paired.md`` of a grid with a baseline row (its finished runs: as
+    :func:`paired_differences` takes them); None without one."""
     if grid.baseline is None:
         return None
-    pairs = paired_differences(grid, cells)
+    pairs = paired_differences(grid, finished)
     envelope = chance_envelope(grid, pairs)
     base = grid.baseline
     lines = [f"### {grid.title}: every row against {base}, seed by seed", "",
@@ -208,20 +232,9 @@ def write_paired(grid: Grid, cells: list[Cell], out: Path) -> Path | None:
                       "puts beyond it in a row of that many runs, and the probability that "
                       "chance alone puts at least as many as the row has there; a row is "
                       f"worse than {base} beyond chance where that probability is small."]
-    extra_head = ""
-    if envelope is not None:
-        extra_head = " runs beyond chance |"
-        if envelope.held_out_rate() is not None:
-            extra_head += " chance alone: runs beyond, P(at least as many) |"
-    lines += ["", f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
-              f"last 10 − {base}: mean, least, runs > {BELOW:g} below | where {base} fell "
-              f"≥ {FELL:g} from its best: runs, final − {base} mean |{extra_head}",
-              "|---|---|---|---|---|" + "---|" * extra_head.count("|")]
-    for row, runs in pairs.items():
-        lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
-                     f"{_summary([p.last10 for p in runs])} | {_where_baseline_fell(runs)} |"
-                     f"{_chance_cells(envelope, runs)}")
-    own = paired_differences(grid, cells, grid.pair_with) if grid.pair_with else {}
+    extra_head = _chance_head(envelope)
+    lines += ["", *_summary_table(grid, pairs, envelope)]
+    own = paired_differences(grid, finished, grid.pair_with) if grid.pair_with else {}
     if own:
         lines += ["", "Against their own baselines (`pair-with`: a row that holds the same "
                   "data), the same columns:", "",

@@ -1,17 +1,22 @@
-"""Tables and figures from a grid's finished cells (paper Tables 1-3 and Fig. 1).
+"""Tables and figures of a grid (paper Tables 1-3 and Fig. 1).
 
-Written into ``<results-dir>/<grid name>/``:
+The tables are computed from the grid's summary table, ``runs.csv`` (:mod:`.run_table`),
+so that they can be written again without the run folders; the plots need the run
+folders. Accuracies are the server's test-set accuracies, or, for runs without a server
+test set, the federated evaluation's (the clients' held-out data); the table's caption
+and the plots' axes say which (``accuracy_source`` of each run).
 
-Accuracies are the server's test-set accuracies, or, for runs without a server test
-set, the federated evaluation's (the clients' held-out data); the table's caption and
-the plots' axes say which (``accuracy_source`` of each summary).
+Written beside ``runs.csv`` (:func:`write_report`):
 
 - ``table.md`` / ``table.csv``: final-round accuracy (%) per row and column,
   mean +- std over the finished seeds, the best two per column in bold (rows without
   noise excluded, as in the paper), and the paper's number beside ours where the
-  paper has that cell (``configs/reference/paper-results.toml``).
+  paper has that cell (``configs/reference/paper-results.toml``: :mod:`.paper_cells`).
 - ``paired.md``: with a ``baseline`` row, every other row's runs as differences from
   the baseline's run of the same column and seed (:mod:`.paired`).
+
+Written beside the run folders (:func:`write_plots`):
+
 - ``plots/acc-<column>.png``: accuracy vs round, one line per row (first seed).
 - ``plots/fig1-<column>.png``: FedEFC's averaged client accuracy A(t) with A_max and
   T_e marked beside the accuracy (Fig. 1 left), and the clients' mean cosine
@@ -25,92 +30,47 @@ from __future__ import annotations
 import csv
 import json
 import textwrap
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from common.fedefc_plan import accuracy_signal_mode
 from common.data_plan import data_plan
 from common.datasets import DatasetError
-from common.methods import default_config, load_run_config
-from common.named_datasets import DATASETS
+from common.methods import load_run_config
 from common.results import accuracy_key, read_records
 from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import estimate_transition
 
-from .grid import Cell, Grid, slug
+from .grid import Cell, Grid, run_path, slug
 from .paired import write_paired
-from .run_configs import CONFIGS_DIR
+from .paper_cells import cell_key, load_paper_numbers
+from .run_table import RunRecord
 
-PAPER_FILE = CONFIGS_DIR / "reference" / "paper-results.toml"
-
-
-# The paper's choices for the keys that ablations vary: a run with another value is not
-# the method the paper measured, so it gets no paper number beside it.
-PAPER_CHOICES = {"count-rule": "cleanlab", "accuracy-signal": "global", "prestopping": True,
-                 "rofl-detach-centroid-feature": False}
+Finished = dict[tuple[str, str, int], RunRecord]  # (row, column, seed) -> its table row
 
 
-def paper_weighting(family: str, p: float) -> str:
-    """The paper uses the label-prior weighting on MNIST and CIFAR-10 when p = 0.2
-    (docs/FEDEFC.md §4.4)."""
-    return "label-prior" if family in ("mnist", "cifar10") and p == 0.2 else "none"
+def finished_runs(grid: Grid, records: list[RunRecord]) -> Finished:
+    """The grid's cells that have a row in its summary table (matched by run folder), in
+    the grid's run order."""
+    by_run = {r.run: r for r in records}
+    return {(row, col, seed): by_run[run] for row, col, seed in grid.plan()
+            if (run := run_path(row, col, seed)) in by_run}
 
 
-def paper_key(config: dict[str, Any]) -> tuple | None:
-    """The paper-table cell a run corresponds to, or None (e.g. the embedded dataset, or
-    an ablation that changes one of the paper's choices)."""
-    named = DATASETS.get(config["dataset"])
-    family = named.paper if named else None
-    if family is None or config.get("noise-groups") or config.get("iid"):
-        return None
-    keys = {**default_config(), "accuracy-signal": "global", **config}  # "global": older runs
-    resolved = {**config, "accuracy-signal": accuracy_signal_mode(
-        keys["accuracy-signal"], keys["num-clients"], keys["fraction"], keys["prestopping"])}
-    if any(resolved.get(k, v) != v for k, v in PAPER_CHOICES.items()):
-        return None
-    if config["method"] == "fedefc" and \
-            config.get("weighting", "none") != paper_weighting(family, config["p"]):
-        return None
-    method = config["method"]
-    if config["rho"] == 0.0:
-        if method != "fedavg":
-            return None
-        return (family, config["alpha-dir"], config["p"], 0.0, 0.0, "fedavg-nonoise")
-    return (family, config["alpha-dir"], config["p"], config["rho"], config["zeta"], method)
-
-
-def load_paper_numbers(path: Path = PAPER_FILE) -> dict[tuple, tuple[float, float]]:
-    with open(path, "rb") as fh:
-        entries = tomllib.load(fh)["entry"]
-    return {(e["dataset"], e["alpha-dir"], e["p"], e["rho"], e["zeta"], e["method"]):
-            (e["mean"], e["std"]) for e in entries}
-
-
-def cell_stats(cells: list[Cell]) -> dict[str, Any]:
-    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's seeds,
-    the mean best accuracy, and per seed T_e and the round of the best accuracy."""
-    finals, last10, bests, best_rounds, t_es, seeds, sources = [], [], [], [], [], [], set()
-    for cell in cells:
-        if cell.done:
-            summary = json.loads((cell.out_dir / "summary.json").read_text())
-            finals.append(100 * summary["final_acc"])
-            last10.append(100 * summary["mean_last10_acc"])
-            bests.append(100 * summary["best_acc"])
-            best_rounds.append(summary.get("best_round"))
-            t_es.append(summary.get("t_e"))
-            seeds.append(cell.seed)
-            sources.add(summary.get("accuracy_source", "server test set"))
-    if not finals:
+def cell_stats(runs: list[RunRecord]) -> dict[str, Any]:
+    """Mean/std of final and mean-of-last-10 accuracy (%) over a row x column's finished
+    seeds, the mean best accuracy, and per seed T_e and the round of the best accuracy."""
+    if not runs:
         return {"n": 0}
-    return {"n": len(finals), "mean": float(np.mean(finals)), "std": float(np.std(finals)),
-            "last10": float(np.mean(last10)), "best": float(np.mean(bests)),
-            "best_round": best_rounds, "t_e": t_es, "seeds": seeds,
-            "sources": sources}
+    finals = [100 * r.final_acc for r in runs]
+    return {"n": len(runs), "mean": float(np.mean(finals)), "std": float(np.std(finals)),
+            "last10": float(np.mean([100 * r.last10_acc for r in runs])),
+            "best": float(np.mean([100 * r.best_acc for r in runs])),
+            "best_round": [r.best_round for r in runs], "t_e": [r.t_e for r in runs],
+            "seeds": [r.seed for r in runs], "sources": {r.accuracy_source for r in runs}}
 
 
 def _fmt(stats: dict[str, Any]) -> str:
@@ -120,26 +80,32 @@ def _fmt(stats: dict[str, Any]) -> str:
     return text + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
 
 
-def write_report(grid: Grid, results_dir: Path, overrides: list[str]) -> list[Path]:
-    """Write the table (md, csv) and plots of every finished cell; return the paths."""
-    cells = grid.cells(results_dir, overrides)
-    out = results_dir / grid.name
-    out.mkdir(parents=True, exist_ok=True)
+def table_stats(grid: Grid, finished: Finished) -> dict[tuple[str, str], dict[str, Any]]:
+    """:func:`cell_stats` per row and column, with the paper's number of the cell (from
+    its first finished run) and whether the row is noiseless."""
     paper = load_paper_numbers()
-    table: dict[tuple[str, str], dict[str, Any]] = {}
+    table = {}
     for row in grid.rows:
         for col in grid.columns:
-            group = [c for c in cells if c.row == row and c.column == col]
-            stats = cell_stats(group)
-            key = paper_key(group[0].config) if group else None  # no cell: not in the grid
+            runs = [r for (r_, c_, _), r in finished.items() if (r_, c_) == (row, col)]
+            stats = cell_stats(runs)
+            key = cell_key(runs[0].paper_cell) if runs else None
             stats["paper"] = paper.get(key) if key else None
-            stats["noiseless"] = bool(group) and group[0].config["rho"] == 0.0
+            stats["noiseless"] = bool(runs) and runs[0].rho == 0.0
             table[(row, col)] = stats
-    written = [_write_markdown(grid, table, out), _write_csv(grid, table, out)]
-    paired = write_paired(grid, cells, out)
-    written += [paired] if paired else []
-    written += write_plots(grid, cells, out)
-    return written
+    return table
+
+
+def write_report(grid: Grid, records: list[RunRecord], out: Path) -> list[Path]:
+    """Write the tables (md, csv) and, for a grid with a baseline, ``paired.md`` of the
+    runs in ``records`` into ``out``; return the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    finished = finished_runs(grid, records)
+    table = table_stats(grid, finished)
+    written = [out / "table.md", _write_csv(grid, table, out)]
+    written[0].write_text(markdown_table(grid, table) + "\n")
+    paired = write_paired(grid, finished, out)
+    return written + ([paired] if paired else [])
 
 
 def _best_two(grid: Grid, table, col: str) -> set[str]:
@@ -148,7 +114,8 @@ def _best_two(grid: Grid, table, col: str) -> set[str]:
     return {r for _, r in ranked[-2:]}
 
 
-def _write_markdown(grid: Grid, table, out: Path) -> Path:
+def markdown_table(grid: Grid, table) -> str:
+    """``table.md``'s text (without its last newline)."""
     has_paper = any(s.get("paper") for s in table.values())
     head = ["method"]
     for col in grid.columns:
@@ -175,9 +142,7 @@ def _write_markdown(grid: Grid, table, out: Path) -> Path:
         lines.append("| " + " | ".join(cols) + " |")
     seeds = sorted({s for st in table.values() for s in st.get("seeds", [])})
     lines += ["", f"Seeds finished: {seeds}. T_e per cell is in table.csv."]
-    path = out / "table.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines)
 
 
 def _write_csv(grid: Grid, table, out: Path) -> Path:
@@ -208,6 +173,7 @@ def _curve(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
 
 
 def write_plots(grid: Grid, cells: list[Cell], out: Path) -> list[Path]:
+    """The plots of the finished cells (their run folders) into ``out/plots``."""
     # lazily: pyplot adds 0.3 s to every `fedefc` command; only grid reports draw
     import matplotlib  # 0.3 s with pyplot
 

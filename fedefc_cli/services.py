@@ -2,7 +2,7 @@
 
 ``fedefc deploy service superlink|supernode [their flags] --user U --state-dir DIR
 --units-dir OUT`` writes two units per machine, from the very commands the foreground
-commands run (:class:`.deployment.Pair`): the SuperLink or SuperNode, and its SuperExec
+commands run (:class:`.deploy_supervisor.Pair`): the SuperLink or SuperNode, and its SuperExec
 (bound to it: stopped and restarted with it). Each unit:
 
 - runs as the dedicated system user ``--user`` (which must exist and own every private
@@ -30,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-from .deployment import Pair, superlink_pair, supernode_pair
+from .deploy_supervisor import Pair, superlink_pair, supernode_pair
 from .errors import UsageError
 from .run_configs import APP_DIR
 

@@ -2,7 +2,7 @@
 
 The end-to-end tests start real ``flower-superlink`` / ``flower-supernode`` /
 ``flower-superexec`` processes with ``--isolation process`` (the topology of
-deploy/compose.yml) through :class:`fedefc_cli.deployment.LocalDeployment`, submit a
+deploy/compose.yml) through :class:`fedefc_cli.deploy_local.LocalDeployment`, submit a
 short job with ``flwr run``, read its status from ``flwr ls`` and stop every process by
 PID. The job is test_simulation.py's: lr 1e-7 makes A(t) tie in rounds 1 and 2, so with
 start-round 0 and gamma-thr 1 round 2 is T_e by construction and round 3 runs phase 2.
@@ -46,15 +46,8 @@ from common.methods import load_run_config
 from common.models import TaskShape
 from common.runtime import initial_model
 from common.training import BatchTransform, evaluate
-from fedefc_cli.deployment import (
-    DEPLOY_DIR,
-    LocalDeployment,
-    NodeSpec,
-    TLSFiles,
-    superexec_flags,
-    superlink_flags,
-    supernode_flags,
-)
+from fedefc_cli.deploy_flags import TLSFiles, superexec_flags, superlink_flags, supernode_flags
+from fedefc_cli.deploy_local import DEPLOY_DIR, LocalDeployment, NodeSpec
 from fedefc_cli.flower import flower_bin
 from fedefc_cli.main import main
 from fedefc_cli.procs import stop_tree
@@ -483,7 +476,7 @@ FRONT = {False: "fleet-front:8000", True: "fleet-front:8443"}  # where SuperNode
 
 
 def expected_commands(tls: bool) -> dict[str, list[str]]:
-    """What fedefc_cli.deployment (the native runs) gives for the compose services."""
+    """What fedefc_cli.deploy_flags (the native runs) gives for the compose services."""
     ca = "/certs/ca.crt" if tls else None
     secret = "/secrets/superexec" if tls else None
     files = TLSFiles(ca, "/certs/server.pem", "/certs/server.key") if tls else None

@@ -33,16 +33,11 @@ from pathlib import Path
 import pytest
 from flwr.common.config import parse_config_args
 
-from fedefc_cli import deployment
+from fedefc_cli import deploy_submit, flower
 from fedefc_cli.app_signing import stage_signed_app
-from fedefc_cli.deployment import (
-    DEPLOY_DIR,
-    LocalDeployment,
-    NodeSpec,
-    TLSFiles,
-    refuse_a_busy_superlink,
-    write_connection,
-)
+from fedefc_cli.deploy_flags import TLSFiles
+from fedefc_cli.deploy_local import DEPLOY_DIR, LocalDeployment, NodeSpec
+from fedefc_cli.deploy_submit import refuse_a_busy_superlink, write_connection
 from fedefc_cli.errors import UsageError
 from fedefc_cli.flower import flower_bin, flwr_json, free_port, submit_run
 from fedefc_cli.procs import wait_for_port
@@ -122,7 +117,7 @@ def nodes_federation(base: Path) -> dict:
         with ThreadPoolExecutor(1) as pool:
             held = pool.submit(submit, hold)
             deadline = time.monotonic() + TIMEOUT
-            while not deployment.active_runs(dep.CONNECTION, dep.cli_env, dep.cli_dir):
+            while not flower.active_runs(dep.CONNECTION, dep.cli_env, dep.cli_dir):
                 assert time.monotonic() < deadline and not held.done(), "no run became active"
                 time.sleep(0.5)
             try:
@@ -187,7 +182,7 @@ def test_a_run_that_trained_nothing_fails_with_its_reason(runs):
     fail = found["fail"]
     assert fail.status == "finished:failed" and not fail.completed
     assert fail.failure == "no node trained in round 1 (fail)"
-    assert "no node trained in round 1 (fail)" in deployment.explain_failure(
+    assert "no node trained in round 1 (fail)" in deploy_submit.explain_failure(
         fail, "/srv/r", "fedefc")
 
 
@@ -246,7 +241,7 @@ def test_a_run_refused_as_unsigned_is_reported_with_the_refusal_not_an_exit_code
     assert forgot.status == "finished:failed" and not forgot.interrupted
     assert forgot.failure.startswith("UntrustedAppError: ") and "the app is not signed" in \
         forgot.failure, forgot.failure
-    assert "Exit Code" not in deployment.explain_failure(forgot, "/srv/r", "fedefc")
+    assert "Exit Code" not in deploy_submit.explain_failure(forgot, "/srv/r", "fedefc")
 
 
 def test_flowers_own_trusted_entities_refuse_every_app_sent_by_flwr_run(runs):

@@ -3,7 +3,7 @@ and a SuperExec or SuperLink that crashes mid-run under the supervision of ``fed
 deploy superlink|supernode``.
 
 Real ``flower-superlink`` / ``flower-supernode`` / ``flower-superexec`` processes on
-127.0.0.1 (:class:`fedefc_cli.deployment.LocalDeployment`, or the ``fedefc deploy``
+127.0.0.1 (:class:`fedefc_cli.deploy_local.LocalDeployment`, or the ``fedefc deploy``
 commands themselves), every one stopped by PID.
 """
 
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedefc_cli.deployment import LocalDeployment, NodeSpec, write_connection
+from fedefc_cli.deploy_local import LocalDeployment, NodeSpec
+from fedefc_cli.deploy_submit import write_connection
 from fedefc_cli.flower import flwr_env, flwr_json, free_port
 from fedefc_cli.main import main
 from fedefc_cli.procs import descendants, stop_tree

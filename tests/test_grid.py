@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ from common.config import ConfigError
 from common.methods import changed_keys, default_config, load_run_config
 from fedefc_cli.grid import Cell, Grid, check_finished, run_grid
 from fedefc_cli.main import main
-from fedefc_cli.report import load_paper_numbers, paper_key
+from fedefc_cli.paper_cells import load_paper_numbers, paper_key
+from fedefc_cli.raw_archive import folder_record
 from fedefc_cli.run_configs import CONFIGS_DIR
+from fedefc_cli.run_table import read_runs
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
 
@@ -87,6 +90,35 @@ def test_rerun_skips_finished_cells_and_writes_the_report(finished_grid, capsys)
     for name in ("acc-small.png", "fig1-small.png", "q-heatmap-small.png"):
         png = results / "tiny" / "plots" / name
         assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.flower
+def test_the_tables_need_only_the_summary_table(finished_grid, tmp_path):
+    """``grid report`` writes the summary table and a manifest naming the archive it wrote
+    beside the runs (its contents give the sha256 the manifest records); from the summary
+    table alone, with none of the run folders, it writes the same table."""
+    path, results, _, _ = finished_grid
+    assert main(["grid", "report", str(path), "--results-dir", str(results)]) == 0
+    manifest = json.loads((results / "tiny" / "manifest.json").read_text())
+    assert (manifest["grid"], manifest["runs"], manifest["archive"]) == ("tiny", 4,
+                                                                         "tiny.tar.gz")
+    with tarfile.open(results / "tiny.tar.gz") as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    assert folder_record(tmp_path / "unpacked") == {
+        k: manifest[k] for k in ("sha256", "files", "bytes")}
+    runs = {r.run: r for r in read_runs(results / "tiny" / "runs.csv")}
+    for cell in Grid.load(path).cells(results, []):
+        summary = json.loads((cell.out_dir / "summary.json").read_text())
+        run = runs[cell.out_dir.relative_to(results / "tiny").as_posix()]
+        assert (run.row, run.seed, run.final_acc, run.t_e) == (
+            cell.row, cell.seed, summary["final_acc"], summary.get("t_e"))
+    alone = tmp_path / "alone"
+    (alone / "tiny").mkdir(parents=True)
+    shutil.copy(results / "tiny" / "runs.csv", alone / "tiny" / "runs.csv")
+    assert main(["grid", "report", str(path), "--results-dir", str(alone)]) == 0
+    assert (alone / "tiny" / "table.md").read_text() == \
+        (results / "tiny" / "table.md").read_text()
+    assert not (alone / "tiny" / "plots").exists()  # the plots need the runs
 
 
 @pytest.mark.flower

@@ -26,7 +26,7 @@ from common.runtime import initial_model
 from common.training import BatchTransform, predict_proba
 from common.transition import cross_fitted_accuracy, estimate_transition
 from common.twin import paired
-from fedefc_cli import deployment
+from fedefc_cli import deploy_submit
 from fedefc_cli.errors import UsageError
 from fedefc_cli.main import main
 from fedefc_client.client import MethodClient
@@ -674,7 +674,7 @@ def test_fedefc_run_and_submit_say_it_before_anything_starts(tmp_path, capsys, m
     def unreachable(*args, **kwargs):
         raise UsageError("no SuperLink here")
 
-    monkeypatch.setattr(deployment, "wait_for_superlink", unreachable)
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", unreachable)
     assert main(["deploy", "submit", "nowhere", *short,
                  "--set", f"out-dir={tmp_path / 'srv'}"]) != 0
     assert "WARNING: rounds=7 is too few" in capsys.readouterr().err

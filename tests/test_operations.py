@@ -38,7 +38,14 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import parse_config_args
 from packaging.requirements import Requirement
 
-from fedefc_cli import app_signing, deployment, services, simulation, trusted_apps
+from fedefc_cli import (
+    app_signing,
+    deploy_export,
+    deploy_supervisor,
+    services,
+    simulation,
+    trusted_apps,
+)
 from fedefc_cli.app_signing import (
     SIGNATURE_FILE,
     SigningKeyError,
@@ -48,7 +55,7 @@ from fedefc_cli.app_signing import (
     load_trusted_keys,
     stage_signed_app,
 )
-from fedefc_cli.deployment import DEPLOY_DIR
+from fedefc_cli.deploy_local import DEPLOY_DIR
 from fedefc_cli.errors import LaunchError
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.procs import Processes
@@ -291,9 +298,9 @@ def test_service_units_run_the_foreground_commands_as_a_dedicated_user(
                      "fedefc-supernode-2-superexec.service", "fedefc-supernode-2.service"]
     # the very commands `fedefc deploy superlink|supernode` run
     args = build_parser().parse_args(["deploy", "superlink", *link])
-    link_pair = deployment.superlink_pair(args)
+    link_pair = deploy_supervisor.superlink_pair(args)
     args = build_parser().parse_args(["deploy", "supernode", *node])
-    node_pair = deployment.supernode_pair(args, 9094, service=True)
+    node_pair = deploy_supervisor.supernode_pair(args, 9094, service=True)
     for pair in (link_pair, node_pair):
         main_unit = (units / f"fedefc-{pair.name}.service").read_text()
         exec_unit = (units / f"fedefc-{pair.name}-superexec.service").read_text()
@@ -399,14 +406,14 @@ def test_commands_that_parse_and_refuse_load_neither_torch_nor_flower(tmp_path, 
 
 def supervised(tmp_path: Path, flaky: str, **limits):
     """A 'SuperLink' that runs until stopped and a 'SuperExec' running ``flaky`` (Python
-    source), under a :class:`deployment.Supervisor` with ``limits``."""
+    source), under a :class:`deploy_supervisor.Supervisor` with ``limits``."""
     procs = Processes()
     env = dict(os.environ)
     procs.start("superlink", [sys.executable, "-c", "import time; time.sleep(120)"], env,
                 tmp_path, tmp_path / "superlink.log")
     procs.start("superexec", [sys.executable, "-c", flaky], env, tmp_path,
                 tmp_path / "superexec.log")
-    return procs, deployment.Supervisor(procs, **{"pause_s": 0.01, **limits})
+    return procs, deploy_supervisor.Supervisor(procs, **{"pause_s": 0.01, **limits})
 
 
 def supervise_until(supervisor, done, timeout: float = 60.0):
@@ -583,12 +590,12 @@ def test_fetch_from_the_superlink_machine_uses_scp(tmp_path, monkeypatch, capsys
         results_folder(Path(argv[-1]), {"status": "completed"})
         return 0
 
-    monkeypatch.setattr(deployment.subprocess, "call", fake_scp)
-    monkeypatch.setattr(deployment.shutil, "which", lambda name: "/usr/bin/scp")
+    monkeypatch.setattr(deploy_export.subprocess, "call", fake_scp)
+    monkeypatch.setattr(deploy_export.shutil, "which", lambda name: "/usr/bin/scp")
     dest = tmp_path / "here"
     assert main(["deploy", "fetch", "op@link.example.org:/srv/runs/r1", str(dest)]) == 0
     assert calls == [["scp", "-r", "-p", "-q", "op@link.example.org:/srv/runs/r1", str(dest)]]
-    assert not deployment._is_remote("/abs/path:with-colon") and deployment._is_remote("h:/x")
+    assert not deploy_export._is_remote("/abs/path:with-colon") and deploy_export._is_remote("h:/x")
 
 
 def test_the_pinned_torch_admits_pytorchs_cpu_build():

@@ -1,6 +1,7 @@
 """``paired.md``: every row of a grid against its baseline row, seed by seed, on
-finished cells whose summaries are written by hand (the differences are computed here
-from those numbers, not by the module)."""
+finished cells whose summaries are written by hand, read through the grid's summary
+table as the report reads them (the differences are computed here from those numbers,
+not by the module)."""
 
 import json
 
@@ -10,7 +11,8 @@ from common.config import ConfigError
 from common.results import mean_last10_held
 from fedefc_cli.grid import Grid
 from fedefc_cli.paired import paired_differences, write_paired
-from fedefc_cli.report import write_report
+from fedefc_cli.report import finished_runs, write_report
+from fedefc_cli.run_table import collect_runs
 
 GRID = """
 name = "pairs"
@@ -44,6 +46,7 @@ def write_run(cell, final, last10, best=None, machine=None):
     metrics = [{"round": t, "test_acc": before} for t in range(1, rounds)]
     metrics.append({"round": rounds, "test_acc": final})
     cell.out_dir.mkdir(parents=True)
+    (cell.out_dir / "config.json").write_text(json.dumps(cell.config))
     (cell.out_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (cell.out_dir / "summary.json").write_text(json.dumps(
         {"final_acc": final, "mean_last10_acc": last10,
@@ -65,10 +68,15 @@ def finished_cells(tmp_path, grid_text, runs):
     return grid, cells
 
 
+def finished(grid, tmp_path):
+    """The grid's finished runs, read from their folders as its summary table holds them."""
+    return finished_runs(grid, collect_runs(tmp_path / "results" / grid.name, grid.name, grid))
+
+
 def paired_text(tmp_path, grid_text, runs):
     """``paired.md`` of :func:`finished_cells`."""
-    grid, cells = finished_cells(tmp_path, grid_text, runs)
-    return write_paired(grid, cells, tmp_path).read_text()
+    grid, _ = finished_cells(tmp_path, grid_text, runs)
+    return write_paired(grid, finished(grid, tmp_path), tmp_path).read_text()
 
 
 @pytest.fixture
@@ -77,16 +85,16 @@ def grid_with_runs(tmp_path):
 
 
 def test_each_run_is_paired_with_the_baselines_run_of_its_column_and_seed(grid_with_runs):
-    grid, cells, _ = grid_with_runs
-    pairs = paired_differences(grid, cells)
+    grid, _, tmp_path = grid_with_runs
+    pairs = paired_differences(grid, finished(grid, tmp_path))
     assert list(pairs) == ["FedEFC"]  # the baseline is not paired with itself
     got = [(p.column, p.seed, round(p.final, 6), round(p.last10, 6)) for p in pairs["FedEFC"]]
     assert got == [("IID", 0, 3.0, 1.0), ("IID", 1, -1.5, 1.0), ("non-IID", 0, -1.0, -6.0)]
 
 
 def test_the_paired_table_counts_the_runs_more_than_a_point_below(grid_with_runs):
-    grid, cells, tmp_path = grid_with_runs
-    text = write_paired(grid, cells, tmp_path).read_text()
+    grid, _, tmp_path = grid_with_runs
+    text = write_paired(grid, finished(grid, tmp_path), tmp_path).read_text()
     # final: mean (3 - 1.5 - 1) / 3 = +0.17, least -1.5, one run below -1 (-1.0 is not);
     # last 10: mean (1 + 1 - 6) / 3 = -1.33, least -6.0, one run below
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 |" in text
@@ -110,16 +118,17 @@ def test_pairs_run_on_two_machines_are_named(tmp_path):
         accs = FINISHED.get((cell.row, cell.column, cell.seed))
         if accs is not None:
             write_run(cell, *accs, machine=machines.get((cell.row, cell.column, cell.seed)))
-    pairs = paired_differences(grid, cells)["FedEFC"]
+    pairs = paired_differences(grid, finished(grid, tmp_path))["FedEFC"]
     assert [p.other_machine for p in pairs] == [True, False, False]
-    text = write_paired(grid, cells, tmp_path).read_text()
+    text = write_paired(grid, finished(grid, tmp_path), tmp_path).read_text()
     assert "**Machines differ** (FedEFC: 1 of 3)" in text
     for cell in cells:  # every run on one machine: no warning
         if (cell.out_dir / "summary.json").exists():
             summary = json.loads((cell.out_dir / "summary.json").read_text())
             summary["machine"] = here
             (cell.out_dir / "summary.json").write_text(json.dumps(summary))
-    assert "Machines differ" not in write_paired(grid, cells, tmp_path).read_text()
+    assert "Machines differ" not in write_paired(grid, finished(grid, tmp_path),
+                                                 tmp_path).read_text()
 
 
 def test_the_mean_over_the_runs_where_the_baseline_memorized_is_reported(grid_with_runs):
@@ -133,17 +142,17 @@ def test_the_mean_over_the_runs_where_the_baseline_memorized_is_reported(grid_wi
             summary = json.loads((cell.out_dir / "summary.json").read_text())
             summary["best_acc"] = bests[(cell.column, cell.seed)]
             (cell.out_dir / "summary.json").write_text(json.dumps(summary))
-    text = write_paired(grid, cells, tmp_path).read_text()
+    text = write_paired(grid, finished(grid, tmp_path), tmp_path).read_text()
     assert "| FedEFC | 3 | +0.2, -1.5, 1 | -1.3, -6.0, 1 | 2, +1.0 |" in text
     assert "where FedAvg fell ≥ 3 from its best" in text
 
 
 def test_the_report_writes_it_only_for_a_grid_with_a_baseline(grid_with_runs):
     grid, _, tmp_path = grid_with_runs
-    results = tmp_path / "results"
-    assert results / "pairs" / "paired.md" in write_report(grid, results, [])
+    records = collect_runs(tmp_path / "results" / "pairs", "pairs", grid)
+    assert tmp_path / "paired.md" in write_report(grid, records, tmp_path)
     grid.baseline = None
-    assert write_paired(grid, grid.cells(results, []), tmp_path) is None
+    assert write_paired(grid, finished(grid, tmp_path), tmp_path) is None
 
 
 def test_a_baseline_that_is_not_a_row_is_refused(tmp_path):
@@ -266,6 +275,7 @@ def test_a_run_the_guard_ended_is_read_on_the_baselines_rounds(tmp_path):
     assert int(fedavg.config["rounds"]) == 40
     write_run(fedavg, 0.80, 0.80)
     fedefc.out_dir.mkdir(parents=True)
+    (fedefc.out_dir / "config.json").write_text(json.dumps(fedefc.config))
     metrics = [{"round": t, "test_acc": 0.70} for t in range(1, 35)]
     metrics.append({"round": 35, "test_acc": 0.83})
     (fedefc.out_dir / "metrics.jsonl").write_text(
@@ -273,7 +283,7 @@ def test_a_run_the_guard_ended_is_read_on_the_baselines_rounds(tmp_path):
     (fedefc.out_dir / "summary.json").write_text(json.dumps(
         {"final_acc": 0.83, "mean_last10_acc": 0.713, "best_acc": 0.83,
          "accuracy_source": "server test set", "guard_ended_at": 35}))
-    [pair] = paired_differences(grid, cells)["FedEFC"]
+    [pair] = paired_differences(grid, finished(grid, tmp_path))["FedEFC"]
     assert pair.final == pytest.approx(3.0)
     assert pair.last10 == pytest.approx(77.8 - 80.0)
 

@@ -31,9 +31,11 @@ import numpy as np
 import pytest
 
 from common.methods import load_run_config
-from fedefc_cli import deployment, flower
-from fedefc_cli.deployment import DEPLOY_DIR, supernode_exit_hint, write_connection
-from fedefc_cli.errors import LaunchError
+from fedefc_cli import deploy_flags, deploy_submit, flower
+from fedefc_cli.deploy_local import DEPLOY_DIR
+from fedefc_cli.deploy_submit import write_connection
+from fedefc_cli.deploy_supervisor import supernode_exit_hint
+from fedefc_cli.errors import EXIT_DEGRADED, LaunchError
 from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
 from fedefc_cli.run_configs import APP_DIR
@@ -306,7 +308,7 @@ def test_deploy_refuses_a_secret_or_key_others_can_read(tmp_path, readable, caps
     assert f"chmod 600 {readable}" in capsys.readouterr().err
     assert not (tmp_path / "state").exists() and not (tmp_path / "l").exists()
     readable.chmod(0o600)  # the fix the error names is enough
-    assert deployment.check_private(readable, "x") == str(readable)
+    assert deploy_flags.check_private(readable, "x") == str(readable)
 
 
 def test_superlink_refuses_a_readable_tls_key(tmp_path, capsys):
@@ -354,9 +356,9 @@ def test_supernode_exit_hint_names_the_unregistered_key():
     ("finished:completed", None, 0)], ids=["failed", "hollow", "no-reason", "completed"])
 def test_submit_claims_results_only_after_a_completed_run(monkeypatch, capsys, tmp_path,
                                                           status, failure, code):
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
-    monkeypatch.setattr(deployment, "submit_run",
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "submit_run",
                         lambda *a, **k: RunOutcome("42", status, failure))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == code
     out, err = capsys.readouterr()
@@ -384,9 +386,9 @@ def test_submit_exits_3_naming_the_site_of_a_degraded_run(monkeypatch, capsys, t
     outcome = RunOutcome("9", "finished:completed", failure_reason(log, "finished:completed"),
                          degradation_reason(log))
     assert outcome.degraded and not outcome.completed
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
-    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: outcome)
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "submit_run", lambda *a, **k: outcome)
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 3
     out, err = capsys.readouterr()
     assert "results in" not in out
@@ -398,14 +400,14 @@ def test_submit_exits_3_naming_the_site_of_a_degraded_run(monkeypatch, capsys, t
 def submitted(monkeypatch) -> dict:
     """What ``fedefc deploy submit`` hands Flower (no SuperLink: submit_run captured)."""
     seen: dict = {}
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
 
     def submit(connection, run_config, *a, **k):
         seen.update(run_config)
         return RunOutcome("5", "finished:completed", None)
 
-    monkeypatch.setattr(deployment, "submit_run", submit)
+    monkeypatch.setattr(deploy_submit, "submit_run", submit)
     return seen
 
 
@@ -456,7 +458,7 @@ def test_submit_resume_refuses_what_it_cannot_resume(monkeypatch, capsys, tmp_pa
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.json").write_text((out / "config.json").read_text())
-    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    monkeypatch.setattr(deploy_submit, "submit_run", lambda *a, **k: pytest.fail("submitted"))
     argv = [a.format(out=out, empty=empty) for a in args]
     assert main(["deploy", "submit", "fedefc", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -473,9 +475,9 @@ def test_submit_says_each_step_before_the_log(monkeypatch, capsys, tmp_path):
     """Nothing is silent for minutes: the config check, the SuperLink, the packing and the
     run id are told on stderr as each starts, before the run's log."""
     events: list[str] = []
-    monkeypatch.setattr(deployment, "wait_for_superlink",
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink",
                         lambda *a, **k: events.append("superlink"))
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
 
     def flwr(args, env, cwd):
         events.append(f"flwr {args[0]}")
@@ -484,8 +486,8 @@ def test_submit_says_each_step_before_the_log(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(flower, "flwr_json", flwr)
     monkeypatch.setattr(flower, "_follow_log", lambda *a: events.append("log") or [])
     monkeypatch.setattr(flower, "run_status", lambda *a: "finished:completed")
-    real_progress = deployment.progress
-    monkeypatch.setattr(deployment, "progress",
+    real_progress = deploy_submit.progress
+    monkeypatch.setattr(deploy_submit, "progress",
                         lambda text: events.append(text) or real_progress(text))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 0
     assert events[:2] == ["checking the run config",
@@ -508,8 +510,8 @@ def test_submit_says_when_the_superlink_stopped_and_where_its_log_is(
     answers = iter([{"success": False, "error-message": "Connection to the SuperLink is "
                                                        "unavailable"}] * (2 if back else 99)
                    + [{"success": True, "runs": [{"status": "finished:failed"}]}] * 9)
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     monkeypatch.setattr(flower, "flwr_json", lambda args, env, cwd: (
         {"success": True, "run-id": 12} if args[0] == "run" else next(answers)))
     monkeypatch.setattr(flower, "_follow_log", lambda *a: [
@@ -538,15 +540,15 @@ def test_the_printed_resume_command_is_complete_for_its_deployment(monkeypatch, 
     key.chmod(0o600)
     home = tmp_path / "flwr home"
     monkeypatch.setenv("FLWR_HOME", str(home))
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     sent: list = []
 
     def gone(connection, run_config, env, cwd, sign_key=None, **kwargs):
         sent.append((connection, dict(run_config), sign_key, env["FLWR_HOME"]))
         raise flower.SuperLinkGone(connection, "02:24:31")
 
-    monkeypatch.setattr(deployment, "submit_run", gone)
+    monkeypatch.setattr(deploy_submit, "submit_run", gone)
     out = f"{tmp_path}/elsewhere/r"
     assert main(["deploy", "submit", "site", "--sign-key", str(key), "--key-id", "coord",
                  "--set", "rounds=8", "--set", f"out-dir={out}"]) == 1
@@ -599,10 +601,10 @@ def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, 
     write_connection(tmp_path, "site", f"127.0.0.1:{port}")
     env = {"FLWR_HOME": str(tmp_path)}
     asked: list = []
-    monkeypatch.setattr(deployment, "flwr_json",
+    monkeypatch.setattr(deploy_submit, "flwr_json",
                         lambda args, env, cwd: asked.append(args) or {"success": True})
     with pytest.raises(LaunchError) as err:
-        deployment.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
+        deploy_submit.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
     assert f"nothing listens on 127.0.0.1:{port}, the address of connection 'site'" in \
         str(err.value) and ".." not in str(err.value)
     assert f"nothing listens on 127.0.0.1:{port} (connection 'site' refused); waiting up " \
@@ -611,12 +613,12 @@ def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, 
     with socket.socket() as listener:  # a SuperLink that starts listening
         listener.bind(("127.0.0.1", port))
         listener.listen()
-        deployment.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
+        deploy_submit.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
     assert asked == [["ls", "site"]]
     said = ("Using SuperLink: x (127.0.0.1:1)\n Listing all runs...\n\nConnection to the "
             "SuperLink is unavailable. Please check your network connection and 'address' "
             "in the SuperLink connection configuration.")
-    assert deployment.flwr_words(said).endswith("connection configuration")
+    assert deploy_submit.flwr_words(said).endswith("connection configuration")
 
 
 def test_a_node_that_never_answered_is_named_with_what_to_do(tmp_path, capsys):
@@ -626,7 +628,7 @@ def test_a_node_that_never_answered_is_named_with_what_to_do(tmp_path, capsys):
     reason = ("waited 300 s (wait-for-nodes) for a node of each of the run's 2 partitions "
               "(num-clients); 1 of 2 partitions served by 2 connected nodes; missing "
               "partitions 0; node 8127 failed to declare: no reply within 5 min 00 s")
-    told = deployment.explain_failure(RunOutcome("5", "finished:failed", reason), "/srv/r",
+    told = deploy_submit.explain_failure(RunOutcome("5", "finished:failed", reason), "/srv/r",
                                       "site")
     assert "Node 8127 never answered: if it is online (flwr supernode ls site lists" in told
     assert "restart it on its machine" in told and "fedefc-supernode-K" in told
@@ -636,7 +638,7 @@ def test_a_node_that_never_answered_is_named_with_what_to_do(tmp_path, capsys):
     assert main(["deploy", "fetch", str(run), str(tmp_path / "here")]) == 1
     assert "Node 8127 never answered" in capsys.readouterr().err
     refused = reason.replace("no reply within 5 min 00 s", "error 0: ConfigError: mismatch")
-    assert "never answered" not in deployment.explain_failure(
+    assert "never answered" not in deploy_submit.explain_failure(
         RunOutcome("5", "finished:failed", refused), "/srv/r", "site")
 
 
@@ -644,15 +646,15 @@ def attempts(monkeypatch, outcomes: list[RunOutcome]) -> list[dict]:
     """``fedefc deploy submit`` against a SuperLink whose attempts end as ``outcomes``, in
     turn; the run configs it submitted."""
     sent: list[dict] = []
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     ends = iter(outcomes)
 
     def submit(connection, run_config, *a, **k):
         sent.append(dict(run_config))
         return next(ends)
 
-    monkeypatch.setattr(deployment, "submit_run", submit)
+    monkeypatch.setattr(deploy_submit, "submit_run", submit)
     return sent
 
 
@@ -766,8 +768,8 @@ def test_submit_follows_a_run_that_outlived_a_superlink_restart_to_its_end(monke
     streams, statuses = iter([first, again]), iter([("running", "02:24:31"),
                                                    ("finished:completed", None)])
     shown: list = []
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
     monkeypatch.setattr(flower, "_follow_log", lambda *a: shown.append(a[6:]) or next(streams))
     monkeypatch.setattr(flower, "final_status", lambda *a: next(statuses))
@@ -789,14 +791,14 @@ def test_submit_reads_the_end_of_a_run_that_finished_while_its_log_stream_was_go
              "WARNING :   RUN DEGRADED: partition 0 missed 1 of 3 rounds"]
     streams = iter([first, again])
     statuses = iter([("finished:completed", "02:24:31"), ("finished:completed", None)])
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
     monkeypatch.setattr(flower, "_follow_log", lambda *a: next(streams))
     monkeypatch.setattr(flower, "final_status", lambda *a: next(statuses))
     code = main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"])
     err = capsys.readouterr().err
-    assert code == deployment.EXIT_DEGRADED, err
+    assert code == EXIT_DEGRADED, err
     assert "completed DEGRADED: partition 0 missed 1 of 3 rounds" in err
 
 
@@ -824,9 +826,9 @@ def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch,
                                                                     tmp_path):
     reason = (f"out-dir='{tmp_path}/r' already holds results (summary.json); choose a new "
               "folder so nothing is overwritten")
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
-    monkeypatch.setattr(deployment, "submit_run",
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "submit_run",
                         lambda *a, **k: RunOutcome("7", "finished:failed", reason))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 1
     err = capsys.readouterr().err
@@ -836,9 +838,9 @@ def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch,
 
 
 def test_submit_refuses_while_another_run_is_running(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [("5", "running")])
-    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [("5", "running")])
+    monkeypatch.setattr(deploy_submit, "submit_run", lambda *a, **k: pytest.fail("submitted"))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 2
     err = capsys.readouterr().err
     assert "is running another run: 5 (running); nothing submitted" in err

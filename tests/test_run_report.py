@@ -21,7 +21,7 @@ import pytest
 from common.durations import duration_text
 from common.methods import load_run_config
 from common.results import RunRecorder
-from fedefc_cli import deployment
+from fedefc_cli import deploy_submit
 from fedefc_cli.flower import RunOutcome, copy_lines, to_terminal
 from fedefc_cli.main import main
 from fedefc_cli.progress import RoundProgress
@@ -184,9 +184,9 @@ def test_submit_ends_with_the_few_lines_where_the_out_dir_is_here(monkeypatch, c
         {"status": "completed"} if code == 0 else
         {"status": "failed", "failure": "round 25: no node trained"})}
     (out_dir / "summary.json").write_text(json.dumps(told))
-    monkeypatch.setattr(deployment, "wait_for_superlink", lambda *a, **k: None)
-    monkeypatch.setattr(deployment, "active_runs", lambda *a, **k: [])
-    monkeypatch.setattr(deployment, "submit_run", lambda *a, **k: RunOutcome("42", status, None))
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(deploy_submit, "submit_run", lambda *a, **k: RunOutcome("42", status, None))
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={out_dir}"]) == code
     out = capsys.readouterr().out
     assert "\n".join(run_report(told, out_dir)) in out

@@ -1,6 +1,6 @@
 """Benchmark: the same short FL job on Flower's deployment runtime vs its simulation runtime.
 
-Deployment: :class:`fedefc_cli.deployment.LocalDeployment` on 127.0.0.1 (SuperLink + its
+Deployment: :class:`fedefc_cli.deploy_local.LocalDeployment` on 127.0.0.1 (SuperLink + its
 SuperExec, one SuperNode + SuperExec per client, ``--isolation process``: a fresh
 ClientApp process per message, prepared data from the disk cache) and ``flwr run``.
 Simulation: ``fedefc run``'s path (simulation SuperLink + Ray, 1 CPU per client).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fedefc_cli.deployment import LocalDeployment, NodeSpec
+from fedefc_cli.deploy_local import LocalDeployment, NodeSpec
 from fedefc_cli.run_configs import resolve_run_config
 from fedefc_cli.simulation import run_simulation_job
 

@@ -2,7 +2,7 @@
 reason waiting does not change (docs/RELIABILITY.md, "A run that trained nothing fails";
 issue 49: 117 s on a busy machine, where the docs promised half a minute).
 
-One :class:`fedefc_cli.deployment.LocalDeployment` on 127.0.0.1 whose ``--clients``
+One :class:`fedefc_cli.deploy_local.LocalDeployment` on 127.0.0.1 whose ``--clients``
 SuperNodes were started with ``num-partitions`` = ``--clients``; on it, in turn,
 ``--repeats`` times each:
 
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedefc_cli.deployment import LocalDeployment, NodeSpec
+from fedefc_cli.deploy_local import LocalDeployment, NodeSpec
 from fedefc_cli.flower import submit_run
 from fedefc_cli.run_configs import APP_DIR
 

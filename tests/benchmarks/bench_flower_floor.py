@@ -1,6 +1,6 @@
 """Benchmark: FedEFC in deployment against Flower's own floor, on the same federation.
 
-One :class:`fedefc_cli.deployment.LocalDeployment` on 127.0.0.1 (a SuperLink and its
+One :class:`fedefc_cli.deploy_local.LocalDeployment` on 127.0.0.1 (a SuperLink and its
 SuperExec, one SuperNode and SuperExec per client, ``--isolation process``: a fresh app
 process per message). On it, one after the other:
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from common.methods import load_run_config
 from common.models import TaskShape, build_model
-from fedefc_cli.deployment import LocalDeployment, NodeSpec
+from fedefc_cli.deploy_local import LocalDeployment, NodeSpec
 from fedefc_cli.run_configs import APP_DIR, resolve_run_config
 
 NOOP_APP = APP_DIR / "tests" / "flower_apps" / "noop"

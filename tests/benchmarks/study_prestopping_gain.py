@@ -16,7 +16,12 @@ recorded T_e. ``auto`` is the default setting: one standard error where the shar
 large (``fedefc_server/prestopping.py: min_gain_z``). The replay itself is the grid
 runner's (``fedefc_server/prestopping_replay.py``).
 
-    python tests/benchmarks/study_prestopping_gain.py [--results results] [--z 0.5,1,2,auto]
+It reads run folders, which git does not hold: fetch the grids first (``fedefc results
+fetch cross-silo``, ``own-data``, ``full-participation``, ``cross-silo-mnist``: docs/RESULTS.md,
+"Where the runs are").
+
+    python tests/benchmarks/study_prestopping_gain.py [--results ~/fedefc-results] \
+        [--z 0.5,1,2,auto]
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ import argparse
 import json
 from pathlib import Path
 
+from fedefc_cli.raw_archive import RESULTS_HOME
 from fedefc_server.prestopping_replay import replayed_t_e
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", type=Path, default=Path("results"))
+    ap.add_argument("--results", type=Path, default=RESULTS_HOME,
+                    help="a folder of run folders (default ~/fedefc-results)")
     ap.add_argument("--z", default="0.5,1,2,auto",
                     help="minimum gains, in standard errors, or auto")
     args = ap.parse_args()
