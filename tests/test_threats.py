@@ -67,7 +67,7 @@ from fedefc_server.secure_sum import (
     group_accuracy,
     pull_bound,
 )
-from fedefc_server.summary import RunFacts, build_summary, summary_lines
+from fedefc_server.summary import RunFacts, build_summary, run_report, summary_lines
 from tests.helpers import (
     GLOBAL,
     OK,
@@ -403,6 +403,58 @@ def test_a_secure_run_with_one_adversarial_client_completes_with_the_honest_resu
     for name, w in zip(got, want):
         np.testing.assert_allclose(got[name].numpy(), w, atol=2e-5)
     assert last["A"] == pytest.approx(np.mean(honest["client_acc"]), abs=1e-6)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "degraded" and summary["refused_rounds"] == [1, 2, 3]
+    assert summary["degraded"].startswith("3 of 4 rounds refused (rounds 1-3): each kept "
+                                          "the global model; last: ")
+
+
+def test_a_secure_run_whose_model_never_changed_fails_and_says_why(micro_mnist_dir,
+                                                                    tmp_path):
+    """Issue 58: a client that breaks every round's sum (``secure-scale=1000@0`` with
+    the defaults) kept the initial model for the whole run, and the run ended
+    ``completed``, "client failures 0, rejected replies 0". Now such a run fails: its
+    summary says ``failed`` and why, it writes no model, and its closing line is RUN
+    FAILED."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, diagnostics=False,
+                        faults="secure-scale=1000@0", rounds=2, prestopping=False)
+    with pytest.raises(fedefc_server.round_loop.RunFailed, match="never changed"):
+        secure_loop(flat, tmp_path)
+    assert all(r["skipped"] and r["refused_sum"] for r in records(tmp_path)[1:])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["refused_rounds"] == [1, 2]
+    assert summary["failure"].startswith("the global model never changed: each of the 2 "
+                                         "rounds kept it (round 2: the decoded mean update")
+    assert not (tmp_path / "model.pt").exists()
+    lines = [text for _, text in summary_lines(summary)]
+    assert lines[-1].startswith("RUN FAILED: the global model never changed")
+    assert "refused rounds 2 (global model kept)" in lines[0]
+
+
+def test_refused_rounds_make_a_completed_run_degraded_in_its_summary_and_closing_lines():
+    """A run some of whose secure rounds were refused still delivers a model, but its
+    status is ``degraded``: the summary counts the refused rounds and says the last
+    reason, the SUMMARY line counts them, the closing line is RUN DEGRADED."""
+    cfg = load_run_config({"dataset": "mnist", "data-dir": "/data", "num-clients": 4,
+                           "fraction": 1.0, "secure-aggregation": True})
+    ok = {"n_clients": 4, "partition_ids": [0, 1, 2, 3]}
+    rounds = [{"round": 0}, {"round": 1, **ok},
+              {"round": 2, **ok, "skipped": True, "refused_sum": "a weight was changed"},
+              {"round": 3, **ok, "n_clients": 0, "skipped": True,
+               "secure_refused": "2 clients left"}, {"round": 4, **ok}]
+    summary = {**build_summary(cfg, rounds, RunFacts({}, {})), "out_dir": "/r"}
+    assert summary["status"] == "degraded" and summary["refused_rounds"] == [2, 3]
+    assert summary["degraded"] == ("2 of 4 rounds refused (rounds 2-3): each kept the "
+                                   "global model; last: 2 clients left")
+    lines = [text for _, text in summary_lines(summary)]
+    assert "refused rounds 2 (global model kept)" in lines[0]
+    assert lines[-1] == "RUN DEGRADED: " + summary["degraded"]
+    assert "  rounds refused: 2 (2-3), each kept the global model (reasons: " \
+           "metrics.jsonl)" in run_report(summary)
+    honest = build_summary(cfg, [r for r in rounds if r["round"] in (0, 1, 4)],
+                           RunFacts({}, {}))
+    assert honest["status"] == "completed" and honest["refused_rounds"] == []
+
 
 
 # -- malformed secure replies: failures, never a crash --------------------------------------
@@ -799,20 +851,17 @@ def test_a_secure_run_with_a_scaling_client_keeps_the_honest_result(micro_mnist_
     """The issue's done-when: ``faults = "secure-scale=1000@0"`` in a secure run with an
     update bound (dp-clip). With one sum per round every poisoned round is refused and
     the model stays the global one (at 6a260ce it was applied: the model moved by about
-    400). With secure-groups = 3 of nine clients the attacker's group is refused and
+    400), so the run fails (issue 58: it never changed its model). With secure-groups = 3 of nine clients the attacker's group is refused and
     left out, and the round gives exactly the plain FedAvg of the six other clients
     (the truth: a plain round in which the attacker's group fails)."""
     keys = {"dp-clip": 1e-3, "diagnostics": False, "faults": "secure-scale=1000@0",
             "prestopping": False, "rounds": 2}
     flat = micro_config(micro_mnist_dir, tmp_path / "one", **SECURE, **keys)
-    secure_loop(flat, tmp_path / "one")
+    with pytest.raises(fedefc_server.round_loop.RunFailed, match="never changed"):
+        secure_loop(flat, tmp_path / "one")
     recs = records(tmp_path / "one")
     for r in recs[1:]:
         assert r["skipped"] and "the decoded mean update has norm" in r["refused_sum"]
-    cfg = load_run_config(flat)
-    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
-    for got, want in zip(torch.load(tmp_path / "one" / "model.pt").values(), init):
-        np.testing.assert_array_equal(got.numpy(), want)
     grouped = micro_config(micro_mnist_dir, tmp_path / "g", 9, **SECURE, **keys,
                            **{"secure-groups": 3})
     fields, params = secure_round(grouped, InProcessGrid(client_app, grouped, 9))
