@@ -17,8 +17,8 @@ lowercase ASCII letters (``Jane``, ``Doe``, ``Jane_Doe``, ``patient-0042``, ``42
 a capitalized name, a number, a date and an e-mail address went through). The
 project's own errors quote only what the project wrote, but may carry another
 package's text (``DatasetError(f"... ({err})")``): that text, found through the
-exception's cause or context, is scrubbed as another package's. The full exception stays in the node's own log (docs/PRIVACY.md, "Data at
-rest and in the clear").
+exception's cause or context, is scrubbed as another package's. The full exception
+stays in the node's own log (docs/PRIVACY.md, "Data at rest and in the clear").
 """
 
 from __future__ import annotations
