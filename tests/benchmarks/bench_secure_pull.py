@@ -6,8 +6,10 @@ all train every round, LeNet) through ``fedefc run``'s path: an honest run, and 
 in which partition 0 trains with every label set to ``--label`` and sends that update
 lengthened to the round's bound (``label-shift``), optionally also writing its ratio
 slot to make the sum's mean ratio 1 and multiplying its update by K - 1
-(``secure-ratio``). Printed per row: the final test accuracy and the share of the
-test images the delivered model (``model.pt``) predicts as the shifted label.
+(``secure-ratio``); or in which it scales its update 1000-fold inside its mask in
+every round (``x1000``: the culprit search names it). Printed per row: the final test
+accuracy, the share of the test images the delivered model (``model.pt``) predicts as
+the shifted label, and who the culprit search named when.
 
     python tests/benchmarks/bench_secure_pull.py --data-dir /abs/mnist-parent \\
         [--rounds 30] [--rows honest,shift,ratio] [--set key=value ...]
@@ -55,7 +57,8 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="keep the runs' folders here")
     args = ap.parse_args()
     faults = {"honest": "", "shift": f"label-shift={args.label}@0",
-              "ratio": f"label-shift={args.label}@0;secure-ratio=4@0"}
+              "ratio": f"label-shift={args.label}@0;secure-ratio=4@0",
+              "x1000": "secure-scale=1000@0"}
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.work or scratch
@@ -75,7 +78,9 @@ def main() -> None:
                          "refused_rounds": [r["round"] for r in recs if r.get("skipped")],
                          "accuracy": [r.get("test_acc") for r in recs],
                          "update_ratio": [r.get("update_ratio") for r in recs[1:]],
-                         "update_bound": recs[-1].get("update_bound")})
+                         "update_bound": recs[-1].get("update_bound"),
+                         "named": [(r["round"], r["culprit_search"]["named"]) for r in recs
+                                   if "named" in r.get("culprit_search", {})]})
             print(json.dumps(rows[-1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
