@@ -241,7 +241,7 @@ class RunConfig(BaseModel):
     dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)  # the delta of the reported epsilon
     max_update_norm: float = Field(0.0, ge=0.0)
     # a secure run without dp-clip or max-update-norm: every client clips its update to
-    # this times the global model's norm (common/update_bound.py: round_bound); 0: none
+    # this times the initial model's norm (common/update_bound.py: round_bound); 0: none
     secure_update_bound: float = Field(1.0, ge=0.0, le=1e6)
     audit: bool = False
     # identity (docs/THREAT-MODEL.md, "Identity and partitions")

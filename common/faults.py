@@ -41,6 +41,18 @@ Empty (the default) injects nothing. The kinds that lie at registration (``claim
 |  | answers the unmask stage honestly |
 | ``bad-key`` | sends random bytes as its two public keys in the setup stage |
 | ``self-share`` | addresses its first encrypted share to itself in the share-keys stage |
+| ``label-shift=L`` | trains with every label set to L; under secure aggregation it sends |
+|  | that update lengthened to the round's bound B with a ratio of 1: the |
+|  | longest pull an update inside the bound, honestly reported, can make |
+| ``unopenable=N`` | deals node N (0: every holder) encrypted shares that do not open, |
+|  | signed as its own |
+| ``other-commitment=N`` | deals node N (0: every holder) shares that carry another |
+|  | commitment than the one it sends the server |
+| ``other-seed`` | deals consistent shares of another mask seed than it masks with |
+| ``empty-secret`` | deals shares of an empty mask seed |
+| ``secure-ratio=F`` | writes its ratio slot so that its sum's mean ratio is 1 (past the |
+|  | quantizer's clipping) and multiplies its update by F: the reports then |
+|  | allow the decoded mean up to the whole bound |
 
 The attacker lives beside the honest client, in ``fedefc_client/attacker.py``: a
 wrapping client for the kinds that act on a reply's content or a registration, and two
@@ -83,15 +95,26 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
 
 from .messages import Declaration, FitReply
 from .secure_means import SLOTS
-from .verifiable_shares import INDEX, SCALAR, Q, read_share
+from .verifiable_shares import (
+    COMMITMENTS,
+    INDEX,
+    SCALAR,
+    Q,
+    deal,
+    read_commitment,
+    read_share,
+)
 
 KINDS = ("raise", "sleep", "exit", "nan", "shape", "drop-array", "dtype", "samples", "acc",
          "no-acc", "pid", "scale", "claim", "private", "held-out", "eval-samples",
          "secure-acc", "weight", "garbage", "garbage-bytes", "unmask-nid", "secure-scale",
          "secure-acc-set", "bad-shares", "bad-key", "self-share", "collude-shares",
-         "bad-dealer")
-FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set")
-INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid")
+         "bad-dealer", "label-shift", "secure-ratio", "unopenable", "other-commitment",
+         "other-seed", "empty-secret")
+FLOAT_ARG = ("sleep", "acc", "scale", "secure-acc", "secure-scale", "secure-acc-set",
+             "secure-ratio")
+INT_ARG = ("samples", "claim", "private", "held-out", "eval-samples", "unmask-nid",
+           "label-shift", "unopenable", "other-commitment")
 SERVER_KINDS = ("clip", "secagg-threshold", "secagg-sample", "secagg-max-weight",
                 "secagg-commitments", "unmask-both")
 SERVER_ARG = {"clip": float, "secagg-threshold": int, "secagg-sample": int,
@@ -144,7 +167,8 @@ def parse_faults(text: str) -> list[Fault]:
                 f"faults entry {entry!r} is not KIND@PIDS[@ROUNDS] with KIND one of "
                 f"{', '.join(KINDS)} (sleep=S, samples=N, acc=A, pid=P, scale=F, claim=P, "
                 "private=N, held-out=N, eval-samples=N, secure-acc=A, unmask-nid=N, "
-                "secure-scale=F, secure-acc-set=A take a value; weight=F an integer >= 2); "
+                "secure-scale=F, secure-acc-set=A, label-shift=L, secure-ratio=F, "
+                "unopenable=N, other-commitment=N take a value; weight=F an integer >= 2); "
                 "e.g. faults=\"raise@3;acc=1.0@0-9\"") from None
     return faults
 
@@ -298,6 +322,45 @@ def scale_update(faults: list[Fault], pid: int, server_round: int,
     return update if f is None else [a * float(f.arg) for a in update]
 
 
+def shifted_label(faults: list[Fault], pid: int, server_round: int) -> int | None:
+    """The label a ``label-shift=L`` client trains every sample with (None: none)."""
+    f = _first(faults, "label-shift", pid, server_round)
+    return None if f is None else int(f.arg)
+
+
+def pull_to_bound(faults: list[Fault], pid: int, server_round: int, update: list[np.ndarray],
+                  tail: np.ndarray, bound: float | None, ratio_slot: int
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Before Flower's SecAgg+ client masks them: a ``label-shift`` client's update
+    lengthened to the round's ``bound`` (its float arrays) with its tail's ratio slot
+    at 1, what an honest client at the bound reports; ``secure-ratio=F`` then
+    multiplies the update by F (its ratio slot is raised after the mask:
+    :func:`ratio_excess`)."""
+    if bound and _first(faults, "label-shift", pid, server_round) is not None:
+        norm = float(np.sqrt(sum(float(np.sum(u.astype(np.float64) ** 2)) for u in update
+                                 if u.dtype.kind == "f")))
+        if norm > 0:
+            update = [u * (bound / norm) if u.dtype.kind == "f" else u for u in update]
+            tail = tail.copy()
+            tail[ratio_slot] = tail[0]
+    f = _first(faults, "secure-ratio", pid, server_round)
+    if f is not None:
+        update = [u * float(f.arg) if u.dtype.kind == "f" else u for u in update]
+    return update, tail
+
+
+def ratio_excess(faults: list[Fault], pid: int, server_round: int, ratio: float,
+                 clients: int) -> float:
+    """What ``secure-ratio`` adds to its ratio slot inside its mask (0.0 without it):
+    the sum's mean ratio is 1 if the other ``clients`` - 1 report its own honest
+    ``ratio``: (K - 1)(1 - ratio), and its own slot already holds 1 when it lengthened
+    its update to the bound (``label-shift``), else its ratio."""
+    if _first(faults, "secure-ratio", pid, server_round) is None:
+        return 0.0
+    own = 1.0 if _first(faults, "label-shift", pid, server_round) is not None else ratio
+    return (clients - 1) * (1 - ratio) + (1 - own)
+
+
 def accuracy_excess(faults: list[Fault], pid: int, server_round: int, accuracy: float,
                     clients: int) -> float:
     """What ``secure-acc-set=A`` adds to the client's accuracy inside its mask (0.0
@@ -307,12 +370,12 @@ def accuracy_excess(faults: list[Fault], pid: int, server_round: int, accuracy: 
     return 0.0 if f is None else clients * (float(f.arg) - accuracy)
 
 
-def add_accuracy(tail: np.ndarray, excess: float) -> np.ndarray:
-    """A masked tail whose accuracy slot grows by ``excess`` accuracies: masks cancel in
-    the sum, so the sum's slot grows by excess x c/2, excess x 2^20 quantization steps of
-    2c / 2^22, past the quantizer's clipping."""
+def add_accuracy(tail: np.ndarray, excess: float, slot: int = 1) -> np.ndarray:
+    """A masked tail whose accuracy slot (or another ``slot``) grows by ``excess``
+    values: masks cancel in the sum, so the sum's slot grows by excess x c/2, excess x
+    2^20 quantization steps of 2c / 2^22, past the quantizer's clipping."""
     out = tail.copy()
-    out[1] = (out[1] + round(excess / SLOTS[1][1] * 2**20)) % 2**32
+    out[slot] = (out[slot] + round(excess / SLOTS[slot][1] * 2**20)) % 2**32
     return out
 
 
@@ -362,6 +425,68 @@ def corrupt_secure_reply(faults: list[Fault], pid: int, server_round: int,
 def deals_wrong(faults: list[Fault], pid: int, server_round: int) -> bool:
     """Whether the client deals wrong shares in this round (``bad-dealer``)."""
     return _first(faults, "bad-dealer", pid, server_round) is not None
+
+
+DEALING_KINDS = ("bad-dealer", "unopenable", "other-commitment", "other-seed",
+                 "empty-secret")
+
+
+def lies_in_dealing(faults: list[Fault], pid: int, server_round: int) -> bool:
+    """Whether the client deals its shares other than honestly in this round (it then
+    signs what it sends as its own: ``common/share_evidence.py``)."""
+    return any(_first(faults, kind, pid, server_round) is not None for kind in DEALING_KINDS)
+
+
+def lying_deal(faults: list[Fault], pid: int, server_round: int, stage: dict,
+               channel_keys: dict[int, bytes], nid: int, threshold: int
+               ) -> tuple[dict, bytes | None]:
+    """A share-keys reply (``stage``, of node ``nid``, with its commitments) as the
+    dealing faults change it; the channel key with each holder in ``channel_keys``
+    (the dealer's SecAgg+ state). ``other-seed`` and ``empty-secret`` deal
+    :func:`common.verifiable_shares.deal`'s shares of another seed to every holder and
+    to itself, and send that commitment (the second value: the dealer's own share of
+    it, None otherwise); ``other-commitment=N`` puts another dealing's commitment into
+    node N's shares; ``unopenable=N`` replaces node N's ciphertext by random bytes."""
+    out = dict(stage)
+    own = None
+    seed = (os.urandom(32) if _first(faults, "other-seed", pid, server_round) else
+            b"" if _first(faults, "empty-secret", pid, server_round) else None)
+    dsts = list(out[Key.DESTINATION_LIST])
+    if seed is not None:
+        commitment, shares = deal(seed, threshold, [*dsts, nid])
+        *dealt, own = shares
+        out[COMMITMENTS] = [commitment, *out[COMMITMENTS][1:]]
+        out[Key.CIPHERTEXT_LIST] = [
+            _reshare(text, channel_keys[dst], lambda b, sk1, new=new: (new, sk1))
+            for dst, text, new in zip(dsts, out[Key.CIPHERTEXT_LIST], dealt)]
+    texts = list(out[Key.CIPHERTEXT_LIST])
+    for kind in ("other-commitment", "unopenable"):
+        f = _first(faults, kind, pid, server_round)
+        for i, dst in enumerate(dsts):
+            if f is None or int(f.arg) not in (0, dst):
+                continue
+            if kind == "unopenable":
+                texts[i] = os.urandom(len(texts[i]))
+            else:
+                texts[i] = _reshare(texts[i], channel_keys[dst], lambda b, sk1: (
+                    _recommitted(b), _recommitted(sk1)))
+    out[Key.CIPHERTEXT_LIST] = texts
+    return out, own
+
+
+def _reshare(ciphertext: bytes, key: bytes, change) -> bytes:
+    """``ciphertext`` (a holder's two shares) with ``change(b share, sk1 share)``'s."""
+    src, dst, b_share, sk1_share = share_keys_plaintext_separate(decrypt(key, ciphertext))
+    return encrypt(key, share_keys_plaintext_concat(src, dst, *change(b_share, sk1_share)))
+
+
+def _recommitted(share: bytes) -> bytes:
+    """``share`` carrying a fresh dealing's commitment of the same degree instead of
+    its own."""
+    x, y, commitment = read_share(share)
+    points, sealed = read_commitment(commitment)
+    other = deal(os.urandom(len(sealed)), len(points), [1])[0]
+    return x.to_bytes(INDEX, "big") + y.to_bytes(SCALAR, "big") + other
 
 
 def off_by_one(share: bytes) -> bytes:

@@ -12,12 +12,12 @@ take, which is the range SecAgg+'s quantizer clips every coordinate to.
 
 A secure run that sets neither key is bounded all the same (docs/PRIVACY.md, "One
 client's pull on the secure sum"): :func:`round_bound` is then ``secure-update-bound``
-rho times the norm of the global model's float weights the round sends, which every
-client clips its update to, and which the server checks the decoded mean update
-against, with the clients' own reported norms (``fedefc_server/secure_sum.py``). A
-client can then move the model no further than by rho times its size, whatever the
-dataset, and one that lengthens its update inside its mask without saying so is
-refused outright.
+rho times the norm of the INITIAL model's float weights, fixed for the run (a bound
+computed from the model the round sends grew with every pull it let through: issue
+58). The server sends it in every secure training message (:data:`BOUND_KEY`); every
+client clips its update to it, and the server checks the decoded mean update against
+it and the clients' own reported norms (``fedefc_server/secure_sum.py``). A client that
+lengthens its update inside its mask without saying so is refused outright.
 """
 
 from __future__ import annotations
@@ -55,21 +55,28 @@ def norm_bound(dp_clip: float, dp_noise_multiplier: float, max_update_norm: floa
 
 
 RELATIVE_KEY = "secure-update-bound"
+BOUND_KEY = "update-bound"  # fit config of a secure round: the relative bound B
 
 
-def round_bound(cfg: RunConfig, sent: list[np.ndarray]) -> tuple[float | None, str]:
+def float_size(arrays: list[np.ndarray]) -> float:
+    """The L2 norm of ``arrays``' float arrays, in float64."""
+    return math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in arrays
+                         if a.dtype.kind == "f"))
+
+
+def round_bound(cfg: RunConfig, sent: list[np.ndarray], initial_size: float
+                ) -> tuple[float | None, str]:
     """(the L2 bound of one update in a round that sends the arrays ``sent``, the key
     that sets it): :func:`norm_bound`'s where the run sets ``dp-clip`` or
-    ``max-update-norm``; else, in a secure run, ``secure-update-bound`` rho times the
-    norm of ``sent``'s float arrays (none where rho is 0 or the model is all zeros);
-    else None."""
-    floats = [a for a in sent if a.dtype.kind == "f"]
+    ``max-update-norm``; else, in a secure run, ``secure-update-bound`` rho times
+    ``initial_size``, the norm of the initial model's float arrays (none where rho is 0
+    or that model is all zeros); else None."""
     bound, key = norm_bound(cfg.dp_clip, cfg.dp_noise_multiplier, cfg.max_update_norm,
-                            sum(a.size for a in floats))
+                            sum(a.size for a in sent if a.dtype.kind == "f"))
     if bound is not None or not cfg.secure_aggregation or cfg.secure_update_bound <= 0:
         return bound, key
-    size = math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in floats))
-    return (cfg.secure_update_bound * size, RELATIVE_KEY) if size > 0 else (None, "")
+    return ((cfg.secure_update_bound * initial_size, RELATIVE_KEY) if initial_size > 0
+            else (None, ""))
 
 
 def bound_text(cfg: RunConfig) -> str:
@@ -87,7 +94,7 @@ def bound_text(cfg: RunConfig) -> str:
         return " and ".join(keys)
     if cfg.secure_aggregation and cfg.secure_update_bound > 0:
         return (f"{RELATIVE_KEY} = {cfg.secure_update_bound:g}: each update at most "
-                f"{cfg.secure_update_bound:g} x the global model's norm, the decoded mean no "
+                f"{cfg.secure_update_bound:g} x the initial model's norm, the decoded mean no "
                 "longer than its clients' reported norms allow")
     return "none (secure-update-bound = 0)" if cfg.secure_aggregation else "none"
 

@@ -7,15 +7,20 @@ without ``faults`` every part here steps aside:
 
 - :class:`LyingClient` wraps the honest client: it fails before training (``raise``,
   ``sleep``, ``exit``), lies in its registration (``claim``, ``private``,
-  ``held-out``), in a training reply (its weights, count, accuracy, partition id) and in
-  an evaluation reply (``eval-samples``);
+  ``held-out``), trains on labels of its choosing (``label-shift``), lies in a training
+  reply (its weights, count, accuracy, partition id) and in an evaluation reply
+  (``eval-samples``);
 - :func:`before_mask_mod`, between Flower's SecAgg+ client and the secure tail: what a
   client changes before its reply is masked (``weight``: its weight factor;
-  ``secure-scale``: its update; it also notes its accuracy for ``secure-acc-set``);
+  ``secure-scale``, ``label-shift``, ``secure-ratio``: its update; it also notes its
+  accuracy for ``secure-acc-set`` and its ratio for ``secure-ratio``);
 - :func:`after_mask_mod`, around Flower's SecAgg+ client: what it changes in what it
-  sends (``secure-acc``, ``secure-acc-set``: its masked accuracy slot; ``garbage``,
+  sends (``secure-acc``, ``secure-acc-set``: its masked accuracy slot;
+  ``secure-ratio``: its masked ratio slot; ``garbage``,
   ``garbage-bytes``: its masked vector; ``unmask-nid``, ``bad-shares``,
-  ``collude-shares``: its unmask shares; ``bad-dealer``: the shares it deals;
+  ``collude-shares``: its unmask shares; ``bad-dealer``, ``unopenable``,
+  ``other-commitment``, ``other-seed``, ``empty-secret``: the shares it deals, signed
+  as its own;
   ``bad-key``: its public keys; ``self-share``: where it sends a share),
   restoring the clear count of a ``weight`` fault.
 """
@@ -23,6 +28,10 @@ without ``faults`` every part here steps aside:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import torch
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.app.message_type import MessageType
@@ -55,17 +64,27 @@ from common.faults import (
     deals_wrong,
     false_declaration,
     inflate_count,
+    lies_in_dealing,
+    lying_deal,
     parse_faults,
+    pull_to_bound,
+    ratio_excess,
     scale_update,
+    shifted_label,
     weight_factor,
 )
 from common.messages import EvaluateReply, FitConfig
 from common.methods import load_run_config
+from common.secure_means import SLOTS, UPDATE_RATIO
+from common.share_evidence import sign_deal
+from common.verifiable_shares import COMMITMENTS, SIGNATURES
 
 from .client import MethodClient
 from .local_data import partition_sizes
-from .mods import secure_aggregation_mod
+from .mods import secure_aggregation_mod, update_bound
 from .node import partition_of
+
+RATIO_SLOT = [name for name, _ in SLOTS].index(UPDATE_RATIO)
 
 NOTES = "fedefc-attacker"  # context.state: what the attacker noted before masking
 
@@ -95,6 +114,11 @@ class LyingClient(NumPyClient):
     def fit(self, parameters, config):
         server_round = int(config[FitConfig.ROUND])
         before_training(self.faults, self.pid, server_round)
+        label = shifted_label(self.faults, self.pid, server_round)
+        if label is not None:  # its own samples, every one labelled ``label``
+            local = self.client.local
+            self.client._local = replace(local, y=torch.full_like(local.y, label),
+                                        labels=np.full_like(local.labels, label))
         weights, num_examples, metrics = self.client.fit(parameters, config)
         return corrupt_reply(self.faults, self.pid, server_round, weights, num_examples,
                              metrics, self.claimed_size())
@@ -145,8 +169,13 @@ def before_mask_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     *update, tail = parameters_to_ndarrays(fitres.parameters)
     clients = int(ctxt.state.config_records[RECORD_KEY_STATE]["sample_num"])
     accuracy = float(tail[1] / tail[0]) if tail[0] else 0.0
+    ratio = float(tail[RATIO_SLOT] / tail[0]) if tail[0] else 0.0
     ctxt.state.config_records[NOTES] = ConfigRecord(
-        {"excess": accuracy_excess(faults, pid, rnd, accuracy, clients)})
+        {"excess": accuracy_excess(faults, pid, rnd, accuracy, clients),
+         "ratio-excess": ratio_excess(faults, pid, rnd, ratio, clients)})
+    bound, _ = update_bound(load_run_config(ctxt.run_config),
+                            compat.recorddict_to_fitins(msg.content, keep_input=True))
+    update, tail = pull_to_bound(faults, pid, rnd, update, tail, bound, RATIO_SLOT)
     fitres.parameters = ndarrays_to_parameters([*scale_update(faults, pid, rnd, update), tail])
     fitres.num_examples = inflate_count(faults, pid, rnd, fitres.num_examples)
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
@@ -164,14 +193,25 @@ def after_mask_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) ->
         return out
     stage = dict(out.content.config_records[RECORD_KEY_CONFIGS])
     stage = corrupt_secure_reply(faults, pid, rnd, stage, msg.metadata.dst_node_id)
-    if Key.CIPHERTEXT_LIST in stage and deals_wrong(faults, pid, rnd):
+    if Key.CIPHERTEXT_LIST in stage and lies_in_dealing(faults, pid, rnd):
         state = SecAggPlusState(**ctxt.state.config_records[RECORD_KEY_STATE])
-        stage = deal_off_by_one(stage, state.ss2_dict)
+        if deals_wrong(faults, pid, rnd):
+            stage = deal_off_by_one(stage, state.ss2_dict)
+        stage, own = lying_deal(faults, pid, rnd, stage, state.ss2_dict, state.nid,
+                                state.threshold)
+        if own is not None:  # its own share of the other seed, which it returns at unmask
+            state.rd_seed_share_dict[state.nid] = own
+            ctxt.state.config_records[RECORD_KEY_STATE] = ConfigRecord(state.to_dict())
+        stage[SIGNATURES] = [  # what it dealt, signed as its own
+            sign_deal(state.sk2, state.nid, dst, text, stage[COMMITMENTS])
+            for dst, text in zip(stage[Key.DESTINATION_LIST], stage[Key.CIPHERTEXT_LIST])]
     notes = ctxt.state.config_records.get(NOTES)
-    if notes is not None and Key.MASKED_PARAMETERS in stage and notes["excess"]:
+    if (notes is not None and Key.MASKED_PARAMETERS in stage
+            and (notes["excess"] or notes["ratio-excess"])):
         *arrays, tail = [bytes_to_ndarray(b) for b in stage[Key.MASKED_PARAMETERS]]
-        stage[Key.MASKED_PARAMETERS] = [ndarray_to_bytes(a) for a in (
-            *arrays, add_accuracy(tail, float(notes["excess"])))]
+        tail = add_accuracy(tail, float(notes["excess"]))
+        tail = add_accuracy(tail, float(notes["ratio-excess"]), RATIO_SLOT)
+        stage[Key.MASKED_PARAMETERS] = [ndarray_to_bytes(a) for a in (*arrays, tail)]
     out.content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(stage)
     factor = weight_factor(faults, pid, rnd)
     if factor > 1 and Key.MASKED_PARAMETERS in stage:  # the clear count stays honest

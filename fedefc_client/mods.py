@@ -36,6 +36,7 @@ the audit sees the message as the server will.
 
 from __future__ import annotations
 
+import math
 from logging import WARNING
 
 import numpy as np
@@ -57,6 +58,7 @@ from common.methods import load_run_config
 from common.secure_means import SCALE_KEY, UPDATE_RATIO, clear_metrics, encode_tail
 from common.seeds import derive_seed
 from common.update_bound import (
+    BOUND_KEY,
     RELATIVE_KEY,
     float_norms,
     round_bound,
@@ -69,7 +71,7 @@ from .audit import DpLedger
 from .node import partition_of
 from .policy import node_policy, refuse
 from .server_checks import bad_clipping_norm, bad_secagg_request, bad_tail_scale
-from .share_holder import complaint_reply, dealt_share_complaints, holders_of
+from .share_holder import complaint_reply, dealt_share_complaints, holders_of, signed_deal
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 verifiable_shares.install()  # SecAgg+'s shares with Feldman's commitments
@@ -120,7 +122,7 @@ def run_secure_weight(cfg: RunConfig) -> int | None:
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
     """Flower's SecAgg+ client (``secaggplus_mod``) when ``secure-aggregation = true``,
     with verifiable shares (:mod:`.share_holder`): in the share-keys stage its shares
-    are dealt to the request's nodes with commitments, sent with them; in the collect
+    are dealt to the request's nodes with commitments, sent with them and signed; in the collect
     stage the shares it was dealt are checked against the relayed commitments first,
     and a failing dealer answered with complaints instead of a masked vector."""
     if not _config(ctxt).secure_aggregation or msg.metadata.message_type != MessageType.TRAIN:
@@ -131,7 +133,7 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCall
         with dealing(holders_of(config)) as commitments:
             out = secaggplus_mod(msg, ctxt, call_next)
         if not out.has_error():
-            out.content.config_records[RECORD_KEY_CONFIGS][COMMITMENTS] = commitments
+            signed_deal(out.content.config_records[RECORD_KEY_CONFIGS], commitments, ctxt)
         return out
     if stage == Stage.COLLECT_MASKED_VECTORS:
         complaints = dealt_share_complaints(config, ctxt)
@@ -139,7 +141,7 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCall
             return refuse(msg, ctxt, "this node refuses the message: " + complaints)
         if complaints:
             log(WARNING, "run %s: dealt SecAgg+ shares fail their commitments: %s",
-                ctxt.run_id, "; ".join(f"node {src}: {why}" for src, _, why in complaints))
+                ctxt.run_id, "; ".join(f"node {src}: {why}" for src, _, _, why in complaints))
             return complaint_reply(msg, complaints)
         del config[COMMITMENTS]
     return secaggplus_mod(msg, ctxt, call_next)
@@ -154,9 +156,9 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     the simulation's diagnostics when the run asks for them): no other per-client value
     leaves the node in the clear (docs/PRIVACY.md, "What leaves a node"). The tail also
     holds the update's norm over the round's bound B
-    (:func:`common.update_bound.round_bound`), which the server checks the decoded mean
-    update against. Under the default bound (``secure-update-bound`` times the received
-    model's norm) a longer update is clipped to B; an update longer than a bound the run
+    (:func:`update_bound`), which the server checks the decoded mean update against.
+    Under the default bound (``secure-update-bound`` times the initial model's norm, sent
+    by the server) a longer update is clipped to B; an update longer than a bound the run
     declares (an honest client's can be, with ``max-update-norm`` alone) is not sent:
     the client fails, a dropout, as a plain round would refuse it.
 
@@ -178,7 +180,7 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
         raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
                          "them (the server could not detect them in the sum)")
     matches = [a.shape for a in arrays] == [r.shape for r in received]
-    max_norm, key = round_bound(cfg, received)
+    max_norm, key = update_bound(cfg, fitins)
     norm, size = float_norms(arrays, received) if matches else (0.0, 0.0)
     update = ([a.astype(np.float64) - r for a, r in zip(arrays, received)] if matches
               else arrays)  # not the model's arrays: the server's screen refuses them
@@ -200,6 +202,22 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     out.content = compat.fitres_to_recorddict(fitres, keep_input=True)
     np.random.seed(derive_seed(cfg.seed, "secagg-rounding", pid, rnd) % 2**32)
     return out
+
+
+def update_bound(cfg: RunConfig, fitins) -> tuple[float | None, str]:
+    """(B, the key that sets it): the bound of one update in the round of the training
+    message ``fitins`` (:func:`common.update_bound.round_bound`). A secure run's default
+    bound scales the initial model's norm, which the server measured and sends
+    (:data:`common.update_bound.BOUND_KEY`; none without it, as for an initial model of
+    norm 0); a bound the run's keys set is the node's own computation."""
+    bound, key = round_bound(cfg, parameters_to_ndarrays(fitins.parameters), 1.0)
+    sent = fitins.config.get(BOUND_KEY)
+    if key != RELATIVE_KEY or sent is None:  # none: an initial model of norm 0 has none
+        return (bound, key) if key != RELATIVE_KEY else (None, "")
+    if isinstance(sent, bool) or not isinstance(sent, (int, float)) or not 0 < sent < math.inf:
+        raise ValueError(f"the server sent {BOUND_KEY}={sent!r}: a secure round under "
+                         f"{RELATIVE_KEY} needs the run's bound, a positive number")
+    return float(sent), key
 
 
 def clipping_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:

@@ -72,7 +72,7 @@ class NodePolicy(BaseModel):
     max_rounds: int = Field(0, ge=0, strict=True)  # 0: no bound
     min_secure_clients: int = Field(0, ge=0, strict=True)  # 0: the run's; else the
     #                                                        fewest a sum may hold
-    methods: tuple[str, ...] = ()  # (): every method
+    methods: tuple[str, ...] | None = None  # None (no key): every method
     allow_diagnostics: StrictBool = False
     allow_faults: StrictBool = False
     audit_dir: StrictStr = ""  # "": the node keeps no audit log of its own
@@ -80,6 +80,9 @@ class NodePolicy(BaseModel):
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:  # issue 58: an empty list read as every method
+            raise ValueError("an empty list allows no method; list the methods this node "
+                             "runs, or leave the key out to run every method")
         unknown = [m for m in value if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; the methods "
@@ -120,7 +123,7 @@ class NodePolicy(BaseModel):
         if self.max_rounds and cfg.rounds > self.max_rounds:
             out.append(f"rounds={cfg.rounds} is above this node's max-rounds "
                        f"{self.max_rounds}")
-        if self.methods and cfg.method not in self.methods:
+        if self.methods is not None and cfg.method not in self.methods:
             out.append(f"method={cfg.method!r} is not one this node runs "
                        f"({', '.join(self.methods)})")
         if cfg.diagnostics and not self.allow_diagnostics:

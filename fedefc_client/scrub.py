@@ -9,16 +9,16 @@ text holding a path separator (a file name with spaces in it, whole) and every a
 home-relative, relative (``site-a/img 017.png`` up to its extension, or two folders
 deep) or Windows path and ``file:`` URL by ``<path>``, and cuts the text at
 :data:`MAX_CHARS`. An exception of another package than the project's (``KeyError``,
-``OSError``, an image decoder's) may name the data itself, a label or a sample id:
-:func:`exception_text` replaces each of its quoted texts (straight or typographic
-quotes) by ``'<text>'`` and each unquoted identifier (a word holding an underscore, a
-digit beside letters or a letter outside ASCII: ``Jane_Doe``, ``patient-0042``) by
-``<id>``. The project's own errors quote only what the project
-wrote, but may carry another package's text (``DatasetError(f"... ({err})")``): that
-text, found through the exception's cause or context, is scrubbed as another
-package's. What stays: a plain unquoted word (``Jane`` in ``label Jane Doe``) reads as
-English. The full exception stays in the node's own log (docs/PRIVACY.md, "Data at
-rest and in the clear").
+``OSError``, an image decoder's) may name the data itself, a label, a sample id, a
+person, a date or a record number: :func:`exception_text` replaces each of its quoted
+texts (straight or typographic quotes) by ``'<text>'`` and every other word but one of
+lowercase ASCII letters (``Jane``, ``Doe``, ``Jane_Doe``, ``patient-0042``, ``42``,
+``2024-03-05``, ``jane@ward.org``) by ``<id>``: what stays reads as English (issue 58:
+a capitalized name, a number, a date and an e-mail address went through). The
+project's own errors quote only what the project wrote, but may carry another
+package's text (``DatasetError(f"... ({err})")``): that text, found through the
+exception's cause or context, is scrubbed as another package's. The full exception
+stays in the node's own log (docs/PRIVACY.md, "Data at rest and in the clear").
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ OWN_PACKAGES = frozenset({"common", "fedefc_client", "fedefc_server", "fedefc_cl
 _QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|\u2018[^\u2019\n]*\u2019|\u201c[^\u201d\n]*\u201d"
                      r"|\u00ab[^\u00bb\n]*\u00bb|`[^`\n]*`")
 _PLACEHOLDER = re.compile(r"(['\"])<[\w:-]+>\1")  # '<path>', what scrub wrote
+_PLACEHOLDERS = re.compile(r"(<[\w:-]+>)")  # <path>, <node-config:KEY>: left as they are
 _TOKEN = re.compile(r"[^\s'\"()\[\]{},:;=<>\u2018\u2019\u201c\u201d\u00ab\u00bb`]+")
 _QUOTED_PATH = re.compile(r"(['\"])[^'\"\n]*[/\\][^'\"\n]*\1")
 # a relative path: folders then a file name with an extension (spaces allowed inside it),
@@ -81,22 +82,22 @@ def scrub(text: str, private: Mapping[str, str]) -> str:
 
 
 def _identifier(token: str) -> bool:
-    """Whether an unquoted word of another package's text names data rather than
-    reading as English or a number (module docstring)."""
-    core = token.strip(".-")
-    letters = any(c.isalpha() for c in core)
-    return bool(core) and ("_" in core or not core.isascii()
-                           or (letters and any(c.isdigit() for c in core)))
+    """Whether an unquoted word of another package's text may name data: anything but
+    a word of lowercase ASCII letters (module docstring)."""
+    core = token.strip(".-!?")
+    return bool(core) and not (core.isascii() and core.isalpha() and core.islower())
 
 
 def foreign_text(text: str, private: Mapping[str, str]) -> str:
     """Another package's exception text as it may leave the node: :func:`scrub`bed,
-    every quoted text ``'<text>'`` (a quoted path ``'<path>'``), every unquoted
-    identifier ``<id>``."""
+    every quoted text ``'<text>'`` (a quoted path ``'<path>'``), every unquoted word but
+    lowercase English ``<id>``."""
     text = scrub(text, private)
     text = _QUOTED.sub(lambda m: m.group(0) if _PLACEHOLDER.fullmatch(m.group(0)) else TEXT,
                        text)
-    return _TOKEN.sub(lambda m: IDENTIFIER if _identifier(m.group(0)) else m.group(0), text)
+    return "".join(part if i % 2 else _TOKEN.sub(
+        lambda m: IDENTIFIER if _identifier(m.group(0)) else m.group(0), part)
+        for i, part in enumerate(_PLACEHOLDERS.split(text)))
 
 
 def _foreign(err: BaseException) -> bool:

@@ -52,11 +52,15 @@ def missed_training(record: dict[str, Any], sampled: list[int],
     """A round's ``missing``: the partitions no node served (``unserved``, from the plan
     step) and the ``sampled`` ones (sent to ``node_of``) with no reply in the aggregate
     (``partition_ids``), each with its reason from the record: a failure, a refusal, a
-    refused secure group, else what stopped the round."""
+    refused secure group, the culprit search (:mod:`.culprit_search`), else what stopped
+    the round."""
     known = [*record.get("failed_partitions", []),
              *({"partition": r.get("partition"), "node": r.get("node"),
                 "reason": f"reply refused: {r['reason']}"}
                for r in record.get("rejected_reasons") or [] if isinstance(r, dict))]
+    known += [{"partition": p, "reason": "left out of this round by the search for the "
+                                         "client that broke a secure sum"}
+              for p in (record.get("culprit_search") or {}).get("left_out", [])]
     for group in record.get("refused_groups") or []:
         known += [{"partition": p, "reason": f"its secure group's sum was refused: "
                                              f"{group['reason']}"}

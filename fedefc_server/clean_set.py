@@ -9,9 +9,11 @@ Two sources, one per run:
 - ``clean-validation-path``: a file of checked samples on the ServerApp's machine in the
   project's own-data format (an .npz of ``images`` or ``features`` and ``labels``, or an
   ImageFolder directory: docs/OWN-DATA.md), read with the run's normalization. Refused,
-  naming the fix, when it is the server's test set or the run's training data (the same
-  path, or the same samples with the same labels in any order: :func:`content_hash`),
-  when its inputs are not the run's shape, or when a label is not one of the run's K
+  naming the fix, when it shares a sample with the server's test set or the run's
+  training data (the same path, or one input the same, whatever its label:
+  :func:`shared_samples`; before, only the whole set in any order was refused, and the
+  test set less one sample, half of it or with one label changed went through), when
+  its inputs are not the run's shape, or when a label is not one of the run's K
   classes.
 - ``clean-validation-per-class = N`` (a simulation only): N samples of each true class
   drawn from the clients' samples with their TRUE labels and taken out of the clients
@@ -54,18 +56,22 @@ class CleanSet:
         return f"the coordinator's clean validation set ({len(self.y)} samples, {self.source})"
 
 
-def content_hash(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor) -> str:
-    """A digest of a set of labelled samples, whatever file or folder holds them and in
-    whatever order: the same inputs (shape, dtype, values) with the same labels give the
-    same digest, in another order too."""
-    x, y = np.asarray(x), np.asarray(y, dtype=np.int64)
-    rows = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8).reshape(len(x), -1)
-    each = sorted(hashlib.sha256(row.tobytes() + label.tobytes()).digest()
-                  for row, label in zip(rows, y))
-    digest = hashlib.sha256(f"{x.shape[1:]}{x.dtype}".encode())
-    for item in each:
-        digest.update(item)
-    return digest.hexdigest()
+def _rows(x: np.ndarray | torch.Tensor) -> list[bytes]:
+    x = np.ascontiguousarray(np.asarray(x))
+    return [hashlib.sha256(row.tobytes()).digest() for row in x.reshape(len(x), -1)]
+
+
+def shared_samples(x: np.ndarray | torch.Tensor, other: np.ndarray | torch.Tensor
+                   ) -> list[int]:
+    """The positions of the samples of ``x`` whose input (its values, compared in
+    ``other``'s dtype) is one of ``other``'s, whatever their labels."""
+    x, other = np.asarray(x), np.asarray(other)
+    if x.shape[1:] != other.shape[1:] or not len(other):
+        return []
+    cast = x.astype(other.dtype)
+    same = np.array_equal(cast.astype(x.dtype), x)  # x's values hold in other's dtype
+    seen = set(_rows(other)) if same else set()
+    return [i for i, row in enumerate(_rows(cast)) if row in seen]
 
 
 def load_clean_set(cfg: RunConfig, simulation: bool) -> tuple[CleanSet, Dataset] | None:
@@ -103,19 +109,23 @@ def _from_file(cfg: RunConfig) -> tuple[CleanSet, Dataset]:
         raise DatasetError(
             f"{where}: labels {int(samples.y.min())}..{int(samples.y.max())} are not all "
             f"among the run's {k} classes 0..{k - 1}; check the file, or num-classes")
-    digest = content_hash(samples.x, samples.y)
-    for other_key, other_path, x, y, fix in (
+    for other_key, other_path, x, fix in (
             ("test-path" if cfg.test_path else "the dataset's test split", cfg.test_path,
-             data.test_x, data.test_y,
+             data.test_x,
              "the test set reports the run's result and the guard must not choose the "
              "model on it: give a set of other checked samples"),
-            ("data-path", cfg.data_path, data.train_x, data.train_y,
+            ("data-path", cfg.data_path, data.train_x,
              "those are the clients' samples: the coordinator's set must be samples no "
              "client holds")):
-        same_path = bool(other_path) and Path(path).resolve() == Path(other_path).resolve()
-        if same_path or (len(y) and content_hash(x, y) == digest):
-            how = "the same file" if same_path else "the same samples and labels"
-            raise ConfigError(f"{where} is {how} as {other_key}: {fix} (docs/FEDEFC.md §3.9)")
+        if bool(other_path) and Path(path).resolve() == Path(other_path).resolve():
+            raise ConfigError(f"{where} is the same file as {other_key}: {fix} "
+                              "(docs/FEDEFC.md §3.9)")
+        shared = shared_samples(samples.x, x)
+        if shared:
+            raise ConfigError(
+                f"{where} shares {len(shared)} of its {len(samples.y)} samples with "
+                f"{other_key} (its sample {shared[0]} first; labels aside): {fix}, and "
+                "take out every sample the other set holds (docs/FEDEFC.md §3.9)")
     return CleanSet(torch.from_numpy(samples.x), torch.from_numpy(samples.y),
                     f"checked samples of {path}"), data
 

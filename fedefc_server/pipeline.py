@@ -55,9 +55,10 @@ from common.config import RunConfig
 from common.messages import CORE_REPLY, Declaration, FitReply
 from common.methods import Method
 from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, tail_scale
-from common.update_bound import round_bound, secure_range
+from common.update_bound import BOUND_KEY, RELATIVE_KEY, float_size, round_bound, secure_range
 
 from .baselines.extra_messages import send_tasks
+from .culprit_search import CulpritSearch
 from .failures import attributed_failures, describe_failures
 from .federation import Federation
 from .method_server import Aggregated, MethodServer
@@ -121,6 +122,11 @@ class RoundPipeline:
         self.evaluation = RoundEvaluation(cfg, self.federation, evaluator)  # evaluate step
         self.secure = cfg.secure_aggregation
         self.schema = CORE_REPLY + method.reply
+        # the norm of the initial model's float weights, which a secure run's default
+        # update bound scales (common/update_bound.py: round_bound): the ServerApp sets it
+        # from the initial model, else the first round planned measures what it sends
+        self.initial_size: float | None = None
+        self.search = CulpritSearch()  # who broke a secure sum (.culprit_search)
 
     # -- plan --------------------------------------------------------------------------
     def plan(self, server_round: int, parameters: Parameters,
@@ -142,7 +148,9 @@ class RoundPipeline:
         shapes = [a.shape for a in arrays]
         if self.secure:  # masked: Flower's weight factor, the weights, the tail; integers
             shapes = [(1,), *shapes, (len(SLOTS),)]
-        max_norm, norm_key = round_bound(self.cfg, arrays)
+        if self.initial_size is None:
+            self.initial_size = float_size(arrays)
+        max_norm, norm_key = round_bound(self.cfg, arrays, self.initial_size)
         expected = Expected(shapes, dtypes, sizes,
                             self.server.asks_accuracy(server_round) and not self.secure,
                             subset=self.method.counts_subset, masked=self.secure,
@@ -151,6 +159,8 @@ class RoundPipeline:
                             norm_key=norm_key)
         bound = self.registry.rule.secure_weight if self.secure else 1
         privacy = self.privacy_config(bound)
+        if norm_key == RELATIVE_KEY:
+            privacy[BOUND_KEY] = max_norm
         instructions = [(serving[pid], FitIns(parameters, {
             **round_config(self.cfg, pid, server_round),
             **self.server.client_config(server_round, pid), **privacy})) for pid in chosen]
@@ -289,10 +299,13 @@ class RoundPipeline:
         return [*self.federation.notes(), *self.server.notes()]
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the run's server side: the declared sizes and the
-        method's state (one flat object; the method's keys are its own)."""
-        return {**self.registry.state(), **self.server.state()}
+        """What a checkpoint keeps of the run's server side: the declared sizes, the
+        method's state (one flat object; the method's keys are its own) and a search for
+        the client that broke a secure sum, while one goes on."""
+        return {**self.registry.state(), **self.server.state(),
+                **({"culprit_search": self.search.state()} if self.search.suspects else {})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.registry.load_state(state)
         self.server.load_state(state)
+        self.search = CulpritSearch.of(state.get("culprit_search"))

@@ -72,3 +72,10 @@ class RoundPlan:
         pids = {partition_of(proxy.cid) for proxy, _ in kept}
         sizes = {pid: n for pid, n in self.expected.sizes.items() if pid in pids}
         return replace(self, instructions=kept, expected=replace(self.expected, sizes=sizes))
+
+    def only(self, partitions: set[int], partition_of: Callable[[str], int | None]
+             ) -> RoundPlan:
+        """This plan for ``partitions`` alone (one group of a secure round): the plan
+        :meth:`without` the nodes of the others."""
+        return self.without({proxy.cid for proxy, _ in self.instructions
+                             if partition_of(proxy.cid) not in partitions}, partition_of)

@@ -68,6 +68,20 @@ def untrained_reason(record: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def unchanged_reason(records: list[dict[str, Any]]) -> str | None:
+    """Why the run's global model never changed, when no training round of ``records``
+    applied an update (every one kept the model: refused, or skipped), else None."""
+    trained = [r for r in records if r.get("round", 0) > 0]
+    if not trained or not all(r.get("skipped") for r in trained):
+        return None
+    last = trained[-1]
+    why = (last.get("refused_sum") or last.get("secure_refused")
+           or ("secure aggregation halted" if last.get("secure_aggregation_halted")
+               else "fewer valid replies than min-fit-clients"))
+    return (f"the global model never changed: each of the {len(trained)} rounds kept it "
+            f"(round {last['round']}: {why}); the model delivered would be the initial one")
+
+
 class RoundLoop(Server):
     """``Server.fit`` from round ``first_round`` on, recording every round. Flower's
     ``Server`` drives one strategy: here ``self.strategy`` is the current round's."""
@@ -103,8 +117,9 @@ class RoundLoop(Server):
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         """The rounds, then the summary. A run that cannot produce a result
-        (:class:`.failures.RunFailed`: its nodes never formed the federation, or a round
-        trained no node) ends at once: its summary says ``failed`` and why, the last log
+        (:class:`.failures.RunFailed`: its nodes never formed the federation, a round
+        trained no node, or no round changed the global model: :func:`unchanged_reason`)
+        ends at once: its summary says ``failed`` and why, the last log
         line starts with ``RUN FAILED``, and the error propagates so that Flower marks
         the run failed; it writes no model. A round that may have lost messages with a
         restarted SuperLink (:class:`.link_watch.LinkLost`) is not recorded: the last line
@@ -129,6 +144,8 @@ class RoundLoop(Server):
                                     f"({untrained_reason(outcome.record)})")
                 if self.pipeline.server.finished():  # FedEFC's phase-2 guard fired
                     break
+            if (unchanged := unchanged_reason(self.recorder.rounds)) is not None:
+                raise RunFailed(unchanged)
         except RunFailed as err:
             self._finish(None, failure=str(err))
             raise

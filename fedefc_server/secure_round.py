@@ -34,18 +34,19 @@ What the project adds to Flower's workflow, in the grid the workflow talks to
   other node of the round and none for itself. An exception Flower raises while it
   unmasks (shares that do not combine) refuses the round.
 - **Shares are checked, and a liar named** (:mod:`common.verifiable_shares`,
-  :mod:`.share_check`). Each dealer's share-keys reply carries its two commitments,
-  which the grid keeps and relays to every holder in the collect stage; a holder whose
-  dealt shares fail answers with complaints instead of a masked vector
-  (``fedefc_client/share_holder.py``). A provable complaint names the dealer (or the
-  false complainer), who is left out of the run, and the round starts again without
-  it (nothing was unmasked); an unprovable one leaves the dealer and the holder out of
-  this round only. In the unmask stage every returned share is checked against its
-  owner's commitment before Flower combines them: a holder with a wrong one is named
-  and left out of the run's later rounds, its wrong shares dropped, and the round goes
-  on where every secret keeps threshold-many right shares; else it is refused without
-  starting again (a second unmasked sum of the same updates would give a curious
-  server the left-out node's update).
+  :mod:`.share_check`). Each dealer's share-keys reply carries its two commitments and
+  its signature of each holder's ciphertext with them (:mod:`common.share_evidence`),
+  which the grid checks, keeps and relays to every holder in the collect stage; a
+  holder whose dealt shares fail answers with complaints instead of a masked vector,
+  each with the channel's key or a proof of it (``fedefc_client/share_holder.py``). A
+  complaint names the dealer (or the false complainer), who is left out of the run, and
+  the round starts again without it (nothing was unmasked). In the unmask stage every
+  returned share is checked against its owner's commitment before Flower combines them
+  (in batches): a holder with a wrong one is named and left out of the run's later
+  rounds, its wrong shares dropped, and the round goes on where every secret keeps
+  threshold-many right shares; else it is refused without starting again (a second
+  unmasked sum of the same updates would give a curious server the left-out node's
+  update).
 - **The sum is checked** (:mod:`.secure_sum`): :class:`CheckedSecAggPlus` reads the
   sum's weight total, which Flower's workflow divides by but does not pass on.
 
@@ -87,12 +88,26 @@ from common.config import RunConfig, is_strict_majority
 from common.messages import FitReply
 from common.seeds import derive_seed
 from common.update_bound import secure_range
-from common.verifiable_shares import COMMITMENTS, COMPLAINT_KEYS, COMPLAINT_REASONS, COMPLAINTS
+from common.verifiable_shares import (
+    COMMITMENTS,
+    COMPLAINT_KEYS,
+    COMPLAINT_PROOFS,
+    COMPLAINT_REASONS,
+    COMPLAINTS,
+    SIGNATURES,
+)
 
 from .failures import rejection
-from .pipeline import Collected, RoundOutcome, Screened
+from .pipeline import Collected, RoundOutcome, RoundPipeline, Screened
 from .plan import RoundPlan
-from .share_check import bad_commitments, judge_complaint, wrong_shares
+from .secure_sum import SecureSum
+from .share_check import (
+    bad_commitments,
+    bad_signatures,
+    judge_complaint,
+    judge_unopened,
+    wrong_returned,
+)
 from .strategy import RoundStrategy
 
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
@@ -144,12 +159,14 @@ def _bytes(value: Any) -> bool:
 
 
 def bad_protocol_reply(stage: str, reply: Message, request: Message | None,
-                       threshold: int) -> str | None:
+                       threshold: int, public_key: bytes | None = None) -> str | None:
     """Why a setup, share-keys or unmask reply is not what ``request`` asked for, or
     None (the checks Flower's workflow leaves to chance: a missing key is a KeyError
     there, an unknown node id in the unmask stage too); a share-keys reply must also
     carry its dealer's two commitments for the round's ``threshold``
-    (:func:`.share_check.bad_commitments`)."""
+    (:func:`.share_check.bad_commitments`) and its signature of each ciphertext with
+    them, by the setup key ``public_key`` its node sent (:func:`.share_check.
+    bad_signatures`)."""
     if request is None:
         return f"a {stage} reply to no request of this stage"
     got = reply.content.config_records.get(RECORD_KEY_CONFIGS)
@@ -182,7 +199,8 @@ def bad_protocol_reply(stage: str, reply: Message, request: Message | None,
         withheld = sorted(known - set(ids) - {own})
         if withheld:
             return f"share-keys reply withholding its shares from node(s) {withheld[:3]}"
-        return bad_commitments(got.get(COMMITMENTS), threshold)
+        return (bad_commitments(got.get(COMMITMENTS), threshold)
+                or bad_signatures(got, own, public_key))
     return None
 
 
@@ -223,6 +241,8 @@ class ScreeningGrid:
         self.threshold = 0  # the setup's reconstruction threshold, as Flower rounded it
         self.commitments: dict[int, list[bytes]] = {}
         self.dealt: dict[int, dict[int, bytes]] = {}
+        self.signed: dict[int, dict[int, bytes]] = {}
+        self.public_keys: dict[int, bytes] = {}  # each node's setup key pk2
         self.excluded: dict[str, str] = {}
 
     def __getattr__(self, name: str):
@@ -255,6 +275,9 @@ class ScreeningGrid:
             refused, self.rejected = self.rejected[before:], self.rejected[:before]
             raise RoundRefused(f"{stage} replies refused before any vector was sent",
                                refused)
+        if stage == Stage.SETUP:
+            self.public_keys = {r.metadata.src_node_id: r.content.config_records[
+                RECORD_KEY_CONFIGS][Key.PUBLIC_KEY_2] for r in screened if not r.has_error()}
         if stage == Stage.SHARE_KEYS:
             for reply in screened:
                 if not reply.has_error():
@@ -271,15 +294,20 @@ class ScreeningGrid:
         self.commitments[dealer] = list(record[COMMITMENTS])
         self.dealt[dealer] = dict(zip(record[Key.DESTINATION_LIST],
                                       record[Key.CIPHERTEXT_LIST], strict=True))
+        self.signed[dealer] = dict(zip(record[Key.DESTINATION_LIST], record[SIGNATURES],
+                                       strict=True))
 
     def relay_commitments(self, messages: list[Message]) -> None:
         """Each collect-stage message also carries the commitments of the sources whose
-        shares it forwards, two per source in its source list's order: every holder
-        checks its shares against the commitments each dealer sent the server."""
+        shares it forwards, two per source in its source list's order, and each source's
+        signature of the holder's shares with them: every holder checks its shares
+        against the commitments each dealer sent the server and signed."""
         for msg in messages:
             record = msg.content.config_records[RECORD_KEY_CONFIGS]
+            holder = msg.metadata.dst_node_id
             record[COMMITMENTS] = [c for src in record[Key.SOURCE_LIST]
                                    for c in self.commitments[src]]
+            record[SIGNATURES] = [self.signed[src][holder] for src in record[Key.SOURCE_LIST]]
 
     def node(self, node_id: int) -> dict[str, Any]:
         """{node, partition} of a node id, for a rejection's record."""
@@ -310,7 +338,7 @@ class ScreeningGrid:
 
     def check_shares(self, replies: list[Message], asked: dict[int, Message]) -> None:
         """Before Flower combines them: every returned share is checked against its
-        owner's commitment (:func:`.share_check.wrong_shares`). A holder that returned
+        owner's commitment (:func:`.share_check.wrong_returned`). A holder that returned
         one that fails is rejected by name and left out of the run's later rounds (each
         holder checked its shares on arrival, so the wrong one is its own), and its
         wrong shares are taken out of its reply. If a secret is then left with fewer
@@ -318,13 +346,13 @@ class ScreeningGrid:
         not start again: a second unmasked sum of the same updates would give a curious
         server the left-out node's update); else it goes on with the right ones."""
         valid: dict[int, int] = {}
-        for reply in replies:
-            if reply.has_error():
-                continue
-            holder = reply.metadata.src_node_id
-            record = reply.content.config_records[RECORD_KEY_CONFIGS]
-            wrong = wrong_shares(asked[holder].content.config_records[RECORD_KEY_CONFIGS],
-                                 record, holder, self.commitments)
+        records = {r.metadata.src_node_id: r.content.config_records[RECORD_KEY_CONFIGS]
+                   for r in replies if not r.has_error()}
+        wrongs = wrong_returned({holder: (asked[holder].content.config_records[
+            RECORD_KEY_CONFIGS], record) for holder, record in records.items()},
+            self.commitments)
+        for holder, record in records.items():
+            wrong = wrongs.get(holder, {})
             kept = [(owner, share) for owner, share in zip(record[Key.NODE_ID_LIST],
                                                            record[Key.SHARE_LIST], strict=True)
                     if owner not in wrong]
@@ -351,7 +379,8 @@ class ScreeningGrid:
         """``reply``, or an error reply in its place when it is malformed."""
         if reply.has_error():
             return reply
-        reason = bad_protocol_reply(stage, reply, request, self.threshold)
+        reason = bad_protocol_reply(stage, reply, request, self.threshold,
+                                    self.public_keys.get(reply.metadata.src_node_id))
         if reason is None:
             return reply
         self.rejected.append({**self.node(reply.metadata.src_node_id), "reason": reason})
@@ -399,33 +428,36 @@ class ScreeningGrid:
     def judge(self, msg: Message, refused: list[dict[str, Any]],
               excluded: dict[str, str]) -> None:
         """A holder's complaints about the shares it was dealt (``fedefc_client/
-        share_holder.py``): a provable one names the dealer, or the holder whose
-        complaint does not hold (:func:`.share_check.judge_complaint`), who is refused
-        and left out of the run; an unprovable one (no key: the shares did not open, or
-        carried another commitment than the one relayed, which the dealer or the server
-        could have done) refuses the dealer and the holder for this round only."""
+        share_holder.py``), each with the key of its channel with the dealer
+        (:func:`.share_check.judge_complaint`) or, for shares that do not open, a proof
+        of it (:func:`.share_check.judge_unopened`): the dealer, or the holder whose
+        complaint does not hold, is refused and left out of the run; a complaint with
+        neither names the holder."""
         holder = msg.metadata.src_node_id
         record = msg.content.config_records[RECORD_KEY_CONFIGS]
         try:
             entries = list(zip(record[COMPLAINTS], record[COMPLAINT_KEYS],
-                               record[COMPLAINT_REASONS], strict=True))
+                               record[COMPLAINT_PROOFS], record[COMPLAINT_REASONS],
+                               strict=True))
         except (KeyError, ValueError):
-            refused.append({**self.node(holder), "reason": "a malformed complaint"})
-            return
+            entries = []
         named: dict[int, str] = {}
-        for dealer, key, why in entries:
+        if not entries:
+            named[holder] = "a malformed complaint"
+        for dealer, key, proof, _ in entries:
+            ciphertext = self.dealt.get(dealer, {}).get(holder)
             if key:
-                culprit, reason = judge_complaint(holder, dealer,
-                                                  key, self.dealt.get(dealer, {}).get(holder),
+                culprit, reason = judge_complaint(holder, dealer, key, ciphertext,
                                                   self.commitments.get(dealer, []))
-                named.setdefault(culprit, reason)
-                excluded.setdefault(str(culprit), f"left out of the run: {reason}")
+            elif proof:
+                culprit, reason = judge_unopened(holder, dealer, proof, ciphertext,
+                                                 self.public_keys)
             else:
-                for node in (dealer, holder):
-                    named.setdefault(node, (
-                        f"node {holder} reports that node {dealer}'s dealt shares {why}, "
-                        "which the server cannot check: both are left out of this round"))
+                culprit, reason = holder, (f"it complained about node {dealer}'s shares "
+                                           "with neither a key nor a proof")
+            named.setdefault(culprit, reason)
         for node, reason in named.items():
+            excluded.setdefault(str(node), f"left out of the run: {reason}")
             if all(r["node"] != str(node) for r in refused):
                 refused.append({**self.node(node), "reason": reason})
                 log(WARNING, "secure round: node %s %s", node, reason)
@@ -497,44 +529,88 @@ class SecureRound:
 
     def __call__(self, strategy: RoundStrategy, parameters: Parameters) -> RoundOutcome:
         """The round's outcome: the sums of its groups (:func:`group_plans`; one group
-        unless ``secure-groups`` > 1) aggregated at once (:meth:`RoundPipeline.
-        aggregate`). A group refused before its sum (see the module docstring; the
-        reason in ``refused_groups``) or that SecAgg+ stopped (too few clients answered
-        a stage to rebuild the masks) is left out; a round with no group left keeps the
-        global model (``secure_refused`` says why, or ``secure_aggregation_halted``)."""
+        unless ``secure-groups`` > 1, or the culprit search's groups while it goes on:
+        :mod:`.culprit_search`; when none of those reaches its sum, the round summed as
+        one group without the nodes they refused) aggregated at once
+        (:meth:`RoundPipeline.aggregate`). A group refused before its sum (see the module
+        docstring; the reason in ``refused_groups``) or that SecAgg+ stopped (too few
+        clients answered a stage to rebuild the masks) is left out; a round with no
+        group left keeps the global model (``secure_refused`` says why, or
+        ``secure_aggregation_halted``)."""
         plan, pipeline, attempts = strategy.plan, strategy.pipeline, Attempts()
-        groups = group_plans(plan, self.cfg, pipeline.registry.partition_of)
+        partition_of = pipeline.registry.partition_of
+        tests = pipeline.search.groups(plan.partitions, self.cfg.min_secure_clients,
+                                       self.cfg.seed, plan.round)
+        groups = (group_plans(plan, self.cfg, partition_of) if tests is None else
+                  [plan.only(set(members), partition_of) for members in tests])
         collected: list[Collected] = []
         failed: list[dict[str, Any]] = []
         for group in groups:
-            result = self.group(strategy if len(groups) == 1 else
+            result = self.group(strategy if group is plan else
                                 RoundStrategy(pipeline, group), parameters, attempts)
             if isinstance(result, Collected):
                 collected.append(result)
             else:
                 failed.append({"partitions": group.partitions, "reason": result})
+        searched = {} if tests is None else {"culprit_search": {
+            "suspects": list(pipeline.search.suspects), "groups": tests,
+            "left_out": sorted(set(plan.partitions) - {p for g in tests for p in g})}}
+        if tests is not None and not collected:  # no group of the search reached its sum
+            whole = plan.without({r["node"] for r in attempts.rejected}, partition_of)
+            log(WARNING, "round %d: no group of the culprit search reached its sum; the "
+                "round is summed as one group without the nodes it refused", plan.round)
+            result = self.group(RoundStrategy(pipeline, whole), parameters, attempts)
+            if isinstance(result, Collected):
+                collected, groups = [result], [whole]
+                searched = {"culprit_search": {**searched["culprit_search"], "groups": [
+                    whole.partitions], "left_out": [], "tried": tests}}
         if not collected:
             if all(f["reason"] == HALTED for f in failed):
                 log(WARNING, "round %d: secure aggregation halted (fewer clients than "
                     "reconstruction-threshold answered a stage): global model kept",
                     plan.round)
                 return RoundOutcome(None, attempts.record({
-                    "n_clients": 0, "skipped": True, "secure_aggregation_halted": True}))
+                    "n_clients": 0, "skipped": True, "secure_aggregation_halted": True,
+                    **searched}))
             reason = "; ".join(f["reason"] for f in failed)
             log(WARNING, "round %d: secure round refused, global model kept: %s", plan.round,
                 reason)
             return RoundOutcome(None, attempts.record({"n_clients": 0, "skipped": True,
-                                                       "secure_refused": reason}))
+                                                       "secure_refused": reason, **searched}))
         accepted = sorted((r for c in collected for r in c.screened.accepted),
                           key=lambda r: int(r[1].metrics[FitReply.PARTITION_ID]))
         screened = Screened(accepted, [x for c in collected for x in c.screened.rejected])
+        sums = [c.summed for c in collected if c.summed is not None]
         outcome = pipeline.aggregate(plan, screened, [f for c in collected for f in c.failures],
-                                     [c.summed for c in collected if c.summed is not None])
-        record = outcome.record
+                                     sums)
+        record = {**outcome.record,
+                  **self.search_step(plan, pipeline, sums, outcome.record, searched)}
         if len(groups) > 1:
             record = {**record, "secure_groups": [g.partitions for g in groups],
                       "refused_groups": [*failed, *record.get("refused_groups", [])]}
         return RoundOutcome(outcome.parameters, attempts.record(record))
+
+    def search_step(self, plan: RoundPlan, pipeline: RoundPipeline, sums: list[SecureSum],
+                    record: dict[str, Any], searched: dict[str, Any]) -> dict[str, Any]:
+        """The culprit search after the round's sums were checked
+        (:mod:`.culprit_search`): the sums their checks refused go in, and a client
+        named comes out, left out of the run. The record's ``culprit_search``: the
+        suspects and groups of a search round, and what the search concluded."""
+        if len(sums) == 1:
+            refused = [list(sums[0].partitions)] if record.get("refused_sum") else []
+        else:
+            refused = [g["partitions"] for g in record.get("refused_groups", [])]
+        named, note = pipeline.search.after(plan.round, refused)
+        if not note:
+            return searched
+        step = {**searched.get("culprit_search", {}), "found": note}
+        if named is not None:
+            node = next(proxy.cid for proxy, _ in plan.instructions
+                        if pipeline.registry.partition_of(proxy.cid) == named)
+            pipeline.registry.exclude(node, f"left out of the run: {note}")
+            step["named"] = {"partition": named, "node": node}
+        log(WARNING, "round %d: culprit search: %s", plan.round, note)
+        return {"culprit_search": step}
 
     def group(self, strategy: RoundStrategy, parameters: Parameters,
               attempts: Attempts) -> Collected | str:

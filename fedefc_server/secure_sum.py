@@ -16,7 +16,7 @@ An honest sum satisfies, up to the quantization:
    about c/2; within K quantization steps 2c / 2^22);
 4. every mean of the tail lies in its slot's bounds (:func:`common.secure_means.bad_means`);
 5. where the round bounds an update (``dp-clip``, ``max-update-norm`` or, in a secure
-   run without either, ``secure-update-bound`` times the global model's norm:
+   run without either, ``secure-update-bound`` times the initial model's norm:
    :func:`common.update_bound.round_bound`), the decoded mean update is no longer than
    that bound B, nor than the clients' own reported norms allow (:func:`bad_mean_update`):
    a weighted mean of updates each within B of the global model lies within B of it,
@@ -32,8 +32,9 @@ bounded updates could, whatever it puts inside its mask (docs/PRIVACY.md, "One
 client's pull on the secure sum").
 
 A sum that breaks one is refused with the reason: the round keeps the global model,
-and A(t) never reaches the prestopping rule. Who broke it the server cannot know (that
-is what the masks hide), so the round is not retried with other clients.
+and A(t) never reaches the prestopping rule. Who broke it one sum cannot tell (that is
+what the masks hide); the next rounds' sums over smaller groups do
+(:mod:`.culprit_search`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def check_secure_sum(arrays: list[np.ndarray], weight_total: int | None, counts:
     if not abs(weight_total - expected) <= k / 2 + 1e-6:
         return (f"the sum's weights add up to {weight_total * max_weight / TARGET_RANGE:.6g} "
                 f"samples, but its {k} clients declared {sum(counts)}: a weight was changed "
-                "inside the mask")
+                "inside the mask, or a vector masked with another seed than its client "
+                "shared")
     if not all(np.isfinite(a).all() for a in arrays):
         return "the decoded sum holds NaN or Inf"
     bound = k * c * TARGET_RANGE / weight_total
@@ -229,7 +231,7 @@ def decode_sums(sums: list[SecureSum], plan: RoundPlan, accepted: list[tuple[Any
             refused.append({"partitions": list(summed.partitions), "reason": reason})
         else:
             kept.append((summed, update, means))
-    fields: dict[str, Any] = {"refused_groups": refused} if cfg.secure_groups > 1 else {}
+    fields: dict[str, Any] = {"refused_groups": refused} if len(sums) > 1 else {}
     if not kept:
         return Decoded(None, {}, "; ".join(r["reason"] for r in refused), fields,
                        frozenset())

@@ -56,6 +56,7 @@ from common.results import RunRecorder, atomic_write_json, run_folder
 from common.runtime import initial_model
 from common.training import configure_threads
 from common.twin import paired
+from common.update_bound import float_size
 
 from . import checkpoint
 from .allowlist import Allowlist
@@ -245,6 +246,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
                            resume_round=ckpt.round if ckpt else None)
     announce(cfg, source, out_dir, admitted)
     pipeline = pipeline_for(cfg, model, source, admitted, ckpt, simulation)
+    pipeline.initial_size = float_size(init)  # a resumed run's bound is the same
     atomic_write_json(Path(out_dir) / "data.json", source.info)
     manager = SimpleClientManager()
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,

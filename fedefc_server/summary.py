@@ -8,8 +8,9 @@ The status is one of three (docs/RELIABILITY.md):
 - ``failed``: the run could not produce a result (:class:`.failures.RunFailed`); no
   model is written and the last log line is ``RUN FAILED: <reason>``;
 - ``degraded``: it completed, but a partition missed more training rounds than
-  ``max-missed-share`` allows (:func:`.attendance.degradation`); the model is written
-  and the last log line is ``RUN DEGRADED: <reason>``;
+  ``max-missed-share`` allows (:func:`.attendance.degradation`), or a secure round was
+  refused and kept the global model (:func:`refused_rounds`); the model is written and
+  the last log line is ``RUN DEGRADED: <reason>``;
 - ``completed``.
 
 A run stopped because a restarted SuperLink may have lost a round's messages
@@ -63,14 +64,38 @@ def count(rounds: list[dict[str, Any]], key: str) -> int:
     return sum(int(r.get(key) or 0) for r in rounds)
 
 
+def refusal(record: dict[str, Any]) -> str | None:
+    """Why a secure round was refused and kept the global model (its sum failed its
+    checks, ``refused_sum``, or the round stopped before it, ``secure_refused``), or
+    None."""
+    return record.get("refused_sum") or record.get("secure_refused")
+
+
+def refused_rounds(rounds: list[dict[str, Any]]) -> list[int]:
+    """The training rounds that a refusal left without an update (:func:`refusal`)."""
+    return [r["round"] for r in rounds if r.get("round", 0) > 0 and refusal(r)]
+
+
+def refused_text(rounds: list[dict[str, Any]]) -> str | None:
+    """The refused rounds in words, with the last one's reason (None: none)."""
+    refused = refused_rounds(rounds)
+    if not refused:
+        return None
+    last = next(refusal(r) for r in reversed(rounds) if r.get("round") == refused[-1])
+    trained = sum(1 for r in rounds if r.get("round", 0) > 0)
+    return (f"{len(refused)} of {trained} rounds refused (rounds {ranges(refused)}): each "
+            f"kept the global model; last: {last}")
+
+
 def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
                   ) -> dict[str, Any]:
     """The summary's fields (the recorder adds the accuracies): status and why, the
     method's fields, the DP guarantee, and every count of what went wrong."""
     trained = [r for r in rounds if r.get("round", 0) > 0]
     missed = missed_by_partition(trained)
-    degraded = None if facts.failure else degradation(
-        missed, len(trained), cfg.max_missed_share, last_reasons(trained))
+    degraded = None if facts.failure else "; ".join(filter(None, (
+        refused_text(trained), degradation(missed, len(trained), cfg.max_missed_share,
+                                           last_reasons(trained))))) or None
     status = "failed" if facts.failure else "degraded" if degraded else "completed"
     dp = run_guarantee(cfg)
     return {
@@ -84,6 +109,7 @@ def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
         **facts.method_fields,
         "client_failures": count(rounds, "failures"),
         "rejected_replies": count(rounds, "rejected"),
+        "refused_rounds": refused_rounds(trained),
         "rounds_with_failures": [r["round"] for r in rounds
                                  if r.get("failures") or r.get("rejected")],
         "missed_rounds": missed,
@@ -115,6 +141,8 @@ def _trouble_text(summary: dict[str, Any]) -> str:
             f"{summary['rejected_replies']}")
     if summary["rounds_with_failures"]:
         text += f" in {len(summary['rounds_with_failures'])} rounds (reasons: metrics.jsonl)"
+    if summary.get("refused_rounds"):
+        text += f" | refused rounds {len(summary['refused_rounds'])} (global model kept)"
     missed = summary.get("missed_rounds") or {}
     if missed:
         text += " | missed rounds: " + ", ".join(
@@ -235,6 +263,10 @@ def _sites(summary: dict[str, Any]) -> list[str]:
     if evaluations:
         lines.append("federated evaluations missed: " + "; ".join(
             f"partition {pid} {len(r)} ({ranges(r)})" for pid, r in evaluations.items()))
+    refused = summary.get("refused_rounds") or []
+    if refused:
+        lines.append(f"rounds refused: {len(refused)} ({ranges(refused)}), each kept the "
+                     "global model (reasons: metrics.jsonl)")
     trouble = [f"{summary[k]} {what}" for k, what in (
         ("client_failures", "client failures"), ("rejected_replies", "rejected replies"),
         ("federated_failures", "failed federated evaluations"),

@@ -21,7 +21,7 @@ from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
-from fedefc_server.clean_set import CleanSet, attach_clean_set, content_hash, load_clean_set
+from fedefc_server.clean_set import CleanSet, attach_clean_set, load_clean_set, shared_samples
 from fedefc_server.evaluation import TestSetEvaluator as Evaluator
 from fedefc_server.method_server import Aggregated, MethodServer
 from fedefc_server.round_loop import RoundLoop
@@ -125,9 +125,19 @@ def test_a_file_of_checked_samples_is_read_as_given(digit_files):
     (lambda f, x, y, base: f["test"], "is the same file as test-path"),
     (lambda f, x, y, base: str(base / "sub" / ".." / "test.npz"), "the same file as test-path"),
     (lambda f, x, y, base: write_digits(base / "copy.npz", x[120:160][::-1], y[120:160][::-1]),
-     "the same samples and labels as test-path"),
+     "shares 40 of its 40 samples with test-path"),
+    (lambda f, x, y, base: write_digits(base / "less.npz", x[121:160], y[121:160]),
+     "shares 39 of its 39 samples with test-path"),
+    (lambda f, x, y, base: write_digits(base / "half.npz", np.concatenate(
+        [x[120:140], x[160:]]), np.concatenate([y[120:140], y[160:]])),
+     r"shares 20 of its \d+ samples with test-path \(its sample 0 first"),
+    (lambda f, x, y, base: write_digits(base / "relabel.npz", np.concatenate(
+        [x[160:], x[125:126]]), np.concatenate([y[160:], (y[125:126] + 1) % 4])),
+     r"shares 1 of its \d+ samples with test-path"),
     (lambda f, x, y, base: write_digits(base / "train-copy.npz", x[:120], y[:120]),
-     "the same samples and labels as data-path"),
+     "shares 120 of its 120 samples with data-path"),
+    (lambda f, x, y, base: write_digits(base / "train-less.npz", x[1:120], y[1:120]),
+     "shares 119 of its 119 samples with data-path"),
     (lambda f, x, y, base: f["train"], "the same file as data-path"),
     (lambda f, x, y, base: write_digits(base / "k5.npz", x[160:], y[160:] + 1),
      r"labels 1..4 are not all among the run's 4 classes"),
@@ -135,8 +145,10 @@ def test_a_file_of_checked_samples_is_read_as_given(digit_files):
                                         np.zeros(5, int)), "1x9x8"),
 ])
 def test_a_file_that_is_not_a_clean_set_of_this_run_is_refused(digit_files, make, match):
-    """The test set (by path, by another path to it, or its samples and labels in another
-    file and order), the clients' training data, a label outside K, another shape."""
+    """The test set (by path, by another path to it, or any of its samples in another
+    file, order and label: the whole, less one, half of it beside checked samples, one
+    sample relabelled; issue 58: all but the whole went through), the clients' training
+    data (whole or less one), a label outside K, another shape."""
     files, x, y, base = digit_files
     (base / "sub").mkdir(exist_ok=True)
     path = make(files, x, y, base)
@@ -144,15 +156,15 @@ def test_a_file_that_is_not_a_clean_set_of_this_run_is_refused(digit_files, make
         load_clean_set(own(files, **{"clean-validation-path": path}), simulation=False)
 
 
-def test_the_content_hash_ignores_order_and_sees_one_changed_label():
-    x = np.random.default_rng(1).normal(size=(20, 3)).astype(np.float32)
-    y = np.arange(20) % 2
-    order = np.random.default_rng(2).permutation(20)
-    assert content_hash(x, y) == content_hash(x[order], y[order])
-    flipped = y.copy()
-    flipped[7] = 1 - flipped[7]
-    assert content_hash(x, y) != content_hash(x, flipped)
-    assert content_hash(x, y) != content_hash(x[:19], y[:19])
+def test_a_shared_sample_is_found_by_its_input_in_any_order_label_or_dtype():
+    x = np.random.default_rng(1).integers(0, 256, size=(20, 3), dtype=np.uint8)
+    other = np.random.default_rng(2).integers(0, 256, size=(30, 3), dtype=np.uint8)
+    assert shared_samples(x, other) == []
+    other[[4, 17]] = x[[9, 2]]
+    assert shared_samples(x, other) == [2, 9]
+    assert shared_samples(x.astype(np.float32), other) == [2, 9]
+    assert shared_samples(x.astype(np.float32) + 0.5, other) == []
+    assert shared_samples(x, other[:, :2]) == []
 
 
 @pytest.mark.parametrize("keys, match", [

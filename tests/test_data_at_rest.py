@@ -124,22 +124,26 @@ def test_scrub_removes_paths_and_keeps_other_text(text, want):
 @pytest.mark.parametrize("err, want", [
     (KeyError("patient-0042"), "KeyError: '<text>'"),
     (ValueError("invalid literal for int() with base 10: 'malignant'"),
-     "ValueError: invalid literal for int() with base 10: '<text>'"),
+     "ValueError: invalid literal for int() with base <id>: '<text>'"),
     (FileNotFoundError(2, "No such file or directory", "/srv/site a/x y.png"),
-     f"FileNotFoundError: [Errno 2] No such file or directory: '{PATH}'"),
+     f"FileNotFoundError: [<id> <id>] <id> such file or directory: '{PATH}'"),
     (ConfigError("method 'fedavg' is not one of 'a', 'b'"),
      "ConfigError: method 'fedavg' is not one of 'a', 'b'"),
     (ValueError("unknown label Jane_Doe in row 42 (patient-0042)"),
-     "ValueError: unknown label <id> in row 42 (<id>)"),
+     "ValueError: unknown label <id> in row <id> (<id>)"),
     (ValueError("unknown label \u2018Jane Doe\u2019 in \u201cward 7\u201d"),
      "ValueError: unknown label '<text>' in '<text>'"),
+    (ValueError("no label for Jane Doe, born 1971-03-05, record 4711, jane.doe@ward.org"),
+     "ValueError: no label for <id> <id>, born <id>, record <id>, <id>"),
 ], ids=["sample-id", "label", "path-with-spaces", "the-projects-own", "unquoted-identifiers",
-        "curly-quotes"])
+        "curly-quotes", "name-date-record-email"])
 def test_a_foreign_exception_quotes_no_data_and_the_projects_own_keep_their_text(err, want):
     """Issue 29 (5): a label or sample id quoted by another package's exception reached
     the server at 6a260ce; the project's own errors quote only what the project wrote
     (their values are the run's, which the server sent). Issue 47 (4): at 550afb3 an
-    unquoted identifier and typographic quotes went through as they were."""
+    unquoted identifier and typographic quotes went through as they were. Issue 58: a
+    name with a space, a date, a record number and an e-mail address went through; only
+    lowercase English words are left of another package's unquoted text."""
     assert exception_text(err, {}) == want
 
 
@@ -154,7 +158,7 @@ def test_the_projects_own_error_carrying_another_packages_text_scrubs_that_text(
             raise DatasetError(f"labels of site.npz cannot be read ({inner})") from None
     except DatasetError as err:
         assert exception_text(err, {}) == ("DatasetError: labels of site.npz cannot be read "
-                                           "(unknown label '<text>' in row 42 (<id>))")
+                                           "(unknown label '<text>' in row <id> (<id>))")
 
 
 def test_scrub_names_node_config_values_and_cuts_long_text(tmp_path):

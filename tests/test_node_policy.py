@@ -90,13 +90,16 @@ def test_a_policy_file_is_read_and_validated(tmp_path):
                                         "boolean"),
     ("max-epsilon = \"10\"", 0o600, "max-epsilon = '10': Input should be a valid number"),
     ("max-rounds = 5.0", 0o600, "max-rounds = 5.0: Input should be a valid integer"),
+    ("methods = []", 0o600, "methods = []: an empty list allows no method; "
+                            "list the methods this node runs, or leave the key out"),
 ], ids=["typo", "negative", "type", "method", "relative-dir", "delta", "toml",
         "world-writable", "group-writable", "infinite-epsilon", "nan", "yes", "one",
-        "string-bool", "string-number", "float-integer"])
+        "string-bool", "string-number", "float-integer", "no-method"])
 def test_a_bad_policy_file_is_refused_naming_the_key_and_the_fix(tmp_path, text, mode,
                                                                  message):
     """Issue 47 (4): at 550afb3 ``max-epsilon = inf`` read as no bound and ``'yes'`` or
-    ``1`` as true; every value is now strict and finite, failing closed."""
+    ``1`` as true; issue 58: ``methods = []`` read as every method. Every value is now
+    strict and finite, failing closed."""
     path = write_policy(tmp_path / "policy.toml", text, mode)
     with pytest.raises(PolicyError) as err:
         load_policy(path)

@@ -317,7 +317,7 @@ def test_a_secure_round_is_a_pure_function_of_its_config(rounds, micro_mnist_dir
 def secure_loop(flat: dict, out, ckpt: checkpoint.Checkpoint | None = None) -> None:
     """The round loop with secure rounds over a fresh in-process federation (a new Flower
     run: empty node state), from round 1 or after ``ckpt``, as the ServerApp builds it."""
-    grid = InProcessGrid(client_app, flat, 4)
+    grid = InProcessGrid(client_app, flat, int(flat["num-clients"]))
     cfg, pipeline, mgr, init = server(flat, grid)
     if ckpt:
         pipeline.load_state(ckpt.strategy)

@@ -52,10 +52,11 @@ from common.params import get_weights
 from common.runtime import initial_model
 from common.secure_means import encode_tail, tail_scale
 from common.update_bound import quantizer_range, secure_range
-from common.verifiable_shares import COMPLAINT_KEYS, COMPLAINT_REASONS, COMPLAINTS
+from common.verifiable_shares import COMPLAINTS
 from fedefc_client.client_app import app as client_app
 from fedefc_client.local_data import partition_data
 from fedefc_server.allowlist import AllowedNode, Allowlist, AllowlistError, fingerprint
+from fedefc_server.culprit_search import CulpritSearch
 from fedefc_server.declarations import Declaration, SizeRule, admission
 from fedefc_server.dishonest import DishonestGrid
 from fedefc_server.failures import NodeFailed
@@ -67,7 +68,7 @@ from fedefc_server.secure_sum import (
     group_accuracy,
     pull_bound,
 )
-from fedefc_server.summary import RunFacts, build_summary, summary_lines
+from fedefc_server.summary import RunFacts, build_summary, run_report, summary_lines
 from tests.helpers import (
     GLOBAL,
     OK,
@@ -379,30 +380,163 @@ def test_a_secure_run_with_one_adversarial_client_completes_with_the_honest_resu
         micro_mnist_dir, tmp_path):
     """Client 0 lies in every way the mask allows, one per round: its accuracy (round
     1), its weight (round 2), its whole vector (round 3), an unreadable vector (round
-    4). The run completes; rounds 1-3 are refused (the global model kept, no A(t));
-    round 4 starts again without it and gives the honest clients' FedAvg."""
+    4). The run completes. Round 1 is refused (the global model kept, no A(t)); the
+    culprit search then sums three of the four clients and leaves one out: round 2's
+    group holds client 0 and is refused, round 3's leaves it out and is applied; in
+    round 4 its unreadable vector stops its group before the sum, and the round is
+    summed again without it. Rounds 3 and 4 give the honest clients' FedAvg, round by
+    round (the truth: the same rounds without secure aggregation, client 0 failing)."""
     faults = "secure-acc=410@0@1;weight=1000@0@2;garbage@0@3;garbage-bytes@0@4"
     flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, faults=faults, rounds=4,
                         prestopping=False)
     secure_loop(flat, tmp_path)
     recs = records(tmp_path)
     assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
-    for r in recs[1:4]:
+    for r in recs[1:3]:
         assert r["skipped"] and r["refused_sum"] and r.get("A") is None
-    assert {r["test_acc"] for r in recs[:4]} == {recs[0]["test_acc"]}  # the model kept
+    assert {r["test_acc"] for r in recs[:3]} == {recs[0]["test_acc"]}  # the model kept
+    assert recs[2]["culprit_search"]["groups"] == [[0, 1, 3]]
+    assert recs[3]["culprit_search"]["left_out"] == [0]
     last = recs[4]
-    assert last["partition_ids"] == [1, 2, 3] and last["secure_attempts"] == 2
+    assert last["culprit_search"]["tried"] == [[0, 2, 3]] and last["secure_attempts"] == 3
     assert last["rejected_reasons"][0]["reason"] == "unreadable masked vector (ValueError)"
-    assert 0 <= last["A"] <= 1
+    for r in recs[3:]:
+        assert r["partition_ids"] == [1, 2, 3] and 0 <= r["A"] <= 1
     cfg = load_run_config(flat)
-    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
-    honest, want = plain_round_at({**flat, "faults": "raise@0@4", "secure-aggregation": False},
-                                  4, init)
-    assert honest["partition_ids"] == [1, 2, 3]
+    weights = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
+    crash = {**flat, "faults": "raise@0", "secure-aggregation": False}
+    for rnd in (3, 4):
+        honest, weights = plain_round_at(crash, rnd, weights)
+        assert honest["partition_ids"] == [1, 2, 3]
+        assert recs[rnd]["A"] == pytest.approx(np.mean(honest["client_acc"]), abs=1e-5)
     got = torch.load(tmp_path / "model.pt")
-    for name, w in zip(got, want):
-        np.testing.assert_allclose(got[name].numpy(), w, atol=2e-5)
-    assert last["A"] == pytest.approx(np.mean(honest["client_acc"]), abs=1e-6)
+    for name, w in zip(got, weights):
+        np.testing.assert_allclose(got[name].numpy(), w, atol=4e-5)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "degraded" and summary["refused_rounds"] == [1, 2]
+    assert summary["degraded"].startswith("2 of 4 rounds refused (rounds 1-2): each kept "
+                                          "the global model; last: ")
+
+
+def test_a_secure_run_whose_model_never_changed_fails_and_says_why(micro_mnist_dir,
+                                                                    tmp_path):
+    """Issue 58: a client that breaks every round's sum (``secure-scale=1000@0`` with
+    the defaults) kept the initial model for the whole run, and the run ended
+    ``completed``, "client failures 0, rejected replies 0". Now such a run fails: its
+    summary says ``failed`` and why, it writes no model, and its closing line is RUN
+    FAILED."""
+    flat = micro_config(micro_mnist_dir, tmp_path, **SECURE, diagnostics=False,
+                        faults="secure-scale=1000@0", rounds=2, prestopping=False)
+    with pytest.raises(fedefc_server.round_loop.RunFailed, match="never changed"):
+        secure_loop(flat, tmp_path)
+    assert all(r["skipped"] and r["refused_sum"] for r in records(tmp_path)[1:])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["refused_rounds"] == [1, 2]
+    assert summary["failure"].startswith("the global model never changed: each of the 2 "
+                                         "rounds kept it (round 2: the decoded mean update")
+    assert not (tmp_path / "model.pt").exists()
+    lines = [text for _, text in summary_lines(summary)]
+    assert lines[-1].startswith("RUN FAILED: the global model never changed")
+    assert "refused rounds 2 (global model kept)" in lines[0]
+
+
+def test_refused_rounds_make_a_completed_run_degraded_in_its_summary_and_closing_lines():
+    """A run some of whose secure rounds were refused still delivers a model, but its
+    status is ``degraded``: the summary counts the refused rounds and says the last
+    reason, the SUMMARY line counts them, the closing line is RUN DEGRADED."""
+    cfg = load_run_config({"dataset": "mnist", "data-dir": "/data", "num-clients": 4,
+                           "fraction": 1.0, "secure-aggregation": True})
+    ok = {"n_clients": 4, "partition_ids": [0, 1, 2, 3]}
+    rounds = [{"round": 0}, {"round": 1, **ok},
+              {"round": 2, **ok, "skipped": True, "refused_sum": "a weight was changed"},
+              {"round": 3, **ok, "n_clients": 0, "skipped": True,
+               "secure_refused": "2 clients left"}, {"round": 4, **ok}]
+    summary = {**build_summary(cfg, rounds, RunFacts({}, {})), "out_dir": "/r"}
+    assert summary["status"] == "degraded" and summary["refused_rounds"] == [2, 3]
+    assert summary["degraded"] == ("2 of 4 rounds refused (rounds 2-3): each kept the "
+                                   "global model; last: 2 clients left")
+    lines = [text for _, text in summary_lines(summary)]
+    assert "refused rounds 2 (global model kept)" in lines[0]
+    assert lines[-1] == "RUN DEGRADED: " + summary["degraded"]
+    assert "  rounds refused: 2 (2-3), each kept the global model (reasons: " \
+           "metrics.jsonl)" in run_report(summary)
+    honest = build_summary(cfg, [r for r in rounds if r["round"] in (0, 1, 4)],
+                           RunFacts({}, {}))
+    assert honest["status"] == "completed" and honest["refused_rounds"] == []
+
+
+@pytest.mark.parametrize("fault", ["secure-scale=1000@0", "other-seed@0"])
+def test_the_client_that_breaks_every_sum_is_named_and_left_out_and_the_run_goes_on(
+        micro_mnist_dir, tmp_path, fault):
+    """Issue 58 (1): one client of six scales its update 1000-fold inside its mask in
+    every round (``secure-scale=1000@0``, the defaults), or (3) deals consistent,
+    verifiable shares of another mask seed than the one it masks with
+    (``other-seed``). Before, every round's sum was refused, the model never moved, and
+    nobody was named. Now round 1 is refused, the next rounds are summed in groups of
+    at least min-secure-clients (3) that halve the suspects, and partition 0 is named
+    and left out within ceil(log2 6) + 2 = 5 rounds; every group without it is applied,
+    and the run trains on with the five others."""
+    flat = micro_config(micro_mnist_dir, tmp_path, 6, **SECURE, diagnostics=False,
+                        faults=fault, rounds=5, prestopping=False)
+    secure_loop(flat, tmp_path)
+    recs = records(tmp_path)[1:]
+    assert recs[0]["refused_sum"] and recs[0]["culprit_search"] == {
+        "found": "suspects [0, 1, 2, 3, 4, 5]: each refused sum since round 1 held one of them"}
+    [named_at] = [r["round"] for r in recs if "named" in r.get("culprit_search", {})]
+    assert named_at <= 1 + 3 + 1  # within ceil(log2 6) + 2 rounds of the first
+    named = recs[named_at - 1]["culprit_search"]
+    assert named["named"] == {"partition": 0, "node": "1000"}
+    for r in recs[1:named_at]:  # each search round: groups of at least 3, one refused
+        groups = r["culprit_search"]["groups"]
+        assert all(len(g) >= 3 for g in groups)
+        refused = [g["partitions"] for g in r["refused_groups"]]
+        assert [g for g in groups if 0 in g] == refused
+        assert r["partition_ids"] == sorted(p for g in groups for p in g if 0 not in g)
+    for r in recs[named_at:]:  # left out: the others train as one sum
+        assert r["partition_ids"] == [1, 2, 3, 4, 5] and not r.get("skipped")
+        [missing] = r["missing"]
+        assert missing["partition"] == 0 and "left out of the run: partition 0 is the one " \
+            "client in every sum refused since round 1" in missing["reason"]
+    assert any(n["node"] == "1000" for r in recs for n in r.get("refused_nodes", []))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "degraded" and summary["refused_rounds"] == [1]
+
+
+def test_the_culprit_search_halves_the_suspects_and_names_only_the_one_left():
+    """The search's rule (fedefc_server/culprit_search.py), by hand: a refused sum of six
+    starts it; each round's test group holds half of the suspects filled up to three; a
+    refused group's members intersected with the suspects are the new suspects; one
+    left is named. Two refused groups in a round (not one liar) stop it naming no one;
+    a refusal the suspects had no part in starts it again; ceil(log2 K) + 2 rounds
+    without a refusal end it (K the clients of the sum that started it: 4 for 3);
+    rounds of three clients are not split."""
+    search = CulpritSearch()
+    assert search.groups(list(range(6)), 3, 0, 1) is None  # no search: one sum
+    assert search.after(1, [list(range(6))]) == (
+        None, "suspects [0, 1, 2, 3, 4, 5]: each refused sum since round 1 held one of them")
+    test, rest = search.groups(list(range(6)), 3, 0, 2)
+    assert len(test) == len(rest) == 3 and sorted(test + rest) == list(range(6))
+    assert search.after(2, [test])[0] is None and search.suspects == test
+    groups = search.groups(list(range(6)), 3, 0, 3)
+    assert [len(g) for g in groups] == [3, 3]
+    [with_one] = [g for g in groups if len(set(g) & set(test)) == 1]
+    named, found = search.after(3, [with_one])
+    assert named == (set(with_one) & set(test)).pop() and search.suspects == []
+    assert found == (f"partition {named} is the one client in every sum refused since round "
+                     "1: it broke them from inside its mask")
+    search.after(4, [[0, 1, 2]])
+    assert search.after(5, [[0, 3, 4], [1, 2, 5]]) == (None, (
+        "two sums of this round were refused: more than one client broke them, or the "
+        "update bound is too small for this model; the search names no one"))
+    assert search.suspects == [] and search.groups(list(range(6)), 3, 0, 6) is None
+    search.after(6, [[0, 1, 2]])
+    search.after(7, [[3, 4, 5]])  # the suspects had no part in it: it starts again
+    assert search.suspects == [3, 4, 5] and search.since == 7
+    assert search.groups([0, 1, 2], 3, 0, 8) is None  # nothing smaller than the round
+    assert search.groups(list(range(6)), 3, 0, 11) is not None
+    assert search.groups(list(range(6)), 3, 0, 12) is None and search.suspects == []
+    assert CulpritSearch.of(CulpritSearch([1, 2], 4, 5, 3).state()) == CulpritSearch(
+        [1, 2], 4, 5, 3)
 
 
 # -- malformed secure replies: failures, never a crash --------------------------------------
@@ -778,8 +912,14 @@ def test_faults_of_the_attack_suite_parse_and_refuse_what_they_cannot_mean():
                           "secure-scale=1000@0;secure-acc-set=1.0@1@2-3;bad-shares@2")
     assert [f.kind for f in faults][:3] == ["secure-acc", "weight", "garbage"]
     assert [f.kind for f in faults][-3:] == ["secure-scale", "secure-acc-set", "bad-shares"]
+    issue_58 = parse_faults("label-shift=3@0;secure-ratio=4@0;unopenable=0@1;"
+                            "other-commitment=1003@1@1;other-seed@2;empty-secret@2@3")
+    assert [(f.kind, f.arg) for f in issue_58] == [
+        ("label-shift", "3"), ("secure-ratio", "4"), ("unopenable", "0"),
+        ("other-commitment", "1003"), ("other-seed", ""), ("empty-secret", "")]
     for bad in ("weight=1@0", "weight=2.5@0", "claim=x@0", "secure-acc=a@0",
-                "secure-scale=x@0", "secure-acc-set@0"):
+                "secure-scale=x@0", "secure-acc-set@0", "label-shift=x@0", "unopenable@0",
+                "secure-ratio@0"):
         with pytest.raises(ValueError, match="KIND@PIDS"):
             parse_faults(bad)
     server = parse_server_faults("clip=1e9@1-2;secagg-threshold=1;secagg-sample=2;unmask-both")
@@ -799,20 +939,17 @@ def test_a_secure_run_with_a_scaling_client_keeps_the_honest_result(micro_mnist_
     """The issue's done-when: ``faults = "secure-scale=1000@0"`` in a secure run with an
     update bound (dp-clip). With one sum per round every poisoned round is refused and
     the model stays the global one (at 6a260ce it was applied: the model moved by about
-    400). With secure-groups = 3 of nine clients the attacker's group is refused and
+    400), so the run fails (issue 58: it never changed its model). With secure-groups = 3 of nine clients the attacker's group is refused and
     left out, and the round gives exactly the plain FedAvg of the six other clients
     (the truth: a plain round in which the attacker's group fails)."""
     keys = {"dp-clip": 1e-3, "diagnostics": False, "faults": "secure-scale=1000@0",
             "prestopping": False, "rounds": 2}
     flat = micro_config(micro_mnist_dir, tmp_path / "one", **SECURE, **keys)
-    secure_loop(flat, tmp_path / "one")
+    with pytest.raises(fedefc_server.round_loop.RunFailed, match="never changed"):
+        secure_loop(flat, tmp_path / "one")
     recs = records(tmp_path / "one")
     for r in recs[1:]:
         assert r["skipped"] and "the decoded mean update has norm" in r["refused_sum"]
-    cfg = load_run_config(flat)
-    init = get_weights(initial_model(cfg, partition_data(cfg, 0, CPU).data.task))
-    for got, want in zip(torch.load(tmp_path / "one" / "model.pt").values(), init):
-        np.testing.assert_array_equal(got.numpy(), want)
     grouped = micro_config(micro_mnist_dir, tmp_path / "g", 9, **SECURE, **keys,
                            **{"secure-groups": 3})
     fields, params = secure_round(grouped, InProcessGrid(client_app, grouped, 9))
@@ -861,9 +998,32 @@ def test_a_default_secure_run_refuses_a_client_scaling_its_update_1000_fold(micr
         np.testing.assert_array_equal(got, want)
 
 
+def test_the_default_bound_is_the_initial_models_norm_however_far_the_model_moves():
+    """Issue 58 (2): the default bound was rho times the norm of the model each round
+    sends, which a client pulling at the bound grew by 1.24 a round (4.4 x the initial
+    norm by round 10). Now every round's bound, and the ``update-bound`` every training
+    message carries, is rho times the initial model's norm, however the model moves
+    (here it doubles), also after a resume (the ServerApp measures the initial model)."""
+    cfg = load_run_config({"dataset": "mnist", "data-dir": "/data", "num-clients": 4,
+                           "fraction": 1.0, "secure-aggregation": True,
+                           "secure-update-bound": 0.5, "start-round": 0})
+    init = [np.full((3, 4), 2.0, np.float32), np.array([7, 1])]  # float norm sqrt(48)
+    nodes = partition_nodes(4, sizes=[100] * 4)
+    pipeline = make_pipeline(cfg, plan_sizes=[100] * 4)
+    for rnd, weights in ((1, init), (2, [init[0] * 2, init[1]]), (9, [init[0] * 30, init[1]])):
+        plan = pipeline.plan(rnd, ndarrays_to_parameters(weights), manager(nodes))
+        assert plan.expected.max_norm == pytest.approx(0.5 * np.sqrt(48), rel=1e-12)
+        assert {ins.config["update-bound"] for _, ins in plan.instructions} == {
+            plan.expected.max_norm}
+    resumed = make_pipeline(cfg, plan_sizes=[100] * 4)
+    resumed.initial_size = float_norm(init)
+    plan = resumed.plan(10, ndarrays_to_parameters([init[0] * 30, init[1]]), manager(nodes))
+    assert plan.expected.max_norm == pytest.approx(0.5 * np.sqrt(48), rel=1e-12)
+
+
 @pytest.mark.parametrize("keys, text", [
     ({"secure-aggregation": True}, "secure-update-bound = 1: each update at most 1 x the "
-     "global model's norm, the decoded mean no longer than its clients' reported norms allow"),
+     "initial model's norm, the decoded mean no longer than its clients' reported norms allow"),
     ({"secure-aggregation": True, "secure-update-bound": 0.0},
      "none (secure-update-bound = 0)"),
     ({"secure-aggregation": True, "max-update-norm": 2.5}, "max-update-norm = 2.5"),
@@ -937,20 +1097,33 @@ def quantizer_tolerance(flat: dict, partitions: list[int]) -> float:
     return len(partitions) * 2 * secure_range(cfg) / 2**22 / weight_total
 
 
-@pytest.mark.parametrize("nodes", [4, 5, 10])
+@pytest.mark.parametrize("nodes, fault, complainers, reason", [
+    (4, "bad-dealer@1@1", None, "fails its dealer's commitment (Feldman's check)"),
+    (5, "bad-dealer@1@1", None, "fails its dealer's commitment (Feldman's check)"),
+    (10, "bad-dealer@1@1", None, "fails its dealer's commitment (Feldman's check)"),
+    (5, "unopenable=0@1@1", None, "encrypted shares that do not open under their "
+                                  "channel's key (the holder proved the key)"),
+    (5, "unopenable=1003@1@1", [1003], "encrypted shares that do not open under their "
+                                       "channel's key (the holder proved the key)"),
+    (5, "other-commitment=0@1@1", None, "carries another commitment than the dealer's"),
+], ids=["bad-dealer-4", "bad-dealer-5", "bad-dealer-10", "unopenable-to-all",
+        "unopenable-to-one", "other-commitment"])
 def test_a_lying_dealer_is_named_at_share_time_and_the_round_goes_on_without_it(
-        micro_mnist_dir, tmp_path, nodes):
-    """``bad-dealer``: node 1001 deals every holder shares off the polynomial it commits
-    to, then answers the unmask stage honestly. At 550afb3 (shares without commitments)
-    the round was refused naming no one with 5 nodes ("cannot be told apart"), and
-    with 4 the run failed. Now every holder checks its shares against the commitments
-    the server relays before it masks anything, complains with the key of its channel
-    with the dealer, and the server, opening the dealer's ciphertexts it relayed, names
-    node 1001 (no honest holder named), leaves it out of the run and starts the round
-    again without it: the round gives exactly the plain FedAvg of the others (the
-    truth: a plain round in which node 1001 fails)."""
-    flat = micro_config(micro_mnist_dir, tmp_path / "s", nodes, **SECURE,
-                        faults="bad-dealer@1@1")
+        micro_mnist_dir, tmp_path, nodes, fault, complainers, reason):
+    """Node 1001 deals lying shares, then answers the unmask stage honestly:
+    ``bad-dealer``, shares off the polynomial it commits to (at 550afb3, without
+    commitments, the round was refused naming no one with 5 nodes, and with 4 the run
+    failed); ``unopenable``, ciphertexts that do not open, and ``other-commitment``,
+    shares carrying another commitment than the one it sent the server (issue 58: each
+    holder complained without a key, every node left the round and nobody was named;
+    aimed at one holder, that honest holder was left out of every round with the
+    dealer). Every holder checks its dealer's signature and its shares before it masks
+    anything and complains with the proof (the channel's key, or a proof of it for
+    shares that do not open); the server names node 1001 only, leaves it out of the run
+    and starts the round again without it, keeping every honest holder: the round gives
+    exactly the plain FedAvg of the others (the truth: a plain round in which node 1001
+    fails)."""
+    flat = micro_config(micro_mnist_dir, tmp_path / "s", nodes, **SECURE, faults=fault)
     grid = InProcessGrid(client_app, flat, nodes)
     outcome, pipeline, _ = run_secure_round(flat, grid)
     fields = outcome.record
@@ -958,17 +1131,31 @@ def test_a_lying_dealer_is_named_at_share_time_and_the_round_goes_on_without_it(
     assert fields["secure_attempts"] == 2 and fields["partition_ids"] == others
     assert {r["node"] for r in fields["rejected_reasons"]} == {"1001"}
     [named] = fields["rejected_reasons"]
-    assert named["reason"].startswith("it dealt node ") and named["reason"].endswith(
-        "fails its dealer's commitment (Feldman's check)")
+    assert named["reason"].startswith("it dealt node ") and named["reason"].endswith(reason)
     assert pipeline.registry.partition_of("1001") is None  # left out of the run
+    assert all(pipeline.registry.partition_of(str(1000 + p)) == p for p in others)
     complained = [r for r in grid.received if COMPLAINTS in configs(r)]
-    assert len(complained) == nodes - 1 and all(configs(r)[COMPLAINTS] == [1001]
-                                                for r in complained)
+    assert sorted(r.metadata.src_node_id for r in complained) == (
+        complainers or [1000 + p for p in others])
+    assert all(configs(r)[COMPLAINTS] == [1001] for r in complained)
     crash = {**flat, "secure-aggregation": False, "faults": "raise@1"}
     truth, want = plain_round_at(crash, 1, init_weights(crash))
     assert truth["partition_ids"] == others
     for got, w in zip(parameters_to_ndarrays(outcome.parameters), want):
         np.testing.assert_allclose(got, w, atol=quantizer_tolerance(flat, others))
+
+
+def test_a_dealer_that_seals_an_empty_secret_is_refused_at_share_time(micro_mnist_dir,
+                                                                     tmp_path):
+    """Issue 58 (3): a dealer that sealed an empty mask seed crashed the unmask step. Its
+    share-keys reply is now refused as it arrives, naming it, and the round starts again
+    without it."""
+    flat = micro_config(micro_mnist_dir, tmp_path, 4, **SECURE, faults="empty-secret@1@1")
+    outcome, _, _ = run_secure_round(flat, InProcessGrid(client_app, flat, 4))
+    fields = outcome.record
+    assert fields["secure_attempts"] == 2 and fields["partition_ids"] == [0, 2, 3]
+    assert fields["rejected_reasons"] == [{"node": "1001", "partition": 1, "reason": (
+        "share-keys reply whose commitment to b seals 0 bytes, not the 32 of a SecAgg+ b")}]
 
 
 def test_a_server_that_forges_the_relayed_commitments_gets_no_channel_key(micro_mnist_dir,
@@ -977,10 +1164,9 @@ def test_a_server_that_forges_the_relayed_commitments_gets_no_channel_key(micro_
     (``server-faults = "secagg-commitments@0-3"``). Had a holder then complained with
     its channel keys, the server could have opened valid shares of every dealer and,
     from enough holders, unmasked a dealer whose vector arrived in the same stage. Each
-    holder sees that the commitment a dealer sent it inside its encrypted shares is not
-    the relayed one, and complains without a key; no masked vector leaves any node, no
-    node is left out of the run (the server cannot tell who lied), and the round is
-    refused."""
+    holder sees that the dealer did not sign the relayed commitments and refuses the
+    message: no complaint, no key, no masked vector leaves any node, no node is left out
+    of the run, and the round is refused."""
     flat = micro_config(micro_mnist_dir, tmp_path, **SECURE,
                         **{"server-faults": "secagg-commitments@0-3"})
     cfg = load_run_config(flat)
@@ -994,14 +1180,12 @@ def test_a_server_that_forges_the_relayed_commitments_gets_no_channel_key(micro_
         grid, Context(1, 0, {}, RecordDict(), flat), mgr, cfg)(
         fedefc_server.strategy.RoundStrategy(pipeline, plan), params)
     assert outcome.parameters is None and outcome.record["skipped"]
-    complaints = [configs(r) for r in inner.received if COMPLAINTS in configs(r)]
-    assert len(complaints) == 4
-    for record in complaints:  # each node about the three others
-        assert len(set(record[COMPLAINTS]) & set(range(1000, 1004))) == 3
-        assert record[COMPLAINT_KEYS] == [b""] * 3
-        assert all("carries another commitment than the one relayed" in why
-                   for why in record[COMPLAINT_REASONS])
-    assert not any(Key.MASKED_PARAMETERS in configs(r) for r in inner.received)
+    replies = [configs(r) for r in inner.received if not r.has_error()]
+    assert not any(COMPLAINTS in record for record in replies)
+    refusals = [r for r in inner.received if r.has_error()
+                and "that node did not sign" in r.error.reason]
+    assert len(refusals) == 4
+    assert not any(Key.MASKED_PARAMETERS in record for record in replies)
     assert all(pipeline.registry.partition_of(str(1000 + k)) == k for k in range(4))
 
 
@@ -1087,19 +1271,21 @@ def test_the_attacker_lives_beside_the_honest_path():
 # -- the same attacks through Flower's simulation (`flwr run`) ---------------------------------
 @pytest.mark.flower
 def test_the_secure_attacks_replay_in_a_simulation(micro_mnist_dir, tmp_path):
-    """One client lies inside the mask in rounds 1-3 (its accuracy, its weight, an
-    unreadable vector): rounds 1 and 2 are refused, round 3 starts again without it,
-    round 4 is whole; the run completes."""
+    """Three clients lie inside the mask in rounds 1-3 (an accuracy, a weight, an
+    unreadable vector): rounds 1 and 2 are refused (round 2 already summed by the
+    culprit search: three of the four clients), round 3 starts again without the
+    unreadable vector's node, round 4 is a search round; the run completes."""
     summary, recs = simulate(micro_mnist_dir, tmp_path / "run", "fedefc", **{
         "rounds": 4, "fraction": 1.0, "secure-aggregation": "true",
         "faults": '"secure-acc=410@0@1;weight=1000@1@2;garbage-bytes@2@3"'})
     assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
     assert "of the decoded sum holds" in recs[1]["refused_sum"] and recs[1].get("A") is None
     assert "a weight was changed inside the mask" in recs[2]["refused_sum"]
-    assert recs[3]["partition_ids"] == [0, 1, 3] and recs[3]["secure_attempts"] == 2
+    assert recs[2]["culprit_search"]["groups"] == [[0, 1, 3]]  # the culprit search's
+    assert recs[3]["partition_ids"] == [0, 1, 3] and recs[3]["secure_attempts"] == 3
     assert recs[3]["rejected_reasons"][0]["reason"] == "unreadable masked vector (ValueError)"
-    assert recs[4]["partition_ids"] == [0, 1, 2, 3] and 0 <= recs[4]["A"] <= 1
-    assert summary["rejected_replies"] == 1
+    assert len(recs[4]["partition_ids"]) == 3 and 0 <= recs[4]["A"] <= 1
+    assert summary["rejected_replies"] == 1 and summary["refused_rounds"] == [1, 2]
 
 
 @pytest.mark.flower
