@@ -11,10 +11,11 @@ properties (``accuracy_signal_mode``, ``twinned``, ``guarded``, ...) read these 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from .config import RunConfig
+# the functions below read a common.config.RunConfig (which reads them: typed Any here,
+# so that the two modules do not import each other)
+RunConfig = Any
 
 TWIN_MODELS = ("auto", "on", "off")
 
