@@ -76,6 +76,12 @@ from .share_holder import complaint_reply, dealt_share_complaints, holders_of, s
 secure_prf.install()  # SecAgg+'s masks from a full-entropy PRF (flwr#7522)
 verifiable_shares.install()  # SecAgg+'s shares with Feldman's commitments
 
+
+class UnmaskableUpdate(ValueError):
+    """A trained update a secure round cannot mask: the project's own error, so its text
+    reaches the server as written (fedefc_client/scrub.py)."""
+
+
 def _config(ctxt: Context) -> RunConfig:
     """The run config, validated once per process and run (:func:`load_run_config`)."""
     return load_run_config(ctxt.run_config)
@@ -177,8 +183,8 @@ def secure_tail_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -
     arrays = parameters_to_ndarrays(fitres.parameters)
     received = parameters_to_ndarrays(fitins.parameters)
     if not all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f"):
-        raise ValueError("the trained weights hold NaN or Inf; a masked vector cannot carry "
-                         "them (the server could not detect them in the sum)")
+        raise UnmaskableUpdate("the trained weights hold NaN or Inf; a masked vector cannot "
+                               "carry them (the server could not detect them in the sum)")
     matches = [a.shape for a in arrays] == [r.shape for r in received]
     max_norm, key = update_bound(cfg, fitins)
     norm, size = float_norms(arrays, received) if matches else (0.0, 0.0)

@@ -41,8 +41,11 @@ from tests.helpers import (
 
 # -- payload validation, table-driven ------------------------------------------------
 def good_reply(pid, rng, **metrics):
+    """A twinned client's reply (every client in every round: docs/FEDEFC.md §3.8): A_k
+    and the twin's reading on its guard slice."""
     arrays = [rng.normal(size=a.shape).astype(a.dtype) for a in GLOBAL]
-    return arrays, 100, {"partition-id": pid, "accuracy": 0.5, **metrics}
+    return arrays, 100, {"partition-id": pid, "accuracy": 0.5, "guard-accuracy": 0.5,
+                         **metrics}
 
 
 BAD = {
@@ -67,6 +70,9 @@ BAD = {
     "partition id not sampled": lambda w, n, m: (w, n, {**m, "partition-id": 99}),
     "partition id duplicated": lambda w, n, m: (w, n, {**m, "partition-id": 0}),
     "accuracy as bytes": lambda w, n, m: (w, n, {**m, "accuracy": b"0.5"}),
+    "missing guard accuracy": lambda w, n, m: (w, n, {k: v for k, v in m.items()
+                                                      if k != "guard-accuracy"}),
+    "guard accuracy above 1": lambda w, n, m: (w, n, {**m, "guard-accuracy": 1.01}),
     "samples as text": lambda w, n, m: (w, "100", m),
     "train loss as text": lambda w, n, m: (w, n, {**m, "train-loss": "0.3"}),
     "noise rate as bool": lambda w, n, m: (w, n, {**m, "noise-rate": True}),
@@ -85,6 +91,8 @@ REASON = {"too few arrays": "arrays, expected", "too many arrays": "arrays, expe
           "partition id 99 is not its node's registered partition 5",
           "partition id duplicated": "partition id 0 is not its node's registered partition 5",
           "accuracy as bytes": "accuracy missing or not a number",
+          "missing guard accuracy": "guard-accuracy missing or not a number",
+          "guard accuracy above 1": "guard-accuracy 1.01 outside [0, 1]",
           "samples as text": "sample count '100'",
           "train loss as text": "train-loss missing or not a number",
           "noise rate as bool": "noise-rate missing or not a number",

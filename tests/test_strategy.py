@@ -43,7 +43,9 @@ def fit_results(rng, nodes, accuracies=None):
     results = []
     for node in nodes:
         arrays = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
-        metrics = {} if accuracies is None else {"accuracy": accuracies[node.partition_id]}
+        metrics = {} if accuracies is None else {  # with a twin, its reading too
+            "accuracy": accuracies[node.partition_id],
+            "guard-accuracy": accuracies[node.partition_id]}
         results.append(trained_reply(node, arrays, **metrics))
     return results
 
