@@ -4,22 +4,22 @@ Where a run has a guard signal (the clients' held-out or verified shares, or the
 coordinator's clean set), the model it delivers is the one that reads best on that
 signal over every model the run produced after ``start-round``, phase 1 included, read
 the same way on every candidate, and read on THE MODEL THAT IS DELIVERED (with a twin,
-the twin, on samples it never trained on: docs/FEDEFC.md §3.8). The signal chooses only
-where it can tell: a model replaces the one the run would otherwise deliver only when
-its reading is higher by more than :data:`MARGIN` standard errors of the difference of
-the two readings. So:
+the twin, on samples it never trained on: docs/FEDEFC.md §3.8); a tie keeps the later
+model. A signal that cannot tell the models apart does not choose: where its best
+reading does not lead its lowest by :data:`MARGIN` standard errors of their difference
+(every reading a tie, or a set too small for its spread), the run trains on and
+delivers its last model. So:
 
 - every round the guard sees the reading of the model the round RECEIVED; the highest
   so far is the best, kept by the server;
 - a round whose received model phase 2 trained (round T_e + 2 on) and that does not
   beat the best counts against phase 2, one that beats it clears the count; after
-  ``patience`` such rounds in a row the guard judges: when the best reads higher than
-  this round's model by more than the margin it restores the best and the run ends
+  ``patience`` such rounds in a row the guard restores the best and the run ends
   (``"fired"``; with ``guard-fallback = "train"`` the first such verdict restores it and
-  training goes on with cross-entropy, ``"fell back"``); when it cannot tell them apart
-  it does not choose (``"unclear"``): the count starts again and the run trains on;
-- the end of the run is a verdict too (:meth:`Phase2Guard.last_verdict`): the last
-  round's model is delivered unless the best reads higher by more than the margin.
+  training goes on with cross-entropy, ``"fell back"``), unless the signal cannot tell
+  (``"unclear"``: the count starts again and the run trains on);
+- the end of the run is a verdict too (:meth:`Phase2Guard.last_verdict`): the best
+  replaces the last model where it reads higher.
 """
 
 from __future__ import annotations
@@ -102,8 +102,9 @@ def delivery_rule(cfg: RunConfig) -> str:
 @dataclass
 class Phase2Guard:
     """The best reading so far with its standard error and the round whose received
-    model scored it, the phase-2 rounds in a row that did not beat it, the round the
-    guard fired in, and the verdicts the signal could not make.
+    model scored it, the lowest reading (to tell whether the signal separates the
+    models at all), the phase-2 rounds in a row that did not beat the best, the round
+    the guard gave its verdict in, and the verdicts the signal could not make.
 
     :meth:`observe` takes the reading of round t: a measure of the global model the
     round SENT (the model after round t - 1). Plain code, checkpointable with ``asdict``.
@@ -115,6 +116,9 @@ class Phase2Guard:
     best_se: float = 0.0
     best_correct: list[bool] | None = None  # which samples the best got right, if known
     best_round: int | None = None
+    low_a: float = 2.0  # the lowest reading, its error and samples: the signal's spread
+    low_se: float = 0.0
+    low_correct: list[bool] | None = None
     worse: int = 0
     fired: int | None = None
     fallback: bool = False  # guard-fallback = "train": the first verdict trains on
@@ -129,18 +133,20 @@ class Phase2Guard:
         returns ``"best"`` (the round's received model is the new best: keep it),
         ``"fell back"`` (restore the best model and train on with cross-entropy),
         ``"fired"`` (restore the best model and end the run), ``"unclear"`` (a verdict
-        was due but the signal cannot tell the best from this round's model: train on),
-        or ``""``. ``phase_2_model``: a model trained after T_e (by phase 2, or after
-        falling back); the restored model itself, measured again by the round after the
-        fallback, is not counted. ``rebase``: the reading is on a new scale from this
-        round on (``guard-score = "cross-fit"`` or ``validation-phase-2 = "guard-slice"``
-        at round T_e + 1), so the round's received model is the new best whatever the
-        best of the old scale was."""
+        was due but the signal does not tell any two of the models it read apart:
+        :meth:`flat`; train on), or ``""``. ``phase_2_model``: a model trained after T_e
+        (by phase 2, or after falling back); the restored model itself, measured again
+        by the round after the fallback, is not counted. ``rebase``: the reading is on a
+        new scale from this round on (``guard-score = "cross-fit"`` or
+        ``validation-phase-2 = "guard-slice"`` at round T_e + 1), so the round's received
+        model is the new best (and the lowest) whatever the old scale read."""
         if self.fired is not None or server_round <= self.start_round:
             return ""
+        kept = None if correct is None else [bool(c) for c in correct]
+        if rebase or accuracy < self.low_a:
+            self.low_a, self.low_se, self.low_correct = float(accuracy), float(se), kept
         if rebase or accuracy > self.best_a:
-            self.best_a, self.best_se = float(accuracy), float(se)
-            self.best_correct = None if correct is None else [bool(c) for c in correct]
+            self.best_a, self.best_se, self.best_correct = float(accuracy), float(se), kept
             self.best_round, self.worse = server_round, 0
             return "best"
         if not phase_2_model or server_round == (self.fell_back or -1) + 1:
@@ -148,8 +154,7 @@ class Phase2Guard:
         self.worse += 1
         if self.worse < self.patience:
             return ""
-        if not tells_apart(self.best_a, self.best_se, accuracy, se, self.best_correct,
-                           correct):
+        if self.flat():
             self.worse = 0
             self.unclear = [*(self.unclear or []), server_round]
             return "unclear"
@@ -159,16 +164,21 @@ class Phase2Guard:
         self.fired = server_round
         return "fired"
 
-    def last_verdict(self, server_round: int, accuracy: float | None, se: float,
-                     correct: Sequence[bool] | None = None) -> bool:
+    def flat(self) -> bool:
+        """Whether the signal cannot tell any two of the models it read apart: its best
+        reading does not lead its lowest by :data:`MARGIN` standard errors of their
+        difference (every reading a tie, or a set too small for its spread)."""
+        return not tells_apart(self.best_a, self.best_se, self.low_a, self.low_se,
+                               self.best_correct, self.low_correct)
+
+    def last_verdict(self, server_round: int, accuracy: float | None) -> bool:
         """The end of the run (round ``server_round``, the last): whether the best model
-        replaces the one the run would deliver, read ``accuracy`` (± ``se``; None where
-        the signal never read it: then the last reading, of the model the last round
-        received, stands for it). Records the verdict as :attr:`fired`."""
-        if self.fired is not None or self.best_round is None or accuracy is None:
-            return False
-        if not tells_apart(self.best_a, self.best_se, accuracy, se, self.best_correct,
-                           correct):
+        replaces the one the run would deliver, read ``accuracy`` (None where the signal
+        never read it: then the last reading, of the model the last round received,
+        stands for it): where it reads higher (a tie keeps the later model) and the
+        signal is not :meth:`flat`. Records the verdict as :attr:`fired`."""
+        if (self.fired is not None or self.best_round is None or accuracy is None
+                or not accuracy < self.best_a or self.flat()):
             return False
         self.fired = server_round
         return True
@@ -218,14 +228,15 @@ class ModelGuard:
         coordinator's clean set), else the last reading stands for it."""
         verdict = self.rule.observe(t, read.value, phase_2_model, rebase, read.se,
                                     read.correct)
-        r, trained_on, reading = self.rule, self.trained_on, read.value
+        r, trained_on = self.rule, self.trained_on
         if verdict == "best":
             self.kept = received
         elif verdict == "unclear":
             log(INFO, "PHASE-2 GUARD: %d rounds of %s did not beat %.4f (round %d), but %s "
-                "cannot tell %.4f from it (%.1f standard errors needed): no verdict, "
-                "training goes on", r.patience, trained_on, r.best_a, r.best_round,
-                self.signal, reading, MARGIN)
+                "does not tell the models it read apart (its best leads its lowest, %.4f, "
+                "by less than %g standard error(s)): no verdict, training goes on",
+                r.patience, trained_on, r.best_a, r.best_round, self.signal, r.low_a,
+                MARGIN)
         elif verdict == "fell back":
             log(WARNING, "PHASE-2 GUARD: %d rounds of phase 2 did not beat %.4f, %s of "
                 "the model round %d received: that model is restored and training goes on "
@@ -236,24 +247,21 @@ class ModelGuard:
             log(WARNING, "PHASE-2 GUARD: %d rounds of %s did not beat %.4f, %s of the "
                 "model round %d received: that model is restored and the run ends after "
                 "round %d", r.patience, trained_on, r.best_a, self.signal, r.best_round, t)
-            return self.restore(f"{r.patience} rounds of {trained_on} read below it by "
-                                f"more than {MARGIN:g} standard error(s)")
+            return self.restore(f"{r.patience} rounds of {trained_on} did not beat it")
         if not last:
             return proposed
         out = read if read_output is None or proposed is None else read_output(proposed)
         final = out.value
-        if r.last_verdict(t, final, out.se, out.correct):
+        if r.last_verdict(t, final):
             log(WARNING, "PHASE-2 GUARD at the end of the run: the model round %d received "
-                "reads %.4f on %s, above the last model's %.4f by more than %g standard "
-                "error(s): that model is restored and delivered", r.best_round, r.best_a,
-                self.signal, final, MARGIN)
-            return self.restore("at the end of the run it read above the last model by "
-                                f"more than {MARGIN:g} standard error(s)")
+                "reads %.4f on %s, above the last model's %.4f: that model is restored "
+                "and delivered", r.best_round, r.best_a, self.signal, final)
+            return self.restore("at the end of the run it read above the last model")
         own = read_output is not None and proposed is not None
         self.delivered = Delivered(t, final if own else None, (
             "the last model: " + ("it reads best" if final >= r.best_a else
-                                  f"{self.signal} cannot tell the best (round "
-                                  f"{r.best_round}'s, {r.best_a:.4f}) from it")
+                                  f"{self.signal} does not tell the models it read "
+                                  "apart")
             + ("" if own else f" (read through the model round {t} received)")))
         return proposed
 
@@ -311,9 +319,10 @@ class ModelGuard:
                        "cross-entropy (guard-fallback = \"train\", docs/FEDEFC.md §3.7)")
         if r.unclear:
             out.append(f"{len(r.unclear)} verdict(s) of the phase-2 guard (rounds "
-                       f"{', '.join(map(str, r.unclear))}) found {self.signal} unable to tell "
-                       f"the best model from the current one ({MARGIN:g} standard error(s) "
-                       "needed): it did not choose, and training went on (docs/FEDEFC.md §3.4)")
+                       f"{', '.join(map(str, r.unclear))}) found that {self.signal} does not "
+                       "tell the models it read apart (its best leads its lowest by less "
+                       f"than {MARGIN:g} standard error(s)): it did not choose, and training "
+                       "went on (docs/FEDEFC.md §3.4)")
         if r.fired is not None and r.fired < rounds:
             out.append(f"{trained_on} did not beat the reading of the model round "
                        f"{r.best_round} received ({r.best_a:.4f}, {self.signal}) in "
@@ -322,9 +331,8 @@ class ModelGuard:
                        "(docs/FEDEFC.md §3.4)")
         elif r.fired is not None:
             out.append(f"at the end of the run the model round {r.best_round} received read "
-                       f"{r.best_a:.4f} on {self.signal}, above the last model by more than "
-                       f"{MARGIN:g} standard error(s): the run delivers that model "
-                       "(docs/FEDEFC.md §3.4)")
+                       f"{r.best_a:.4f} on {self.signal}, above the last model: the run "
+                       "delivers that model (docs/FEDEFC.md §3.4)")
         return out
 
 
@@ -347,11 +355,9 @@ class BestRead(ModelGuard):
             self.kept = model
         if not last:
             return model
-        if self.rule.last_verdict(t + 1, reading, read.se, read.correct):
-            return self.restore("at the end of the run it read above the last model by "
-                                f"more than {MARGIN:g} standard error(s)")
+        if self.rule.last_verdict(t + 1, reading):
+            return self.restore("at the end of the run it read above the last model")
         self.delivered = Delivered(t, reading, "the last model: " + (
             "it reads best" if reading >= self.rule.best_a else
-            f"{self.signal} cannot tell the best (after round {self.rule.best_round - 1}, "
-            f"{self.rule.best_a:.4f}) from it"))
+            f"{self.signal} does not tell the models it read apart"))
         return model
