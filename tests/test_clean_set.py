@@ -309,6 +309,23 @@ class ScriptedClean:
         return right
 
 
+def scripted_loop(out, cfg, model, clean: ScriptedClean, source: str) -> None:
+    """12 rounds of the scripted nodes of tests/test_guard.py (rising A(t)) with the
+    server reading ``clean``'s scripted accuracies on a set of its size."""
+    pipeline = make_pipeline(cfg, max_private=10**8,
+                             evaluator=lambda weights: (1.0, float(weights[1][0])))
+    pipeline.server.read_clean_set(clean, CleanSet(torch.zeros(clean.samples),
+                                                   torch.zeros(clean.samples), source))
+    manager = SimpleClientManager()
+    for pid, size in SIZES.items():
+        manager.register(RisingNode(f"node-{pid}", pid, size))
+    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
+                     parameters=ndarrays_to_parameters(get_weights(model)), cfg=cfg,
+                     recorder=RunRecorder(out, cfg.to_flat()), model=model, run_info={})
+    loop.set_max_workers(1)
+    loop.fit(12, None)
+
+
 # the clean set's accuracy of the model after round r: rises past T_e = 4 (which the
 # clients' A(t) of tests/test_guard.py fixes), peaks after round 7, then falls while the
 # clients' A(t) keeps rising
@@ -329,21 +346,10 @@ def test_the_guard_follows_the_clean_set_where_the_clients_a_t_rises(tmp_path):
     model = torch.nn.Linear(2, 3)
     init = get_weights(model)
     step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
-    clean = ScriptedClean(float(init[1][0]), step, CLEAN)
-    pipeline = make_pipeline(cfg, max_private=10**8,
-                             evaluator=lambda weights: (1.0, float(weights[1][0])))
     # a set of 1,000: its readings' standard error (under 1.6 points) tells the script's
     # differences of 5 points and more apart
-    pipeline.server.read_clean_set(clean, CleanSet(torch.zeros(1000), torch.zeros(1000),
-                                                   "scripted"))
-    manager = SimpleClientManager()
-    for pid, size in SIZES.items():
-        manager.register(RisingNode(f"node-{pid}", pid, size))
-    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
-                     parameters=ndarrays_to_parameters(init), cfg=cfg,
-                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
-    loop.set_max_workers(1)
-    loop.fit(12, None)
+    clean = ScriptedClean(float(init[1][0]), step, CLEAN)
+    scripted_loop(tmp_path, cfg, model, clean, "scripted")
     recs = records(tmp_path)
     assert [r["round"] for r in recs] == list(range(11))
     assert recs[4]["t_e"] == 4 and recs[5]["A"] == GUARDED[5]  # A(t) still found T_e
@@ -383,19 +389,8 @@ def test_fedavg_can_deliver_the_model_that_reads_best_on_the_clean_set(tmp_path,
     model = torch.nn.Linear(2, 3)
     init = get_weights(model)
     step = sum(n * p for p, n in SIZES.items()) / sum(SIZES.values())
-    pipeline = make_pipeline(cfg, max_private=10**8,
-                             evaluator=lambda weights: (1.0, float(weights[1][0])))
-    pipeline.server.read_clean_set(
-        ScriptedClean(float(init[1][0]), step, script, samples),
-        CleanSet(torch.zeros(samples), torch.zeros(samples), "s"))
-    manager = SimpleClientManager()
-    for pid, size in SIZES.items():
-        manager.register(RisingNode(f"node-{pid}", pid, size))
-    loop = RoundLoop(client_manager=manager, pipeline=pipeline,
-                     parameters=ndarrays_to_parameters(init), cfg=cfg,
-                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model, run_info={})
-    loop.set_max_workers(1)
-    loop.fit(12, None)
+    scripted_loop(tmp_path, cfg, model,
+                  ScriptedClean(float(init[1][0]), step, script, samples), "s")
     recs = records(tmp_path)
     assert [r["clean_acc"] for r in recs[1:]] == [script[t] for t in range(1, 13)]
     summary = json.loads((tmp_path / "summary.json").read_text())
