@@ -89,6 +89,13 @@ def twin_obstacle(cfg: RunConfig) -> str:
     return ""
 
 
+def twin_reads_slice(cfg: RunConfig) -> bool:
+    """Whether the twin keeps a guard slice of the share out of training and reports its
+    reading on it: where the guard reads the clients; the coordinator's clean set is
+    read on the server, and the twin then trains on every sample (docs/FEDEFC.md §3.8)."""
+    return twin_mode(cfg) == "on" and not cfg.clean_validation_key
+
+
 def twin_mode(cfg: RunConfig) -> str:
     """``on`` or ``off``; ``auto`` is ``on`` wherever a twin can be trained (every client
     in every round: the held-out signal), with observed or verified labels on the share

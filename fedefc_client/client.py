@@ -29,6 +29,7 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 
 from common.config import ConfigError, RunConfig
+from common.fedefc_plan import twin_reads_slice
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
@@ -145,9 +146,10 @@ class MethodClient(NumPyClient):
 
     def fit_twin(self, weights, probe: LocalJob | None) -> tuple[list, float | None]:
         """The twin's local update (:func:`.local_update.twin`) on all of the client's
-        data but its guard slice (:func:`.local_data.twin_data`), with the Q its probe's
-        update trained with; its seed is the probe's. Returns the twin's weights and,
-        where the round asks for A_k, the RECEIVED twin's reading on the guard slice,
+        data but its guard slice where the guard reads the clients
+        (:func:`.local_data.twin_data`), with the Q its probe's update trained with; its
+        seed is the probe's. Returns the twin's weights and, where the round asks for A_k
+        and the guard reads the clients, the RECEIVED twin's reading on the guard slice,
         read as the probe's share is read (through the Q the client trained with last
         round, :attr:`.job.LocalJob.prior_q`): the delivered model's guard signal
         (docs/FEDEFC.md §3.4, §3.8)."""
@@ -156,11 +158,12 @@ class MethodClient(NumPyClient):
         set_weights(model, weights)
         if probe is None:  # no samples
             return get_weights(model), None
-        job = LocalJob(self.cfg, twin_data(local), model, probe.phase, probe.server_round,
-                       probe.seed, config=probe.config)
+        reads_slice = twin_reads_slice(self.cfg)
+        job = LocalJob(self.cfg, twin_data(local, reads_slice), model, probe.phase,
+                       probe.server_round, probe.seed, config=probe.config)
         job.prior_q = probe.prior_q
-        reading = (job.validation_accuracy()
-                   if carries_accuracy(probe.phase, self.cfg.guarded) else None)
+        reading = (job.validation_accuracy() if reads_slice and
+                   carries_accuracy(probe.phase, self.cfg.guarded) else None)
         twin(job, probe.last_q)
         return get_weights(model), reading
 

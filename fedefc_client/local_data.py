@@ -147,15 +147,16 @@ def guard_slice(validation: np.ndarray) -> np.ndarray:
     return validation[::2]
 
 
-def twin_data(local: LocalData) -> LocalData:
-    """The twin's view of a client's data (docs/FEDEFC.md §3.8): every sample but the
-    guard slice of the validation share (:func:`guard_slice`), which the twin never
-    trains on and is read on (the delivered model's guard signal, §3.4); the rest of
-    the share, with its labels (checked ones where the share is verified, §3.7), and
-    the estimation share are trained on. A client without a share trains the twin on
-    everything."""
-    slice_ = None if local.validation is None else guard_slice(local.validation)
-    return replace(local, validation=slice_, estimation=None)
+def twin_data(local: LocalData, reads_slice: bool) -> LocalData:
+    """The twin's view of a client's data (docs/FEDEFC.md §3.8): where the guard reads
+    the clients (``reads_slice``), every sample but the guard slice of the validation
+    share (:func:`guard_slice`), which the twin never trains on and is read on (the
+    delivered model's guard signal, §3.4); else (the guard reads the coordinator's clean
+    set, §3.9) every sample. The rest of the share, with its labels (checked ones where
+    the share is verified, §3.7), and the estimation share are trained on."""
+    keep = local.validation is not None and reads_slice
+    return replace(local, validation=guard_slice(local.validation) if keep else None,
+                   estimation=None)
 
 
 def layout(cfg: RunConfig, partition_id: int, n: int, num_classes: int

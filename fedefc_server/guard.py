@@ -216,6 +216,7 @@ class ModelGuard:
         self.signal = signal
         self.kept: Parameters | None = None
         self.delivered: Delivered | None = None
+        self.output_reading: float | None = None  # the last model's, where the server read it
 
     def judge(self, t: int, read: Reading, received: Parameters | None,
               proposed: Parameters | None, *, phase_2_model: bool, rebase: bool,
@@ -252,6 +253,8 @@ class ModelGuard:
             return proposed
         out = read if read_output is None or proposed is None else read_output(proposed)
         final = out.value
+        if out is not read:
+            self.output_reading = final
         if r.last_verdict(t, final):
             log(WARNING, "PHASE-2 GUARD at the end of the run: the model round %d received "
                 "reads %.4f on %s, above the last model's %.4f: that model is restored "

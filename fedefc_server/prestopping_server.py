@@ -28,7 +28,7 @@ from flwr.common import Parameters, Scalar
 from flwr.common.logger import log
 
 from common.config import RunConfig
-from common.fedefc_plan import twin_mode
+from common.fedefc_plan import twin_mode, twin_reads_slice
 from common.messages import FitConfig, FitReply, carries_accuracy
 from common.methods import counts_pooling, q_estimator_used, validation_share
 from common.models import ClassifierShape
@@ -81,7 +81,7 @@ class PrestoppingServer(MethodServer):
     def check_metrics(self, server_round: int, metrics: dict[str, Scalar]) -> str | None:
         """A twin's reading on its guard slice wherever the reply carries A_k (under
         secure aggregation it travels inside the masked sum, checked there)."""
-        if self.cfg.twinned and not self.cfg.secure_aggregation and \
+        if twin_reads_slice(self.cfg) and not self.cfg.secure_aggregation and \
                 self.asks_accuracy(server_round):
             return bad_number(FitReply.GUARD_ACCURACY, metrics.get(FitReply.GUARD_ACCURACY),
                               0.0, 1.0)
@@ -114,12 +114,15 @@ class PrestoppingServer(MethodServer):
         rebase = ((self.cfg.guard_score == "cross-fit"
                    or self.cfg.validation_phase_2 == "guard-slice")
                   and self.prestopper.t_e is not None and t == self.prestopper.t_e + 1)
-        return self.guard.judge(
+        new = self.guard.judge(
             t, read, result.received, result.parameters,
             phase_2_model=self.prestopper.phase(t - 1) == 2, rebase=rebase,
             last=t == self.cfg.rounds,
             read_output=None if self.clean is None else partial(
-                clean_reading, self.clean, twinned=self.cfg.twinned)), fields
+                clean_reading, self.clean, twinned=self.cfg.twinned))
+        if self.guard.output_reading is not None:  # the last model's, on the clean set
+            fields["guard_output_acc"] = self.guard.output_reading
+        return new, fields
 
     def min_gain(self, a_t: float, result: Aggregated) -> float:
         """How far A(t) must rise above A_max to count: ``prestopping-min-gain`` standard

@@ -128,11 +128,13 @@ def equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-def truth(cfg, local, start, seed, q=None) -> list[np.ndarray]:
+def truth(cfg, local, start, seed, q=None, slice_out=True) -> list[np.ndarray]:
     """The twin's update by hand: cross-entropy (or the forward-corrected loss with
-    ``q``) on every sample but the guard slice, every second position of the share."""
+    ``q``) on every sample but the guard slice, every second position of the share (with
+    ``slice_out``; else on every sample)."""
     keep = np.ones(len(local), dtype=bool)
-    keep[local.validation[::2]] = False
+    if slice_out:
+        keep[local.validation[::2]] = False
     model = model_for(cfg, local.data.task, CPU, "truth")
     set_weights(model, start)
     job = LocalJob(cfg, replace(local, validation=None, estimation=None), model,
@@ -165,6 +167,19 @@ def test_in_phase_1_the_twin_trains_all_but_its_guard_slice_and_is_read_on_the_s
                           BatchTransform.of(local.spec, CPU), 1024)
     assert len(slice_) > 20 and metrics["guard-accuracy"] == pytest.approx(
         float(np.mean(probs.argmax(1) == local.labels[slice_])))
+
+
+def test_where_the_guard_reads_the_coordinators_set_the_twin_trains_on_every_sample():
+    """The clean set is read on the server (docs/FEDEFC.md §3.9): the twin needs no slice
+    of its own and reports no reading; it is FedAvg's client update bit for bit."""
+    (twinned, _, fedavg), cfg = clients(**{"clean-validation-per-class": 10})
+    local = twinned.local
+    start = get_weights(initial_model(cfg, local.data.task))
+    config = {**round_config(cfg, 1, 3), "phase": 1}
+    weights, _, metrics = twinned.fit(paired(start), config)
+    twin = halves(weights)[0]
+    assert "guard-accuracy" not in metrics and "accuracy" in metrics
+    assert equal(twin, truth(cfg, local, start, int(config["seed"]), slice_out=False))
 
 
 def trained_start(fedavg: MethodClient, cfg) -> list[np.ndarray]:

@@ -44,6 +44,8 @@ from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
 from fedefc_server.clean_set import attach_clean_set
 from fedefc_server.evaluation import TestSetEvaluator
+from fedefc_server.guard import ModelGuard
+from fedefc_server.prestopping_server import PrestoppingServer
 from fedefc_server.round_loop import RoundLoop
 from tests.helpers import OK, FakeProxy, make_pipeline
 
@@ -96,13 +98,32 @@ def run_cell(config: dict, out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def record_only() -> None:
+    """The guard of every run in this process judges as usual (its verdicts logged, its
+    readings recorded) but hands back FedAvg's model and never ends the run."""
+    judge = ModelGuard.judge
+
+    def judge_and_train_on(self, t, read, received, proposed, **keys):
+        judge(self, t, read, received, proposed, **keys)
+        return proposed
+    ModelGuard.judge = judge_and_train_on
+    PrestoppingServer.finished = lambda self: False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", help="configs/grids/<name>.toml name or a grid file")
     ap.add_argument("--results-dir", type=Path, required=True)
     ap.add_argument("--row", dest="rows", action="append", default=None)
     ap.add_argument("--column", dest="columns", action="append", default=None)
+    ap.add_argument("--record-only", action="store_true",
+                    help="the phase-2 guard reads and records every round but never "
+                         "restores a model or ends a run: every run trains all its "
+                         "rounds, and any delivery rule can be replayed on its records "
+                         "(tests/benchmarks/fresh_report.py)")
     args = ap.parse_args(argv)
+    if args.record_only:
+        record_only()
     # one thread (the clients' configure_threads reads it): a client's two OpenMP threads
     # on a loaded 2-core machine spin at every barrier (measured: 40x slower rounds)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
