@@ -95,36 +95,6 @@ class NoiseGroup(BaseModel):
     zeta: float
 
 
-# the methods whose clients keep nothing in the node's state between rounds (FedEFC's
-# only with neither pooled counts nor the phase-2 guard), so that a node may serve them
-# for another partition in one message
-STATELESS_CLIENTS = ("fedavg", "fedprox", "fedefc", "forward-correction",
-                     "confident-learning", "fednoro", "rofl")
-
-
-def stacked_obstacle(cfg: RunConfig) -> str:
-    """Why this run's clients cannot be grouped into one message ('' when they can)."""
-    if cfg.method not in STATELESS_CLIENTS:
-        return (f"method {cfg.method!r} keeps each client's own state in its node between "
-                f"rounds, which a group served by one node would not; only "
-                f"{', '.join(STATELESS_CLIENTS)} are grouped")
-    if cfg.method == "fedefc" and (cfg.q_pooling_mode == "cumulative" or cfg.guarded
-                                   or cfg.twinned):
-        return ("FedEFC with pooled counts, the phase-2 guard or a twin (every client in "
-                "every round, docs/FEDEFC.md §3.4, §3.8, §4.7) keeps each client's counts "
-                "and Q in its node between rounds, which a group served by one node would "
-                "not")
-    if cfg.secure_aggregation or cfg.dp_clip > 0:
-        return ("secure aggregation and differential privacy mask, clip and noise one "
-                "update per message, not per client of a group")
-    if cfg.faults:
-        return "faults= makes nodes lie for their own partition, one message each"
-    if cfg.step_capture != "off":
-        return (f"step-capture={cfg.step_capture!r} replays one client's step; a group's "
-                "clients are stepped together instead")
-    return ""
-
-
 class RunConfig(BaseModel):
     """Every key a run has whatever its method (declared with its default in pyproject.toml)."""
 
@@ -208,11 +178,6 @@ class RunConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     step_capture: Literal["off", "cuda-graph"] = "off"  # common/step_capture.py
-    # a simulation's sampled clients sent at most G to a message and stepped together
-    # (fedefc_server/client_groups.py, common/stacked_training.py); 0 (the default, the
-    # fastest path measured on a GPU: docs/BENCHMARKS.md, "The default of stacked-clients"):
-    # one message per client
-    stacked_clients: int = 0
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
@@ -266,14 +231,6 @@ class RunConfig(BaseModel):
                              "0 (the paper's rule) to 10")
         return gain
 
-    @field_validator("stacked_clients", mode="before")
-    @classmethod
-    def _group_size(cls, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
-            raise ValueError("give 0 (one message per client, the default) or a group size "
-                             "from 2 to 1024")
-        return value
-
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, name: str) -> str:
@@ -326,7 +283,6 @@ class RunConfig(BaseModel):
         self._check_privacy()
         check_variant(self)
         self._check_clean_validation()
-        self._check_stacked()
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
@@ -378,19 +334,6 @@ class RunConfig(BaseModel):
         """Whether the phase-2 guard reads checked labels: the clients' verified shares
         (docs/FEDEFC.md §3.7) or the coordinator's clean validation set (§3.9)."""
         return self.validation_labels == "verified" or bool(self.clean_validation_key)
-
-    def _check_stacked(self) -> None:
-        """``stacked-clients``: what a group of clients in one message cannot have
-        (docs/BENCHMARKS.md, "Several clients stepped together")."""
-        g = self.stacked_clients
-        if g == 0:
-            return
-        if g == 1:
-            raise ValueError("stacked-clients=1 groups nothing; set 0 (one message per "
-                             "client) or a group size of 2 or more")
-        why = stacked_obstacle(self)
-        if why:
-            raise ValueError(f"stacked-clients={g}: {why}; set stacked-clients=0")
 
     def _check_own_data(self) -> None:
         """The keys of docs/OWN-DATA.md: paths, shapes, model, evaluation."""
@@ -725,6 +668,30 @@ def _check_noise(rho: float, zeta: float, key: str) -> None:
         )
 
 
+# Keys a run config no longer has: {key: (the value that asks for what every run now
+# does, what became of the key)}. The config.json and checkpoint of a run made while the
+# key existed hold that value, which is dropped, so the run can still be read and
+# resumed; any other value asked for the removed path and is refused.
+RETIRED_KEYS = {
+    "stacked-clients": (0, (
+        "removed: a simulation's clients sent in groups to one node and stepped together "
+        "ran 1.9x to 2.7x slower per round than one message per client on a GPU, and 22 % "
+        "slower on a CPU (docs/BENCHMARKS.md, \"Removed: clients stepped together\"); every "
+        "run now sends one message per client: delete the key")),
+}
+
+
+def retired(given: dict[str, Any]) -> list[str]:
+    """Drop the :data:`RETIRED_KEYS` from ``given`` (in place); the refusals of those
+    given another value than the one every run now has."""
+    errors = []
+    for key, (kept, why) in RETIRED_KEYS.items():
+        value = given.pop(key, kept)
+        if value != kept:
+            errors.append(f"run-config key {key!r} = {value!r}: {why}")
+    return errors
+
+
 def parse_run_config(flat: Mapping[str, Any],
                      settings_of: Mapping[str, type[MethodSettings] | None]) -> RunConfig:
     """Validate Flower's flat run config: the shared keys with :class:`RunConfig`, each
@@ -733,7 +700,7 @@ def parse_run_config(flat: Mapping[str, Any],
     given = dict(flat)
     models = list(dict.fromkeys(m for m in settings_of.values() if m is not None))
     owner = {key: model for model in models for key in model.keys()}
-    errors: list[str] = []
+    errors: list[str] = retired(given)
     cfg = None
     try:
         cfg = RunConfig.model_validate({k: v for k, v in given.items() if k not in owner})

@@ -304,7 +304,7 @@ def default_config() -> dict[str, Any]:
 # What a stored run without a key did: the behaviour from before the key existed.
 BEFORE_THE_KEY = {"accuracy-signal": "global", "q-pooling": "none", "q-estimator": "counted",
                   "phase-2-guard": "off", "validation-max-per-class": 0,
-                  "prestopping-min-gain": 0.0, "stacked-clients": 0, "twin-model": "off"}
+                  "prestopping-min-gain": 0.0, "twin-model": "off"}
 
 
 def as_recorded(stored: dict[str, Any]) -> dict[str, Any]:
@@ -357,15 +357,13 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
     guard = phase_2_guard_mode(given("phase-2-guard"), signal)
     kept = keeps_share(method, signal)
     entry = METHODS.get(method)
-    groups, twin = given("stacked-clients"), given("twin-model")
+    twin = given("twin-model")
     if twin == "auto":  # read, not validated: a stored config is compared as is
         cfg = RunConfig.model_construct(**{k.replace("-", "_"): v for k, v in {
             **defaults, **config, "twin-model": twin}.items()})
         twin = twin_mode(cfg)
     return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
-            # "auto" (before 0 became the default) is in the configs of plain loops only,
-            # which train one client at a time; a run recorded the number it used
-            "stacked-clients": 0 if groups == "auto" else int(groups), "twin-model": twin,
+            "twin-model": twin,
             "q-pooling": pooling_used(method, pooling),
             "q-estimator": estimator_used(method, estimator),
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",

@@ -133,3 +133,14 @@ def test_the_run_config_is_validated_once_and_a_changed_dict_is_validated_again(
     assert load_run_config(dict(flat)) is first and load_run_config(flat) is first
     flat["rounds"] = 8
     assert load_run_config(flat).rounds == 8 and load_run_config({"rounds": 7}) is first
+
+
+def test_a_retired_key_is_read_from_a_stored_run_and_refused_when_it_asks_for_more():
+    """``stacked-clients`` is gone (docs/BENCHMARKS.md): the config.json of a run made
+    while it existed holds 0, which is dropped, so the run is still read and resumed; a
+    group size asked for the removed path and is refused, naming what happened and the fix."""
+    stored = {**default_config(), "stacked-clients": 0}
+    flat = load_run_config(stored).to_flat()
+    assert "stacked-clients" not in flat and flat == default_config()
+    with pytest.raises(ConfigError, match=r"'stacked-clients' = 5: removed: .*delete the key"):
+        load_run_config({"stacked-clients": 5})

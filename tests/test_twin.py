@@ -66,7 +66,6 @@ def test_auto_trains_a_twin_where_the_held_out_signal_keeps_a_share(keys, twinne
     ({"twin-model": "on"}, "keeps none"),
     ({**SILO, "twin-model": "on", "method": "confident-learning"}, "has no such phase"),
     ({**SILO, "twin-model": "on", "max-update-norm": 5.0}, "bound one model's update"),
-    ({**SILO, "twin-model": "on", "stacked-clients": 2}, "keeps each client's counts"),
 ])
 def test_a_twin_that_cannot_be_trained_is_refused_naming_why(keys, names):
     with pytest.raises(ConfigError, match=names):
