@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -216,6 +217,10 @@ class RunConfig(BaseModel):
 
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
+    # the run's entry of the method registry (common/methods.py: a Method, typed Any here
+    # so that the two modules do not import each other), set at validation by
+    # parse_run_config: the facts a method declares (whether it trains a twin, ...)
+    _method: Any = PrivateAttr(default=None)
 
     @field_validator("prestopping_min_gain", mode="before")
     @classmethod
@@ -240,7 +245,8 @@ class RunConfig(BaseModel):
         return name
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> RunConfig:
+    def _cross_checks(self, info: ValidationInfo) -> RunConfig:
+        self._method = (info.context or {}).get("methods", {}).get(self.method)
         if self.dataset in DATASETS and DATASETS[self.dataset].reads_data_dir and \
                 not os.path.isabs(self.data_dir):
             raise ValueError(
@@ -438,6 +444,12 @@ class RunConfig(BaseModel):
         """``prestopping-min-gain`` where the run keeps validation shares (the held-out
         signal), else 0: the paper's rule (docs/FEDEFC.md §3.3)."""
         return self.prestopping_min_gain if self.accuracy_signal_mode == "held-out" else 0.0
+
+    @property
+    def method_entry(self) -> Any:
+        """The run's ``Method`` entry (common/methods.py: METHODS), None for a name the
+        registry does not hold (``load_run_config`` refuses it)."""
+        return self._method
 
     @property
     def twinned(self) -> bool:
@@ -692,18 +704,21 @@ def retired(given: dict[str, Any]) -> list[str]:
     return errors
 
 
-def parse_run_config(flat: Mapping[str, Any],
-                     settings_of: Mapping[str, type[MethodSettings] | None]) -> RunConfig:
+def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any]) -> RunConfig:
     """Validate Flower's flat run config: the shared keys with :class:`RunConfig`, each
-    method's keys with its model (``settings_of``: method -> settings model or None);
-    raise :class:`ConfigError` naming every bad key."""
+    method's keys with its model (``methods``: the registry, name -> ``Method`` of
+    common/methods.py, whose ``settings`` is its model or None, and whose facts the
+    rules read: :attr:`RunConfig.method_entry`); raise :class:`ConfigError` naming every
+    bad key."""
     given = dict(flat)
+    settings_of = {name: method.settings for name, method in methods.items()}
     models = list(dict.fromkeys(m for m in settings_of.values() if m is not None))
     owner = {key: model for model in models for key in model.keys()}
     errors: list[str] = retired(given)
     cfg = None
     try:
-        cfg = RunConfig.model_validate({k: v for k, v in given.items() if k not in owner})
+        cfg = RunConfig.model_validate({k: v for k, v in given.items() if k not in owner},
+                                       context={"methods": methods})
     except ValidationError as err:
         errors += _format_errors(err, given, known=[*_keys(RunConfig), *owner])
     settings: dict[type, MethodSettings] = {}

@@ -57,7 +57,9 @@ class Method:
     ``counts_q``: its local update counts FedEFC's Q, so ``q-pooling`` and ``q-estimator``
     apply to it: it sums its phase-2 count matrices over rounds in the node's state where
     ``q-pooling`` resolves to ``cumulative`` (docs/FEDEFC.md §4.7) and shrinks Q towards
-    the identity where ``q-estimator`` resolves to ``shrunk`` (§4.8)."""
+    the identity where ``q-estimator`` resolves to ``shrunk`` (§4.8). ``twin``: its
+    clients can also train a twin of the global model on all their data, the model the
+    run delivers (``twin-model``, docs/FEDEFC.md §3.8)."""
 
     name: str
     title: str
@@ -70,6 +72,7 @@ class Method:
     counts_subset: bool = False
     needs_features: bool = False
     counts_q: bool = False
+    twin: bool = False
 
     @property
     def secure(self) -> bool:
@@ -90,7 +93,7 @@ _PLAIN = f"{_SERVERS}.method_server:MethodServer"
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedefc", "FedEFC", _PRESTOPPING, f"{_CLIENTS}.local_update:fedefc",
-           counts_q=True),
+           counts_q=True, twin=True),
     Method("fedavg", "FedAvg", _PLAIN, f"{_CLIENTS}.local_update:fedavg"),
     Method("fedprox", "FedProx", _PLAIN, f"{_CLIENTS}.baselines.fedprox:fedprox",
            FedProxSettings),
@@ -205,7 +208,7 @@ def load_run_config(flat: dict[str, Any]) -> RunConfig:
         key = frozenset(flat.items())
         cfg = _PARSED.get(key)
     if cfg is None:
-        cfg = parse_run_config(flat, {m.name: m.settings for m in METHODS.values()})
+        cfg = parse_run_config(flat, METHODS)
         _check_method(cfg)
     with _LOCK:
         _PARSED[key] = cfg
@@ -361,6 +364,7 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
     if twin == "auto":  # read, not validated: a stored config is compared as is
         cfg = RunConfig.model_construct(**{k.replace("-", "_"): v for k, v in {
             **defaults, **config, "twin-model": twin}.items()})
+        cfg._method = entry
         twin = twin_mode(cfg)
     return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
             "twin-model": twin,

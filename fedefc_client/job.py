@@ -26,8 +26,8 @@ from common.training import (
 )
 from common.transition import cross_fitted_accuracy
 
-from .baselines.label_state import load_vector
 from .local_data import LocalData, guard_slice
+from .node_state import load_vector
 
 NOISE_MODEL = "noise-model"  # context.state: the Q this client trained with last (guarded runs)
 

@@ -78,7 +78,7 @@ from common.runtime import initial_model, model_for
 from common.training import configure_threads, pick_device
 from common.twin import delivered, halves, paired
 from fedefc_cli.run_configs import resolve_run_config
-from fedefc_client.baselines.label_state import load_vector
+from fedefc_client.node_state import load_vector
 from fedefc_client.client import MethodClient
 from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data
