@@ -8,6 +8,7 @@ import pytest
 from common.baselines.fedcorr import FedCorrSettings
 from common.config import ConfigError, RunConfig
 from common.methods import METHODS, default_config, load_object, load_run_config
+from fedefc_cli.keys_doc import PYPROJECT, KeysDocError, keys_doc, read_tiers, render
 from fedefc_cli.main import main
 from fedefc_cli.run_configs import parse_overrides, read_preset, resolve_run_config
 from fedefc_server.method_server import MethodServer
@@ -144,3 +145,28 @@ def test_a_retired_key_is_read_from_a_stored_run_and_refused_when_it_asks_for_mo
     assert "stacked-clients" not in flat and flat == default_config()
     with pytest.raises(ConfigError, match=r"'stacked-clients' = 5: removed: .*delete the key"):
         load_run_config({"stacked-clients": 5})
+
+
+def test_the_key_reference_is_pyprojects_declaration_as_tables(tmp_path):
+    """docs/RUN-CONFIG.md is written from pyproject.toml by ``fedefc keys --write``: it
+    matches, every declared key is in it once, tier 1 stays the dozen a user sets, and
+    a changed comment makes the doc stale."""
+    _, stale = keys_doc()
+    assert not stale, "docs/RUN-CONFIG.md is stale: run `fedefc keys --write`"
+    tiers = read_tiers(PYPROJECT.read_text())
+    assert [len([k for g in t.groups for r in g.rows for k in r.keys]) for t in tiers][0] <= 12
+    changed = tmp_path / "pyproject.toml"
+    changed.write_text(PYPROJECT.read_text().replace("# training rounds", "# rounds"))
+    assert keys_doc(pyproject=changed)[1]
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("## t\nrounds = 40\n", "'rounds' says nothing"),
+    ("## t\n# above\nrounds = 40  # beside\n", "'rounds' has a comment above it and one"),
+    ("rounds = 40  # training rounds\n", "before the first '## ' tier"),
+    ("## t\nrounds 40\n", "not 'key = value"),
+    ("## t\nrounds = 40  # training rounds\n\nseed = 0\n", r"missing from the tables \['seed'\]"),
+])
+def test_a_key_the_reference_cannot_tell_is_refused_naming_it(body, names):
+    with pytest.raises(KeysDocError, match=names):
+        render(f"[tool.flwr.app.config]\n{body}")
