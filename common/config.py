@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -93,36 +94,6 @@ class NoiseGroup(BaseModel):
 
     rho: float
     zeta: float
-
-
-# the methods whose clients keep nothing in the node's state between rounds (FedEFC's
-# only with neither pooled counts nor the phase-2 guard), so that a node may serve them
-# for another partition in one message
-STATELESS_CLIENTS = ("fedavg", "fedprox", "fedefc", "forward-correction",
-                     "confident-learning", "fednoro", "rofl")
-
-
-def stacked_obstacle(cfg: RunConfig) -> str:
-    """Why this run's clients cannot be grouped into one message ('' when they can)."""
-    if cfg.method not in STATELESS_CLIENTS:
-        return (f"method {cfg.method!r} keeps each client's own state in its node between "
-                f"rounds, which a group served by one node would not; only "
-                f"{', '.join(STATELESS_CLIENTS)} are grouped")
-    if cfg.method == "fedefc" and (cfg.q_pooling_mode == "cumulative" or cfg.guarded
-                                   or cfg.twinned):
-        return ("FedEFC with pooled counts, the phase-2 guard or a twin (every client in "
-                "every round, docs/FEDEFC.md §3.4, §3.8, §4.7) keeps each client's counts "
-                "and Q in its node between rounds, which a group served by one node would "
-                "not")
-    if cfg.secure_aggregation or cfg.dp_clip > 0:
-        return ("secure aggregation and differential privacy mask, clip and noise one "
-                "update per message, not per client of a group")
-    if cfg.faults:
-        return "faults= makes nodes lie for their own partition, one message each"
-    if cfg.step_capture != "off":
-        return (f"step-capture={cfg.step_capture!r} replays one client's step; a group's "
-                "clients are stepped together instead")
-    return ""
 
 
 class RunConfig(BaseModel):
@@ -208,11 +179,6 @@ class RunConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     step_capture: Literal["off", "cuda-graph"] = "off"  # common/step_capture.py
-    # a simulation's sampled clients sent at most G to a message and stepped together
-    # (fedefc_server/client_groups.py, common/stacked_training.py); 0 (the default, the
-    # fastest path measured on a GPU: docs/BENCHMARKS.md, "The default of stacked-clients"):
-    # one message per client
-    stacked_clients: int = 0
     client_threads: int = Field(0, ge=0, le=1024)
     diagnostics: bool = True
     eval_batch_size: int = Field(1024, ge=1, le=1_000_000)
@@ -251,6 +217,10 @@ class RunConfig(BaseModel):
 
     # every method's settings, set by parse_run_config (one instance per settings model)
     _settings: dict[type, MethodSettings] = PrivateAttr(default_factory=dict)
+    # the run's entry of the method registry (common/methods.py: a Method, typed Any here
+    # so that the two modules do not import each other), set at validation by
+    # parse_run_config: the facts a method declares (whether it trains a twin, ...)
+    _method: Any = PrivateAttr(default=None)
 
     @field_validator("prestopping_min_gain", mode="before")
     @classmethod
@@ -266,14 +236,6 @@ class RunConfig(BaseModel):
                              "0 (the paper's rule) to 10")
         return gain
 
-    @field_validator("stacked_clients", mode="before")
-    @classmethod
-    def _group_size(cls, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
-            raise ValueError("give 0 (one message per client, the default) or a group size "
-                             "from 2 to 1024")
-        return value
-
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, name: str) -> str:
@@ -283,7 +245,8 @@ class RunConfig(BaseModel):
         return name
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> RunConfig:
+    def _cross_checks(self, info: ValidationInfo) -> RunConfig:
+        self._method = (info.context or {}).get("methods", {}).get(self.method)
         if self.dataset in DATASETS and DATASETS[self.dataset].reads_data_dir and \
                 not os.path.isabs(self.data_dir):
             raise ValueError(
@@ -326,7 +289,6 @@ class RunConfig(BaseModel):
         self._check_privacy()
         check_variant(self)
         self._check_clean_validation()
-        self._check_stacked()
         if self.prestopping and self.start_round >= self.rounds:
             raise ValueError(
                 f"start-round={self.start_round} is not below rounds={self.rounds}: "
@@ -378,19 +340,6 @@ class RunConfig(BaseModel):
         """Whether the phase-2 guard reads checked labels: the clients' verified shares
         (docs/FEDEFC.md §3.7) or the coordinator's clean validation set (§3.9)."""
         return self.validation_labels == "verified" or bool(self.clean_validation_key)
-
-    def _check_stacked(self) -> None:
-        """``stacked-clients``: what a group of clients in one message cannot have
-        (docs/BENCHMARKS.md, "Several clients stepped together")."""
-        g = self.stacked_clients
-        if g == 0:
-            return
-        if g == 1:
-            raise ValueError("stacked-clients=1 groups nothing; set 0 (one message per "
-                             "client) or a group size of 2 or more")
-        why = stacked_obstacle(self)
-        if why:
-            raise ValueError(f"stacked-clients={g}: {why}; set stacked-clients=0")
 
     def _check_own_data(self) -> None:
         """The keys of docs/OWN-DATA.md: paths, shapes, model, evaluation."""
@@ -495,6 +444,12 @@ class RunConfig(BaseModel):
         """``prestopping-min-gain`` where the run keeps validation shares (the held-out
         signal), else 0: the paper's rule (docs/FEDEFC.md §3.3)."""
         return self.prestopping_min_gain if self.accuracy_signal_mode == "held-out" else 0.0
+
+    @property
+    def method_entry(self) -> Any:
+        """The run's ``Method`` entry (common/methods.py: METHODS), None for a name the
+        registry does not hold (``load_run_config`` refuses it)."""
+        return self._method
 
     @property
     def twinned(self) -> bool:
@@ -725,18 +680,45 @@ def _check_noise(rho: float, zeta: float, key: str) -> None:
         )
 
 
-def parse_run_config(flat: Mapping[str, Any],
-                     settings_of: Mapping[str, type[MethodSettings] | None]) -> RunConfig:
+# Keys a run config no longer has: {key: (the value that asks for what every run now
+# does, what became of the key)}. The config.json and checkpoint of a run made while the
+# key existed hold that value, which is dropped, so the run can still be read and
+# resumed; any other value asked for the removed path and is refused.
+RETIRED_KEYS = {
+    "stacked-clients": (0, (
+        "removed: a simulation's clients sent in groups to one node and stepped together "
+        "ran 1.9x to 2.7x slower per round than one message per client on a GPU, and 22 % "
+        "slower on a CPU (docs/BENCHMARKS.md, \"Removed: clients stepped together\"); every "
+        "run now sends one message per client: delete the key")),
+}
+
+
+def retired(given: dict[str, Any]) -> list[str]:
+    """Drop the :data:`RETIRED_KEYS` from ``given`` (in place); the refusals of those
+    given another value than the one every run now has."""
+    errors = []
+    for key, (kept, why) in RETIRED_KEYS.items():
+        value = given.pop(key, kept)
+        if value != kept:
+            errors.append(f"run-config key {key!r} = {value!r}: {why}")
+    return errors
+
+
+def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any]) -> RunConfig:
     """Validate Flower's flat run config: the shared keys with :class:`RunConfig`, each
-    method's keys with its model (``settings_of``: method -> settings model or None);
-    raise :class:`ConfigError` naming every bad key."""
+    method's keys with its model (``methods``: the registry, name -> ``Method`` of
+    common/methods.py, whose ``settings`` is its model or None, and whose facts the
+    rules read: :attr:`RunConfig.method_entry`); raise :class:`ConfigError` naming every
+    bad key."""
     given = dict(flat)
+    settings_of = {name: method.settings for name, method in methods.items()}
     models = list(dict.fromkeys(m for m in settings_of.values() if m is not None))
     owner = {key: model for model in models for key in model.keys()}
-    errors: list[str] = []
+    errors: list[str] = retired(given)
     cfg = None
     try:
-        cfg = RunConfig.model_validate({k: v for k, v in given.items() if k not in owner})
+        cfg = RunConfig.model_validate({k: v for k, v in given.items() if k not in owner},
+                                       context={"methods": methods})
     except ValidationError as err:
         errors += _format_errors(err, given, known=[*_keys(RunConfig), *owner])
     settings: dict[type, MethodSettings] = {}

@@ -70,7 +70,7 @@ def phase_2_guard_mode(guard: str, signal_mode: str) -> str:
 
 def twin_obstacle(cfg: RunConfig) -> str:
     """Why this run cannot train a twin (docs/FEDEFC.md §3.8; '' when it can)."""
-    if cfg.method != "fedefc":
+    if cfg.method_entry is None or not cfg.method_entry.twin:
         return (f"the twin trains FedEFC's phase 2 with each client's Q, and method "
                 f"{cfg.method!r} has no such phase")
     if cfg.accuracy_signal_mode != "held-out":

@@ -10,10 +10,8 @@ folds it into the round record as the entry says; nothing else is recorded.
 
 from __future__ import annotations
 
-import base64
-import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 
 class FitConfig:
@@ -22,25 +20,6 @@ class FitConfig:
     ROUND = "round"  # int: the server round
     SEED = "seed"  # int: the client's seed, derived from (run seed, partition id, round)
     PHASE = "phase"  # int 1 | 2: FedEFC's phase (methods with a prestopping point only)
-    # str, JSON [[partition id, its round config], ...]: the clients a simulated node
-    # trains in this message, stepped together (``stacked-clients``)
-    GROUP = "group"
-
-
-def group_dumps(value: Any) -> str:
-    """A group's members (``FitConfig.GROUP``, ``FitReply.GROUP``) as JSON; a bytes value
-    (a method's arrays as .npy, e.g. RoFL's centroids) as ``{"bytes": base64}``."""
-    def encode(obj: Any) -> dict[str, str]:
-        if isinstance(obj, bytes):
-            return {"bytes": base64.b64encode(obj).decode("ascii")}
-        raise TypeError(f"a group message carries scalars, not {type(obj).__name__}")
-    return json.dumps(value, default=encode)
-
-
-def group_loads(text: str) -> Any:
-    """:func:`group_dumps` read back."""
-    return json.loads(text, object_hook=lambda d: base64.b64decode(d["bytes"])
-                      if set(d) == {"bytes"} else d)
 
 
 class Declaration:
@@ -62,9 +41,6 @@ class FitReply:
     LOSS = "loss"  # str: the name of the loss the client trained with
     TRAIN_LOSS = "train-loss"  # float: mean training loss
     FIT_S = "fit-s"  # float: local compute seconds
-    # str, JSON [[partition id, count, its metrics], ...]: a group's members, in the
-    # order of their weights in the reply (``stacked-clients``)
-    GROUP = "group"
     # float in [0, 1]: A_k in phase 1 (docs/FEDEFC.md §3.1), and in phase 2 where the
     # phase-2 guard watches the held-out accuracy (§3.4)
     ACCURACY = "accuracy"

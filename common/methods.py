@@ -57,7 +57,9 @@ class Method:
     ``counts_q``: its local update counts FedEFC's Q, so ``q-pooling`` and ``q-estimator``
     apply to it: it sums its phase-2 count matrices over rounds in the node's state where
     ``q-pooling`` resolves to ``cumulative`` (docs/FEDEFC.md §4.7) and shrinks Q towards
-    the identity where ``q-estimator`` resolves to ``shrunk`` (§4.8)."""
+    the identity where ``q-estimator`` resolves to ``shrunk`` (§4.8). ``twin``: its
+    clients can also train a twin of the global model on all their data, the model the
+    run delivers (``twin-model``, docs/FEDEFC.md §3.8)."""
 
     name: str
     title: str
@@ -70,6 +72,7 @@ class Method:
     counts_subset: bool = False
     needs_features: bool = False
     counts_q: bool = False
+    twin: bool = False
 
     @property
     def secure(self) -> bool:
@@ -90,7 +93,7 @@ _PLAIN = f"{_SERVERS}.method_server:MethodServer"
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedefc", "FedEFC", _PRESTOPPING, f"{_CLIENTS}.local_update:fedefc",
-           counts_q=True),
+           counts_q=True, twin=True),
     Method("fedavg", "FedAvg", _PLAIN, f"{_CLIENTS}.local_update:fedavg"),
     Method("fedprox", "FedProx", _PLAIN, f"{_CLIENTS}.baselines.fedprox:fedprox",
            FedProxSettings),
@@ -205,7 +208,7 @@ def load_run_config(flat: dict[str, Any]) -> RunConfig:
         key = frozenset(flat.items())
         cfg = _PARSED.get(key)
     if cfg is None:
-        cfg = parse_run_config(flat, {m.name: m.settings for m in METHODS.values()})
+        cfg = parse_run_config(flat, METHODS)
         _check_method(cfg)
     with _LOCK:
         _PARSED[key] = cfg
@@ -304,7 +307,7 @@ def default_config() -> dict[str, Any]:
 # What a stored run without a key did: the behaviour from before the key existed.
 BEFORE_THE_KEY = {"accuracy-signal": "global", "q-pooling": "none", "q-estimator": "counted",
                   "phase-2-guard": "off", "validation-max-per-class": 0,
-                  "prestopping-min-gain": 0.0, "stacked-clients": 0, "twin-model": "off"}
+                  "prestopping-min-gain": 0.0, "twin-model": "off"}
 
 
 def as_recorded(stored: dict[str, Any]) -> dict[str, Any]:
@@ -357,15 +360,14 @@ def _resolved(config: dict[str, Any], missing: dict[str, Any],
     guard = phase_2_guard_mode(given("phase-2-guard"), signal)
     kept = keeps_share(method, signal)
     entry = METHODS.get(method)
-    groups, twin = given("stacked-clients"), given("twin-model")
+    twin = given("twin-model")
     if twin == "auto":  # read, not validated: a stored config is compared as is
         cfg = RunConfig.model_construct(**{k.replace("-", "_"): v for k, v in {
             **defaults, **config, "twin-model": twin}.items()})
+        cfg._method = entry
         twin = twin_mode(cfg)
     return {**config, "accuracy-signal": signal if entry is None or entry.prestopping else "",
-            # "auto" (before 0 became the default) is in the configs of plain loops only,
-            # which train one client at a time; a run recorded the number it used
-            "stacked-clients": 0 if groups == "auto" else int(groups), "twin-model": twin,
+            "twin-model": twin,
             "q-pooling": pooling_used(method, pooling),
             "q-estimator": estimator_used(method, estimator),
             "phase-2-guard": guard if prestopping and keeps_share(method, signal) else "off",

@@ -211,9 +211,7 @@ def batch_stream(data: TrainingSet, settings: SGDSettings, generator: torch.Gene
                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(epoch, normalized batch, labels, sample indices): ``settings.epochs`` passes over
     ``data`` in shuffled batches of ``settings.batch_size``, ``generator`` fixing the
-    order and the augmentation; the draws every local loop makes, in its order (one
-    client alone: :func:`run_steps`; clients stepped together:
-    ``common/stacked_training.py``)."""
+    order and the augmentation (the draws of :func:`run_steps`, in its order)."""
     x, y = data.x, data.y
     for epoch in range(settings.epochs):
         for idx in batches(len(y), settings.batch_size, generator, x.device):

@@ -2,7 +2,7 @@
 lines (:func:`fedefc_server.summary.run_report`: how it ended, its accuracies, T_e and
 the phase-2 guard's verdict, the sites that missed rounds, where its files are), read
 from the ``summary.json`` of its out-dir; the whole summary stays in that file
-(README, "What the first command shows"; docs/DEPLOYMENT.md, step 8)."""
+(README, "The first run"; docs/DEPLOYMENT.md, step 8)."""
 
 from __future__ import annotations
 

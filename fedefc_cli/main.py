@@ -29,6 +29,7 @@ from . import (
     deploy_submit,
     deploy_supervisor,
     flower,
+    keys_doc,
     labels,
     prepare_data,
     services,
@@ -94,6 +95,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_presets(args: argparse.Namespace) -> int:
     for name in preset_names():
         print(name)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """``fedefc keys [--write | --check]``: the run-config keys in tiers (docs/RUN-CONFIG.md)."""
+    if args.write and args.check:
+        raise UsageError("--write and --check: give one (--check writes nothing)")
+    text, stale = keys_doc.keys_doc(write=args.write)
+    if args.write or args.check:
+        print(f"{'stale' if args.check and stale else 'wrote' if stale else 'up to date'} "
+              f"{keys_doc.DOC}")
+        return 1 if args.check and stale else 0
+    print(text, end="")
     return 0
 
 
@@ -290,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("presets", help="list the presets in configs/").set_defaults(
         func=cmd_presets)
+
+    keys = sub.add_parser("keys", help="print every run-config key with its default, in "
+                          "three tiers (docs/RUN-CONFIG.md, written from pyproject.toml)")
+    keys.add_argument("--write", action="store_true", help="write docs/RUN-CONFIG.md")
+    keys.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 where docs/RUN-CONFIG.md differs")
+    keys.set_defaults(func=cmd_keys)
 
     grid = sub.add_parser("grid", help="run, tabulate or list a grid of runs")
     grid.add_argument("action", choices=["run", "report", "list"])

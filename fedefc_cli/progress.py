@@ -1,6 +1,6 @@
 """A progress line after each round of a run whose log reaches a terminal: the round, the
-time a round takes and about how long the rest will take (README, "What the first
-command shows"). A log copied to a file or a pipe gets none: it is a record, not a
+time a round takes and about how long the rest will take (README, "The first run"). A
+log copied to a file or a pipe gets none: it is a record, not a
 display (:func:`.flower.copy_lines`).
 
 The estimate is the wall time per round seen here since the first round line (so a

@@ -28,7 +28,7 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common.logger import log
 
-from common.config import ConfigError, RunConfig
+from common.config import RunConfig
 from common.fedefc_plan import twin_reads_slice
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
@@ -37,7 +37,6 @@ from common.runtime import model_for
 from common.training import BatchTransform, configure_threads, evaluate
 from common.twin import halves, paired
 
-from .client_group import Group, fit_group
 from .job import LocalJob
 from .local_data import LocalData, partition_sizes, twin_data
 from .local_update import Update, twin
@@ -69,11 +68,6 @@ class MethodClient(NumPyClient):
         self._load = load
         self._local: LocalData | None = None
         self.state = state
-        # stacked-clients (.client_group): the client of another partition, for a group
-        # message; and the group's meeting point while this client is a member
-        self.member: Callable[[int], MethodClient] | None = None
-        self.group: Group | None = None
-        self.slot = "main"  # the process's model instance it trains (a member: its own)
 
     # The registry asks every node once which partition it serves and how many samples
     # it trains on and holds out (docs/PRIVACY.md, "Weights bound to facts"); the sizes
@@ -103,8 +97,6 @@ class MethodClient(NumPyClient):
         return paired(weights) if self.cfg.twinned else weights
 
     def fit(self, parameters, config):
-        if FitConfig.GROUP in config:
-            return self.fit_group(parameters, config)
         _ = self.local  # loaded (or read from the cache) before the clock starts
         start = time.perf_counter()
         twin_weights, parameters = halves(parameters) if self.cfg.twinned else ([], parameters)
@@ -122,14 +114,14 @@ class MethodClient(NumPyClient):
         the job; None for a client without samples)."""
         server_round = int(config[FitConfig.ROUND])
         local = self.local
-        model = model_for(self.cfg, local.data.task, local.x.device, self.slot)
+        model = model_for(self.cfg, local.data.task, local.x.device)
         set_weights(model, parameters)
         metrics: dict = {FitReply.PARTITION_ID: self.partition_id}
         if len(local) == 0:
             return get_weights(model), 0, metrics, None
         phase = int(config[FitConfig.PHASE]) if FitConfig.PHASE in config else None
         job = LocalJob(self.cfg, local, model, phase, server_round,
-                       int(config[FitConfig.SEED]), self.state, dict(config), self.group)
+                       int(config[FitConfig.SEED]), self.state, dict(config))
         carries = carries_accuracy(job.phase, self.cfg.guarded)
         received = received_model_accuracy(job) if carries else None
         num_examples, extra, stats = self.local_update(job)
@@ -154,7 +146,7 @@ class MethodClient(NumPyClient):
         round, :attr:`.job.LocalJob.prior_q`): the delivered model's guard signal
         (docs/FEDEFC.md §3.4, §3.8)."""
         local = self.local
-        model = model_for(self.cfg, local.data.task, local.x.device, f"{self.slot}-twin")
+        model = model_for(self.cfg, local.data.task, local.x.device, "twin")
         set_weights(model, weights)
         if probe is None:  # no samples
             return get_weights(model), None
@@ -166,17 +158,6 @@ class MethodClient(NumPyClient):
                    carries_accuracy(probe.phase, self.cfg.guarded) else None)
         twin(job, probe.last_q)
         return get_weights(model), reading
-
-    def fit_group(self, parameters, config):
-        """A simulation's group of clients in one message (:mod:`.client_group`); a node
-        with its own data, or an operator's node (built without :attr:`member`:
-        ``client_app.OPERATOR_KEYS``), refuses it."""
-        if self.private_data or self.member is None:
-            raise ConfigError(
-                "the server sent this node a group of clients (stacked-clients), which "
-                "only a simulation's nodes serve; this node trains its own partition "
-                "alone: set stacked-clients=0")
-        return fit_group(self.member, parameters, config)
 
     def evaluate(self, parameters, config):
         """The received global model's (loss, accuracy) on the held-out samples, weighted

@@ -10,7 +10,6 @@ from torch import nn
 
 from common.config import RunConfig
 from common.losses import cross_entropy
-from common.stacked_training import ClientRun
 from common.step_capture import train_captured
 from common.training import (
     BatchLoss,
@@ -27,9 +26,8 @@ from common.training import (
 )
 from common.transition import cross_fitted_accuracy
 
-from .baselines.label_state import load_vector
-from .client_group import Group
 from .local_data import LocalData, guard_slice
+from .node_state import load_vector
 
 NOISE_MODEL = "noise-model"  # context.state: the Q this client trained with last (guarded runs)
 
@@ -51,9 +49,6 @@ class LocalJob:
     seed: int
     state: object = None  # the node's persistent context.state (a RecordDict)
     config: dict = field(default_factory=dict)  # the round config the server sent
-    # a group's meeting point (stacked-clients, .client_group.Group): predicts and trains
-    # with the other members; None: the job works alone
-    group: Group | None = None
     transform: BatchTransform = field(init=False)
     generator: torch.Generator = field(init=False)
     _probs: np.ndarray | None = field(init=False, default=None)
@@ -81,9 +76,8 @@ class LocalJob:
                 raise RuntimeError(
                     "LocalJob.probs read after training began: a local update must read the "
                     "received model's predictions before it trains (docs/FEDEFC.md §4)")
-            predict = predict_proba if self.group is None else self.group.predict
-            self._probs = predict(self.model, self.local.x, self.transform,
-                                  self.cfg.eval_batch_size)
+            self._probs = predict_proba(self.model, self.local.x, self.transform,
+                                        self.cfg.eval_batch_size)
         return self._probs
 
     @property
@@ -204,12 +198,8 @@ class LocalJob:
               labels: np.ndarray | None = None) -> TrainStats:
         """Local SGD with ``loss_fn`` (+ ``regularizer``) on :meth:`training_set`; its step
         replayed from a CUDA graph with ``step-capture = "cuda-graph"``
-        (:mod:`common.step_capture`); in a group (:attr:`group`) the received model's
-        training without a regularizer is stepped together with the other members'."""
+        (:mod:`common.step_capture`)."""
         self._trained = self._trained or model is None or model is self.model
-        if self.group is not None and regularizer is None and model in (None, self.model):
-            return self.group.train(ClientRun(self.model, self.training_set(labels, keep), loss_fn,
-                                          self.generator, self.seed), self.settings())
         loop = train_captured if self.cfg.step_capture == "cuda-graph" else train
         return loop(model or self.model, self.training_set(labels, keep), loss_fn,
                     self.settings(), self.generator, regularizer)

@@ -23,8 +23,8 @@ from common.transition import (
     transition_from_counts,
 )
 
-from .baselines.label_state import load_vector, save_vector
 from .job import NOISE_MODEL, LocalJob
+from .node_state import load_vector, save_vector
 
 Update = tuple[int, dict, TrainStats]
 POOLED_COUNTS = "fedefc-counts"  # context.state: the client's phase-2 count matrices, summed

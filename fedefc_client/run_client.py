@@ -17,7 +17,7 @@ Every message passes the privacy and audit mods (:mod:`.mods`, docs/PRIVACY.md).
 
 from __future__ import annotations
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message
 from flwr.client.mod.utils import make_ffn
 from flwr.clientapp.typing import ClientAppCallable
 
@@ -26,15 +26,9 @@ from common.training import pick_device
 
 from .attacker import lying, with_attacker
 from .client import MethodClient
-from .local_data import CACHE_DIR_KEY, DATA_PATH_KEY, check_node_config, node_data
+from .local_data import DATA_PATH_KEY, check_node_config, node_data
 from .mods import MODS
 from .node import partition_of
-from .policy import POLICY_KEY
-
-# node config keys only an operator's SuperNode has: a node with any of them trains its
-# own partition alone, whatever a server asks (a group is a simulation's)
-OPERATOR_KEYS = frozenset({DATA_PATH_KEY, CACHE_DIR_KEY, POLICY_KEY})
-
 
 def method_client(context: Context) -> MethodClient:
     """The run's honest client for this node."""
@@ -43,18 +37,9 @@ def method_client(context: Context) -> MethodClient:
     node = f"node {context.node_id} (partition-id {pid})"
     node_config = dict(context.node_config)
     check_node_config(node_config, node)
-
-    def client_for(partition: int, state) -> MethodClient:
-        return MethodClient(
-            cfg, partition,
-            lambda: node_data(cfg, partition, node_config, node, pick_device(cfg.device)),
-            state, private_data=DATA_PATH_KEY in node_config)
-
-    client = client_for(pid, context.state)
-    if not OPERATOR_KEYS & set(node_config):  # a simulated node serves a group message
-        # (stacked-clients); its members keep no node state
-        client.member = lambda partition: client_for(partition, RecordDict())
-    return client
+    return MethodClient(
+        cfg, pid, lambda: node_data(cfg, pid, node_config, node, pick_device(cfg.device)),
+        context.state, private_data=DATA_PATH_KEY in node_config)
 
 
 # the attacker modes of ``faults`` beside the honest client and mods (.attacker): they

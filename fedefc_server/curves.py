@@ -1,4 +1,4 @@
-"""A run in a picture: ``curves.png`` beside ``summary.json`` (README, "Results folder").
+"""A run in a picture: ``curves.png`` beside ``summary.json`` (README, "The results folder").
 
 Three panels over the rounds: the accuracy of the global model (the server's test set,
 and the nodes' held-out data with federated evaluation) and the model the run delivered,

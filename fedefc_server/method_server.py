@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .round_evaluation import Evaluator
 
 # Send partitions task messages between rounds: {pid: task config} -> {pid: reply}
-# (:mod:`.baselines.extra_messages`), bound to the round's nodes and global model.
+# (:mod:`.extra_messages`), bound to the round's nodes and global model.
 TaskSender = Callable[[dict[int, dict[str, Scalar]]], dict[int, FitRes]]
 
 

@@ -57,8 +57,8 @@ from common.methods import Method
 from common.secure_means import SCALE_KEY, SLOTS, SUMMED_KEYS, tail_scale
 from common.update_bound import BOUND_KEY, RELATIVE_KEY, float_size, round_bound, secure_range
 
-from .baselines.extra_messages import send_tasks
 from .culprit_search import CulpritSearch
+from .extra_messages import send_tasks
 from .failures import attributed_failures, describe_failures
 from .federation import Federation
 from .method_server import Aggregated, MethodServer
@@ -182,11 +182,11 @@ class RoundPipeline:
     def task_sender(self, serving: dict[int, ClientProxy], parameters: Parameters,
                     server_round: int, sent: list[int] | None = None
                     ) -> Callable[[dict[int, dict[str, Scalar]]], dict[int, FitRes]]:
-        """Task messages to chosen partitions between rounds (:mod:`.baselines.
-        extra_messages`): each gets the round config plus its task keys; each call is
-        bounded by ``client-timeout`` (0: none), as a round's training calls are, and
-        appends the number of messages it sent to ``sent`` (a task for a partition that
-        no node serves, or that the registry refuses, is not sent)."""
+        """Task messages to chosen partitions between rounds (:mod:`.extra_messages`):
+        each gets the round config plus its task keys; each call is bounded by
+        ``client-timeout`` (0: none), as a round's training calls are, and appends the
+        number of messages it sent to ``sent`` (a task for a partition that no node
+        serves, or that the registry refuses, is not sent)."""
         def send(tasks: dict[int, dict[str, Scalar]]) -> dict[int, FitRes]:
             declared = self.registry.declare(list(tasks), server_round)
             configs = {pid: {**round_config(self.cfg, pid, server_round), **tasks[pid]}

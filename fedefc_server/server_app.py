@@ -142,15 +142,6 @@ def data_source(cfg: RunConfig) -> DataSource:
     return DataSource(task, info, evaluator, rule, text)
 
 
-def refuse_groups_in_deployment(cfg: RunConfig, simulation: bool) -> None:
-    """A group size in a deployment is refused (each node trains its own data)."""
-    if cfg.stacked_clients and not simulation:
-        raise ConfigError(
-            f"stacked-clients={cfg.stacked_clients} sends a simulation's clients to one node "
-            "in groups; in a deployment each node holds its own data and trains it alone: "
-            "set stacked-clients=0")
-
-
 @dataclass(frozen=True)
 class Admission:
     """Which nodes the run admits: the rule their declared sizes must meet, the
@@ -196,9 +187,6 @@ def announce(cfg: RunConfig, source: DataSource, out_dir: str, admitted: Admissi
         cfg.num_clients, cfg.clients_per_round, cfg.rounds, cfg.evaluation_mode,
         delivery_rule(cfg), out_dir)
     log(INFO, "%s", admission_text(admitted.record))
-    if cfg.stacked_clients:
-        log(INFO, "the sampled clients go %d to a message, stepped together "
-            "(stacked-clients; 0 sends one message per client)", cfg.stacked_clients)
     if cfg.twinned:
         log(INFO, "each client also trains a twin of the global model on all its data but "
             "the guard slice of its share: the model the run delivers and the guard reads "
@@ -236,7 +224,6 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     configure_threads(cfg.client_threads)
     source = data_source(cfg)
     simulation = is_simulation(grid)
-    refuse_groups_in_deployment(cfg, simulation)
     admitted = admission_for(cfg, simulation, source.rule)
     model = initial_model(cfg, source.task)
     init = paired(get_weights(model)) if cfg.twinned else get_weights(model)

@@ -34,7 +34,6 @@ from flwr.server.strategy import Strategy
 
 from common.messages import FitReply
 
-from .client_groups import Member, group_instructions, ungroup
 from .failures import Attributed, distinct_failures, is_rejection
 from .pipeline import Collected, RoundOutcome, RoundPipeline, Screened
 from .plan import RoundPlan
@@ -55,7 +54,6 @@ class RoundStrategy(Strategy):
         self.outcome: RoundOutcome | None = None  # plain rounds: after aggregate_fit
         self.evaluation: EvaluationPlan | None = None  # after configure_evaluate
         self.federated: dict[str, Any] = {}  # after aggregate_evaluate: record fields
-        self.groups: dict[str, list[Member]] = {}  # stacked-clients: the groups sent
 
     def __repr__(self) -> str:
         cfg = self.pipeline.cfg
@@ -70,16 +68,10 @@ class RoundStrategy(Strategy):
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """The plan's instructions (sampled and configured by the pipeline's plan step);
         in a plain round each node's proxy names the node and its partition in its
-        failures (:class:`.failures.Attributed`; SecAgg+ sends its own messages), and
-        with ``stacked-clients`` the clients go in groups (:mod:`.client_groups`)."""
+        failures (:class:`.failures.Attributed`; SecAgg+ sends its own messages)."""
         if self.pipeline.secure:
             return list(self.plan.instructions)
-        instructions = self.attributed(self.plan.instructions)
-        size = self.pipeline.cfg.stacked_clients
-        if size:
-            instructions, self.groups = group_instructions(
-                instructions, size, self.pipeline.registry.partition_of)
-        return instructions
+        return self.attributed(self.plan.instructions)
 
     def attributed(self, instructions: list[tuple[ClientProxy, Any]]
                    ) -> list[tuple[ClientProxy, Any]]:
@@ -113,13 +105,8 @@ class RoundStrategy(Strategy):
                 SecureSum(results[0][1].parameters, self.weight_total, pids) if results
                 else None)
             return None, {}
-        if self.groups:
-            results, failures = ungroup(results, failures, self.groups)
         screened = self.pipeline.screen(self.plan, results)
         self.outcome = self.pipeline.aggregate(self.plan, screened, failures)
-        if self.groups:  # which partitions shared a message (stacked-clients)
-            self.outcome.record["groups"] = [[m.partition for m in members]
-                                             for members in self.groups.values()]
         return self.outcome.parameters, {}
 
     # -- evaluation --------------------------------------------------------------------

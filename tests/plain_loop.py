@@ -1,12 +1,7 @@
 """A run's rounds without Flower: the same clients (``MethodClient.fit``), data plan,
 client sampling, per-client seeds, prestopping and test evaluation in one process, the
 weights averaged with NumPy. The plain side of tests/benchmarks/bench_simulation.py (the
-floor no framework can beat) and of the studies beside it, and the whole-run check of
-``stacked-clients`` (tests/test_stacked_runs.py): with ``stacked-clients = G`` a
-round's clients are cut as the server cuts them
-(``fedefc_server.client_groups.group_sizes``) and each group is one ``fit`` of its
-first member's client, which serves the others as a simulated node does
-(``fedefc_client.run_client.method_client``)."""
+floor no framework can beat) and of the studies beside it."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ import numpy as np
 from flwr.app import RecordDict
 
 from common.data_plan import data_plan
-from common.messages import FitConfig, FitReply, group_dumps, group_loads
 from common.methods import load_run_config
 from common.models import classifier_shape
 from common.params import get_weights
@@ -25,7 +19,6 @@ from common.training import configure_threads, pick_device
 from common.twin import delivered, paired
 from fedefc_client.client import MethodClient
 from fedefc_client.local_data import partition_data
-from fedefc_server.client_groups import group_sizes
 from fedefc_server.evaluation import TestSetEvaluator
 from fedefc_server.plan import round_config, sample_round
 from fedefc_server.prestopping_server import PrestoppingServer
@@ -37,18 +30,6 @@ def sample_weighted_mean(replies: list[tuple[list, int, dict]], like: list) -> l
     total = sum(n for _, n, _ in replies)
     return [sum(w[i] * (n / total) for w, n, _ in replies).astype(like[i].dtype)
             for i in range(len(like))]
-
-
-def group_fit(client: MethodClient, weights: list, configs: dict[int, dict]
-              ) -> list[tuple[list, int, dict]]:
-    """One group message's replies, one per member in partition order, as
-    ``fedefc_server.client_groups.ungroup`` cuts them."""
-    arrays, _, metrics = client.fit(weights, {
-        **next(iter(configs.values())),
-        FitConfig.GROUP: group_dumps([[pid, cfg] for pid, cfg in configs.items()])})
-    members = group_loads(metrics[FitReply.GROUP])
-    per = len(arrays) // len(members)
-    return [(arrays[k * per:(k + 1) * per], int(n), m) for k, (_, n, m) in enumerate(members)]
 
 
 def plain_loop(run_config: dict) -> dict:
@@ -77,15 +58,7 @@ def plain_loop(run_config: dict) -> dict:
         sampled = sample_round(cfg, list(range(cfg.num_clients)), rnd)
         configs = {pid: {**round_config(cfg, pid, rnd), **server.client_config(rnd, pid)}
                    for pid in sampled}
-        replies, stop = [], 0
-        for size in group_sizes(len(sampled), cfg.stacked_clients or 1):
-            pids, stop = sampled[stop:stop + size], stop + size
-            lead = client(pids[0], states[pids[0]])
-            if size == 1:
-                replies.append(lead.fit(weights, configs[pids[0]]))
-                continue
-            lead.member = lambda pid: client(pid, RecordDict())  # no state, as a node
-            replies.extend(group_fit(lead, weights, {pid: configs[pid] for pid in pids}))
+        replies = [client(pid, states[pid]).fit(weights, configs[pid]) for pid in sampled]
         weights = sample_weighted_mean(replies, weights)
         if phase == 1:
             stopper.observe(rnd, float(np.mean([m["accuracy"] for _, _, m in replies])))

@@ -8,6 +8,7 @@ import pytest
 from common.baselines.fedcorr import FedCorrSettings
 from common.config import ConfigError, RunConfig
 from common.methods import METHODS, default_config, load_object, load_run_config
+from fedefc_cli.keys_doc import PYPROJECT, KeysDocError, keys_doc, read_tiers, render
 from fedefc_cli.main import main
 from fedefc_cli.run_configs import parse_overrides, read_preset, resolve_run_config
 from fedefc_server.method_server import MethodServer
@@ -133,3 +134,41 @@ def test_the_run_config_is_validated_once_and_a_changed_dict_is_validated_again(
     assert load_run_config(dict(flat)) is first and load_run_config(flat) is first
     flat["rounds"] = 8
     assert load_run_config(flat).rounds == 8 and load_run_config({"rounds": 7}) is first
+
+
+def test_a_retired_key_is_read_from_a_stored_run_and_refused_when_it_asks_for_more():
+    """``stacked-clients`` is gone (docs/BENCHMARKS.md): the config.json of a run made
+    while it existed holds 0, which is dropped, so the run is still read and resumed; a
+    group size asked for the removed path and is refused, naming what happened and the fix."""
+    stored = {**default_config(), "stacked-clients": 0}
+    flat = load_run_config(stored).to_flat()
+    assert "stacked-clients" not in flat and flat == default_config()
+    with pytest.raises(ConfigError, match=r"'stacked-clients' = 5: removed: .*delete the key"):
+        load_run_config({"stacked-clients": 5})
+
+
+def test_the_key_reference_is_pyprojects_declaration_as_tables(tmp_path):
+    """docs/RUN-CONFIG.md is written from pyproject.toml by ``fedefc keys --write``: it
+    matches, every declared key is in it once, tier 1 stays the dozen a user sets, and
+    a changed comment makes the doc stale."""
+    _, stale = keys_doc()
+    assert not stale, "docs/RUN-CONFIG.md is stale: run `fedefc keys --write`"
+    tiers = read_tiers(PYPROJECT.read_text())
+    assert [len([k for g in t.groups for r in g.rows for k in r.keys]) for t in tiers][0] <= 12
+    changed = tmp_path / "pyproject.toml"
+    changed.write_text(PYPROJECT.read_text().replace("# training rounds", "# rounds"))
+    assert keys_doc(pyproject=changed)[1]
+    assert main(["keys", "--check"]) == 0  # `fedefc keys --check` agrees, writes nothing
+    assert main(["keys", "--check", "--write"]) == 2
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("## t\nrounds = 40\n", "'rounds' says nothing"),
+    ("## t\n# above\nrounds = 40  # beside\n", "'rounds' has a comment above it and one"),
+    ("rounds = 40  # training rounds\n", "before the first '## ' tier"),
+    ("## t\nrounds 40\n", "not 'key = value"),
+    ("## t\nrounds = 40  # training rounds\n\nseed = 0\n", r"missing from the tables \['seed'\]"),
+])
+def test_a_key_the_reference_cannot_tell_is_refused_naming_it(body, names):
+    with pytest.raises(KeysDocError, match=names):
+        render(f"[tool.flwr.app.config]\n{body}")

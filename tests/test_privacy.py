@@ -37,7 +37,7 @@ from common.runtime import initial_model
 from common.secure_means import SLOTS, decode_tail, encode_tail, tail_scale
 from common.training import BatchTransform, predict_proba
 from common.twin import paired
-from fedefc_client.baselines.label_state import save_vector
+from fedefc_client.node_state import save_vector
 from fedefc_client.client_app import app as client_app
 from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data

@@ -24,7 +24,7 @@ from fedefc_cli.run_configs import resolve_run_config, resume_config
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
 from fedefc_server.accuracy import aggregate_accuracy
-from fedefc_server.baselines.extra_messages import send_tasks
+from fedefc_server.extra_messages import send_tasks
 from tests.helpers import (
     GLOBAL,
     OK,

@@ -23,17 +23,18 @@ from flwr.server.client_manager import SimpleClientManager
 
 from common.config import ConfigError
 from common.losses import forward_corrected_loss
-from common.methods import changed_keys, default_config, load_run_config
+import common.methods
+from common.methods import METHODS, changed_keys, default_config, load_run_config
 from common.params import get_weights, set_weights
 from common.results import RunRecorder
 from common.runtime import initial_model, model_for
 from common.training import BatchTransform, predict_proba
 from common.twin import delivered, halves, paired
-from fedefc_client.baselines.label_state import load_vector
 from fedefc_client.client import MethodClient
 from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data
 from fedefc_client.local_update import POOLED_COUNTS
+from fedefc_client.node_state import load_vector
 from fedefc_server import checkpoint
 from fedefc_server.plan import round_config
 from fedefc_server.round_evaluation import RoundEvaluation
@@ -66,11 +67,25 @@ def test_auto_trains_a_twin_where_the_held_out_signal_keeps_a_share(keys, twinne
     ({"twin-model": "on"}, "keeps none"),
     ({**SILO, "twin-model": "on", "method": "confident-learning"}, "has no such phase"),
     ({**SILO, "twin-model": "on", "max-update-norm": 5.0}, "bound one model's update"),
-    ({**SILO, "twin-model": "on", "stacked-clients": 2}, "keeps each client's counts"),
 ])
 def test_a_twin_that_cannot_be_trained_is_refused_naming_why(keys, names):
     with pytest.raises(ConfigError, match=names):
         load_run_config(keys)
+
+
+def test_the_twin_rule_reads_the_methods_declaration_not_its_name(monkeypatch):
+    """Whether a method's clients can train a twin is declared on its registry entry
+    (``Method.twin``, common/methods.py), and the rule reads the entry: FedEFC declared
+    without it trains none, forward correction declared with it trains one."""
+    monkeypatch.setattr(common.methods, "_PARSED", {})  # no run config validated before
+    monkeypatch.setattr(common.methods, "_LAST", [None, None])
+    monkeypatch.setitem(METHODS, "fedefc", replace(METHODS["fedefc"], twin=False))
+    monkeypatch.setitem(METHODS, "forward-correction",
+                        replace(METHODS["forward-correction"], twin=True))
+    assert not load_run_config(SILO).twinned
+    with pytest.raises(ConfigError, match="has no such phase"):
+        load_run_config({**SILO, "twin-model": "on"})
+    assert load_run_config({**SILO, "method": "forward-correction"}).twinned
 
 
 def test_a_stored_run_without_the_key_had_no_twin():

@@ -35,7 +35,7 @@ from common.training import TrainStats, predict_logits
 
 from ..job import LocalJob
 from ..local_update import Update
-from .label_state import load_vector, save_vector
+from ..node_state import load_vector, save_vector
 
 LABELS = "fedcorr-labels"
 LOSSES = "fedcorr-losses"

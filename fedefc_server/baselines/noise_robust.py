@@ -2,7 +2,7 @@
 
 Each is a :class:`.MethodServer` (the pipeline's seeded sampling, screened replies,
 FedAvg in partition-id order, records and summary) whose hooks add work between rounds
-(task messages to clients, :mod:`.extra_messages`) and a server step after FedAvg.
+(task messages to clients, :mod:`fedefc_server.extra_messages`) and a server step after FedAvg.
 
 The simulator's truth: a simulated client reports its true noise rate (``noise-rate``,
 ``diagnostics=true``); :meth:`NoiseRobustServer.note_truth` keeps the latest per

@@ -9,11 +9,7 @@ the wall times, their ratio (target: Flower <= 1.3x the plain loop on 2 cores) a
 final accuracies.
 
 Every side reports the peak memory of all its processes (the sum of their proportional
-set sizes, sampled twice a second: bench_gpu.py's sampler). The side ``flower`` runs the
-default (``stacked-clients = 0``: one message per client); the side ``flower-stacked``
-runs once per group size of ``--stacked`` (default 10: a round's 10 clients in one
-message, stepped together; 3: four messages of 3, 3, 2 and 2), each printed with its
-ratio to ``flower`` measured in the same call.
+set sizes, sampled twice a second: bench_gpu.py's sampler).
 
 It also times Flower's floor: a no-op Flower app (FedAvg over 10 of 100 simulated nodes,
 one-element weights, clients that return what they get, no torch, no data) for the same
@@ -23,12 +19,11 @@ bound on the ratio that any implementation of the job could reach.
 
     python tests/benchmarks/bench_simulation.py --data-dir /abs/path/to/data [--rounds 10]
         [--preset mnist-lite] [--set KEY=VALUE ...]
-        [--sides flower,plain,floor[,flower-stacked]] [--stacked 10,3]
+        [--sides flower,plain,floor]
 
-``--preset mnist --set device="cuda" --sides plain,flower,flower-stacked`` is the GPU
-session's set (tests/benchmarks/gpu_session.sh, step ``floor``): the paper's MNIST preset
-as a plain loop on the device and through Flower, one message per client and grouped,
-on the same data.
+``--preset mnist --set device="cuda" --sides plain,flower`` is the GPU session's set
+(tests/benchmarks/gpu_session.sh, step ``floor``): the paper's MNIST preset as a plain
+loop on the device and through Flower, on the same data.
 """
 
 from __future__ import annotations
@@ -110,7 +105,7 @@ def timed(cmd: list[str], log: Path) -> tuple[float, str, float]:
     return measured.wall_s, log.read_text(errors="replace"), measured.peak_sum
 
 
-SIDES = ("flower", "flower-stacked", "plain", "floor")
+SIDES = ("flower", "plain", "floor")
 
 
 def main() -> None:
@@ -122,10 +117,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a run-config override for both sides (repeatable)")
     ap.add_argument("--sides", default="flower,plain,floor",
-                    help="which of flower, flower-stacked, plain, floor to run "
-                         "(comma-separated)")
-    ap.add_argument("--stacked", default="10",
-                    help="the group sizes of the side flower-stacked (comma-separated)")
+                    help="which of flower, plain, floor to run (comma-separated)")
     ap.add_argument("--plain-config", help=argparse.SUPPRESS)  # internal: run the plain loop
     ap.add_argument("--noop-app", help=argparse.SUPPRESS)  # internal: run the no-op app
     args = ap.parse_args()
@@ -138,11 +130,7 @@ def main() -> None:
     asked = args.sides.split(",")
     if set(asked) - set(SIDES) or not asked:
         raise SystemExit(f"--sides {args.sides!r}: give some of {', '.join(SIDES)}")
-    sizes = [int(g) for g in args.stacked.split(",")]
-    if any(g < 2 for g in sizes):
-        raise SystemExit(f"--stacked {args.stacked!r}: give group sizes of 2 or more")
-    sides = [name for side in SIDES if side in asked for name in (
-        [f"{side}-{g}" for g in sizes] if side == "flower-stacked" else [side])]
+    sides = [side for side in SIDES if side in asked]
     times = {side: [] for side in sides}
     peaks = {side: [] for side in sides}
     results = {}
@@ -156,19 +144,15 @@ def main() -> None:
         for rep in range(args.repeats):
             for side in sides:
                 log = Path(tmp) / f"{side}-{rep}.log"
-                if side.startswith("flower"):
+                if side == "flower":
                     out = Path(tmp) / f"{side}-{rep}"
-                    groups = side.rpartition("-")[2] if side.startswith("flower-stacked") else 0
-                    extra = [f"stacked-clients={groups}"]
-                    sets = [arg for o in [*overrides, *extra] for arg in ("--set", o)]
+                    sets = [arg for o in overrides for arg in ("--set", o)]
                     seconds, _, peak = timed([sys.executable, "-m", "fedefc_cli", "run",
                                               args.preset, *sets, "--out-dir", str(out)], log)
                     results[side] = json.loads((out / "summary.json").read_text())
                     results[side]["round_s"] = [
                         json.loads(line)["round_s"]
                         for line in (out / "metrics.jsonl").read_text().splitlines()[1:]]
-                    results[side]["groups"] = json.loads(
-                        (out / "config.json").read_text())["stacked-clients"]
                 elif side == "plain":
                     cfg = resolve_run_config(args.preset, overrides,
                                              str(Path(tmp) / f"plain-{rep}"))
@@ -195,25 +179,19 @@ def main() -> None:
         if side == "floor":
             continue
         rs = results[side]["round_s"]
-        grouped = (f"; stacked-clients {results[side]['groups']}"
-                   if side.startswith("flower") else "")
         print(f"{side}: wall s {statistics.median(times[side]):.1f} {times[side]}; steady "
               f"round s {statistics.median(rs[1:] or rs):.2f}; round 1 s {rs[0]:.1f}; "
               f"outside rounds s {statistics.median(times[side]) - sum(rs):.1f}; final "
-              f"accuracy {results[side]['final_acc']:.4f}, T_e {results[side]['t_e']}"
-              f"{grouped}")
+              f"accuracy {results[side]['final_acc']:.4f}, T_e {results[side]['t_e']}")
 
     def steady(side: str) -> float:
         return statistics.median(results[side]["round_s"][1:] or results[side]["round_s"])
 
-    for side in (s for s in sides if s.startswith("flower")):
-        for base in ("plain", "flower"):
-            if base in times and base != side:
-                ratios = [f / p for f, p in zip(times[side], times[base])]
-                print(f"ratio {side}/{base}: wall, median {statistics.median(ratios):.2f} "
-                      f"{[round(r, 2) for r in ratios]}"
-                      f"{' (target <= 1.3)' if base == 'plain' else ''}; steady round "
-                      f"{steady(side) / steady(base):.2f}")
+    if "flower" in times and "plain" in times:
+        ratios = [f / p for f, p in zip(times["flower"], times["plain"])]
+        print(f"ratio flower/plain: wall, median {statistics.median(ratios):.2f} "
+              f"{[round(r, 2) for r in ratios]} (target <= 1.3); steady round "
+              f"{steady('flower') / steady('plain'):.2f}")
     if "floor" in times:
         floor = statistics.median(times["floor"])
         print(f"no-op Flower app wall s: median {floor:.1f} {times['floor']} (Flower's floor "

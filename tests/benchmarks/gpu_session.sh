@@ -10,29 +10,21 @@
 #                seed 0;
 #   bench        the bench_gpu.py sweep (GPU share per client x precision) with BENCH_ARGS;
 #   preset       the paper's MNIST preset start to summary, `fedefc run mnist` for its 100
-#                rounds on the default (stacked-clients = 0), seed 0; its seconds from the
-#                step's start to the summary into cells.log, its summary.json and metrics.jsonl;
-#   bench-groups the same sweep with the clients sent in groups of GROUP_SIZE (default 5:
-#                --set stacked-clients=5, and q-pooling="none", which groups need and the
-#                paper's cells use), into bench-groups-results.json;
+#                rounds, seed 0; its seconds from the step's start to the summary into
+#                cells.log, its summary.json and metrics.jsonl;
 #   capture      bench_step_capture.py: one client's local update with its step replayed
 #                from a CUDA graph against the eager loop (cnn9, resnet18, resnet34):
 #                ms/step, speed-up, the weights' largest difference after one step (against
 #                two eager runs' own) and after all steps (against a one-ulp start's);
-#   stacked      bench_stacked.py: 10 clients' local updates stepped together against one
-#                after another (lenet, cnn9, resnet18): seconds, speed-up, samples/s;
 #   overhead     bench_client_overhead.py on the device: a client's ms per training message
 #                beyond its training steps, mnist-lite (LeNet-5, E = 5), 10 clients;
 #   floor        bench_simulation.py: the paper's MNIST preset (FLOOR_ROUNDS rounds, default 3)
-#                as a plain single-process loop on the device and through Flower, same data:
-#                with the default (stacked-clients = 0, one message per client) and with a
-#                round's clients stepped together in groups of each size of STACKED
-#                (default "10,3": one message of 10; four of 3, 3, 2 and 2);
+#                as a plain single-process loop on the device and through Flower, same data;
 #   authors:P    bench_authors.py: the authors' code (a checkout in AUTHORS, default
 #                .authors/FedEFC, carried uncommitted) on preset P (mnist, cifar10, cifar100),
 #                AUTHORS_ROUNDS rounds (default 5), synthetic data of P's shape.
 # Results go to $OUT, at most 8 files (the device tool's limit): bench.log (environment and
-# sweep and the overhead table), bench-results.json, bench-groups-results.json, cells.log
+# sweep and the overhead table), bench-results.json, cells.log
 # (exit codes and each cell log's tail), and each cell's summary.json and metrics.jsonl.
 #
 #   OUT=/abs/out MNIST_DIR=/abs/dir-with-MNIST/raw [MNIST_GZ=folder-of-the-4-.gz] \
@@ -101,22 +93,13 @@ for step in ${PLAN:-preset floor authors:mnist capture authors:cifar10}; do
     capture) if [ "${TINY:-0}" = 1 ]; then capture=(--tiny); else capture=(); fi
              timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_step_capture.py \
                  "${capture[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
-    bench-groups) rm -rf /tmp/bench-gpu-groups
-           timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_gpu.py "${bench[@]}" \
-               --set "stacked-clients=${GROUP_SIZE:-5}" --set 'q-pooling="none"' \
-               --out /tmp/bench-gpu-groups 2>&1 | tee -a "$OUT/bench.log"
-           cp /tmp/bench-gpu-groups/results.json "$OUT/bench-groups-results.json" 2>/dev/null ;;
-    stacked) if [ "${TINY:-0}" = 1 ]; then stacked=(--tiny); else stacked=(); fi
-             timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_stacked.py \
-                 "${stacked[@]}" 2>&1 | tee -a "$OUT/bench.log" ;;
     overhead) device=cuda; [ "${TINY:-0}" = 1 ] && device=cpu
               timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_client_overhead.py \
                   --data-dir "$MNIST_DIR" --device $device --repeats 2 2>&1 | tee -a "$OUT/bench.log" ;;
     floor) if [ "${TINY:-0}" = 1 ]; then floor=(--preset mnist-lite --rounds 4 --set device=\"cpu\")
            else floor=(--preset mnist --rounds "${FLOOR_ROUNDS:-3}" --set device=\"cuda\"); fi
            timeout $(( $(left) - 30 )) "$PYTHON" tests/benchmarks/bench_simulation.py \
-               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower,flower-stacked \
-               --stacked "${STACKED:-10,3}" "${floor[@]}" 2>&1 \
+               --data-dir "$MNIST_DIR" --repeats 1 --sides plain,flower "${floor[@]}" 2>&1 \
                | tee -a "$OUT/bench.log" ;;
     preset) began=$(date +%s)
             run_cell preset mnist --set data-dir="\"$MNIST_DIR\""

@@ -78,7 +78,7 @@ from common.runtime import initial_model, model_for
 from common.training import configure_threads, pick_device
 from common.twin import delivered, halves, paired
 from fedefc_cli.run_configs import resolve_run_config
-from fedefc_client.baselines.label_state import load_vector
+from fedefc_client.node_state import load_vector
 from fedefc_client.client import MethodClient
 from fedefc_client.job import NOISE_MODEL, LocalJob
 from fedefc_client.local_data import partition_data
@@ -344,11 +344,10 @@ def report(paths: list[str], patience: int, deltas: list[float]) -> None:
 
 def stored_fedavg(path: str, base: dict) -> dict:
     """The runs of a ``study_full_data_twin.py`` JSON whose config is ``base`` on every
-    key both hold (the keys this study sets itself, where the results go and how clients
-    are grouped aside); refused naming the keys that differ."""
+    key both hold (the keys this study sets itself and where the results go aside);
+    refused naming the keys that differ."""
     stored = json.loads(Path(path).read_text())
-    own = {"phase-2-guard", "twin-model", "method", "seed", "q-estimator", "out-dir",
-           "stacked-clients"}
+    own = {"phase-2-guard", "twin-model", "method", "seed", "q-estimator", "out-dir"}
     differ = sorted(k for k in base.keys() & stored["config"].keys() if k not in own
                     and base[k] != stored["config"][k])
     if differ:
