@@ -114,8 +114,8 @@ def test_secure_aggregation_runs_fedefc_end_to_end_and_hides_each_accuracy(two_r
     assert recs[2]["A"] == pytest.approx(0.0, abs=1e-6)  # the acc=0.0 round
     for r in recs[1:]:
         assert r.get("client_acc") is None
-        assert r["server_saw"]["sum_only"] == ["weights", "accuracy", "train-loss",
-                                               "update-ratio"]
+        assert r["server_saw"]["sum_only"] == ["weights", "accuracy", "guard-accuracy",
+                                               "train-loss", "update-ratio"]
         assert "accuracy" not in r["server_saw"]["per_client"]
     for r, p in zip(recs[:3], plain[:3]):  # the model is FedAvg's up to quantization
         assert r["test_acc"] == pytest.approx(p["test_acc"], abs=0.02)
