@@ -341,12 +341,13 @@ The SuperNode could not establish a connection to the SuperLink.
 
 
 def test_supernode_exit_hint_names_the_unregistered_key():
-    hint = supernode_exit_hint(FLOWER_REFUSAL, "/home/u/.fedefc/keys/node-0", "link:8000")
+    hint = supernode_exit_hint(FLOWER_REFUSAL, "", "/home/u/.fedefc/keys/node-0",
+                               "link:8000")
     assert "/home/u/.fedefc/keys/node-0.pub is not registered" in hint
     assert "deploy/register-nodes.sh CONNECTION /home/u/.fedefc/keys/node-0.pub" in hint
-    without_key = supernode_exit_hint(FLOWER_REFUSAL, None, "link:8000")
+    without_key = supernode_exit_hint(FLOWER_REFUSAL, "", None, "link:8000")
     assert "could not connect to the SuperLink at link:8000" in without_key
-    assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", None, "x") is None
+    assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", "", None, "x") is None
 
 
 @pytest.mark.parametrize("status,failure,code", [
