@@ -33,6 +33,7 @@ from common.private_files import open_private
 
 from .app_files import stage_app
 from .errors import LaunchError
+from .log_view import LogView
 from .procs import ProcessGroup, wait_for_port
 from .progress import ROUND_LINE, RoundProgress
 from .ray_cluster import ray_env
@@ -238,25 +239,43 @@ def failure_reason(lines: list[str], status: str) -> str | None:
 COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
 
 
-def copy_lines(stream, out, keep_colour: bool, shown: list[str] | None = None) -> list[str]:
+def copy_lines(stream, out, keep_colour: bool, shown: list[str] | None = None,
+               view: LogView | None = None, full=None) -> list[str]:
     """Copy a process's output ``stream`` line by line to ``out`` (a binary file), its
     colour codes and a progress line after each round (:mod:`.progress`) only when
     ``keep_colour`` (a terminal); the lines as text, without colour codes. ``shown``: the
     lines of the same log copied before (a log followed again from its start): a line
-    equal to the one at its place there is not copied again."""
+    equal to the one at its place there is not copied again. ``view``: what ``out``
+    shows of the log (:class:`.log_view.LogView`: tracebacks, Flower's exit blocks and
+    repeated lines folded); ``full``: a binary file that gets every line, as it came
+    but for its colour codes."""
     lines: list[str] = []
     shown = shown or []
     progress = RoundProgress() if keep_colour else None
-    for raw in stream:
-        plain = COLOUR.sub(b"", raw)
-        text = plain.decode(errors="replace").rstrip("\n")
-        if len(lines) >= len(shown) or shown[len(lines)] != text:
+
+    def show(items: list[str | None], raw: bytes, plain: bytes, text: str) -> None:
+        for item in items:
+            if item is not None:
+                out.write(f"{item}\n".encode())
+                continue
             out.write(raw if keep_colour else plain)
             note = progress.after(text) if progress is not None else None
             if note:
                 out.write(f"\x1b[2m{note}\x1b[0m\n".encode())
-            out.flush()
+        out.flush()
+
+    for raw in stream:
+        plain = COLOUR.sub(b"", raw)
+        text = plain.decode(errors="replace").rstrip("\n")
+        if len(lines) >= len(shown) or shown[len(lines)] != text:
+            if full is not None:
+                full.write(plain)
+            show(view.feed(text) if view is not None else [None], raw, plain, text)
         lines.append(text)
+    if view is not None:
+        show(view.close(), b"", b"", "")
+    if full is not None:
+        full.flush()
     return lines
 
 
@@ -268,8 +287,9 @@ def to_terminal(out) -> bool:
 def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
                 timeout: float | None, shown: list[str] | None = None) -> list[str]:
     """``flwr log RUN_ID --stream`` until the stream ends (at most ``timeout`` seconds;
-    None: no limit), copied to ``out`` (a binary file) or stdout (colour codes only on a
-    terminal), but for the ``shown`` lines of an earlier stream of it
+    None: no limit), copied to ``out`` (a binary file) or shown on stdout (colour codes
+    only on a terminal; folded: :class:`.log_view.LogView`, the whole text being
+    Flower's), but for the ``shown`` lines of an earlier stream of it
     (:func:`copy_lines`); returns its lines."""
     proc = subprocess.Popen([flower_bin("flwr"), "log", run_id, connection, "--stream"],
                             env=env, cwd=cwd, stdout=subprocess.PIPE,
@@ -277,9 +297,10 @@ def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, ou
     timer = threading.Timer(timeout, proc.kill) if timeout is not None else None
     if timer is not None:
         timer.start()
+    view = LogView(f"flwr log {run_id} {connection}") if out is None else None
     try:
         lines = copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
-                           to_terminal(out), shown)
+                           to_terminal(out), shown, view)
         proc.wait()
     finally:
         if timer is not None:
@@ -432,22 +453,26 @@ class LocalSimulation(ProcessGroup):
         wait_for_port("127.0.0.1", self.port, self.procs)
 
     def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,
-            client_gpus: float, app_dir: Path = APP_DIR,
-            log_path: Path | None = None) -> tuple[int, str]:
-        """Submit the app, stream its log (to ``log_path``, else stdout), and return
-        (run id, status) once it ends."""
+            client_gpus: float, app_dir: Path = APP_DIR, log_path: Path | None = None,
+            full_log: Path | None = None) -> tuple[int, str]:
+        """Submit the app, stream its log (to ``log_path``; else shown on stdout, folded
+        (:class:`.log_view.LogView`), its whole text appended to ``full_log``), and
+        return (run id, status) once it ends."""
         cfg_file = write_run_config(self.work_dir / "run-config.toml", run_config)
         fed = (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)} "
                f"client-resources-num-gpus={client_gpus}")
+        shows = log_path is None and full_log is not None
         with (tempfile.TemporaryDirectory(prefix="app-", dir=self.work_dir) as staged,
-              open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out):
+              open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out,
+              open_private(full_log, "ab") if shows else contextlib.nullcontext() as full):
             cmd = [flower_bin("flwr"), "run", str(stage_app(app_dir, Path(staged))),
                    self.CONNECTION, "--stream", "--run-config", str(cfg_file),
                    "--federation-config", fed]
             proc = subprocess.Popen(cmd, env=self.env, cwd=self.work_dir,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
-                       to_terminal(out))
+                       to_terminal(out), view=LogView(str(full_log)) if shows else None,
+                       full=full)
             code = proc.wait()
         if code != 0:
             raise LaunchError(f"flwr run exited with code {code}")

@@ -35,6 +35,7 @@ from fedefc_cli import deploy_flags, deploy_submit, flower
 from fedefc_cli.deploy_local import DEPLOY_DIR
 from fedefc_cli.deploy_submit import write_connection
 from fedefc_cli.deploy_supervisor import supernode_exit_hint
+from fedefc_cli.log_view import LogView
 from fedefc_cli.errors import EXIT_DEGRADED, LaunchError
 from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
@@ -867,6 +868,51 @@ def test_a_logs_colour_codes_reach_a_terminal_only():
     assert to_tty.getvalue() == b"".join(raw)
     assert flower.failure_reason(lines, "finished:failed") == "no node trained"
     assert not flower.to_terminal(io.BytesIO())
+
+
+# The end of a failed run's log as `flwr log` gives it (Flower 1.42's ServerApp process:
+# the project's RUN FAILED line, Flower's traceback of the exception and its exit block),
+# after an outage's reconnect chatter.
+FAILED_RUN_LOG = [
+    "INFO :      [round 1/3] phase 1 | 2 clients | test acc 0.31",
+    *["WARNING :   Connection attempt failed, retrying in %.2f seconds" % (0.5 * k)
+      for k in range(1, 23)],
+    "INFO :      ",
+    "ERROR :     RUN FAILED: round 2: no node trained (2 sampled)",
+    "ERROR :     ServerApp raised an exception",
+    "Traceback (most recent call last):",
+    *[f'  File "/venv/lib/flwr/mod{k}.py", line {k}, in f{k}\n    call()'.split("\n")[j]
+      for k in range(20) for j in (0, 1)],
+    "fedefc_server.failures.RunFailed: round 2: no node trained (2 sampled)",
+    "ERROR :     Exit Code: 201", "An unhandled exception occurred in the ServerApp.", "",
+    "For more information, visit: <https://flower.ai/docs/framework/ref-exit-codes/201.html>",
+    "INFO :      ", "INFO :      [SUMMARY]"]
+
+
+def test_what_a_person_is_shown_of_a_log_folds_what_repeats():
+    """Issue 60's trial: a 45-line traceback and Flower's Exit Code block between the
+    real cause's copies, 20-25 "Connection attempt failed" lines per outage. Shown: each
+    folded into one line (the chatter: its first line and a count), blank lines and
+    Flower's empty history header left out; the whole text goes on to the log file."""
+    raw = [f"{line}\n".encode() for line in FAILED_RUN_LOG]
+    out, full = io.BytesIO(), io.BytesIO()
+    lines = flower.copy_lines(iter(raw), out, False, view=LogView("flwr log 7 site"),
+                              full=full)
+    assert lines == FAILED_RUN_LOG and full.getvalue() == b"".join(raw)
+    assert out.getvalue().decode().splitlines() == [
+        "INFO :      [round 1/3] phase 1 | 2 clients | test acc 0.31",
+        "WARNING :   Connection attempt failed, retrying in 0.50 seconds",
+        "  [the line above 21 more times]",
+        "ERROR :     RUN FAILED: round 2: no node trained (2 sampled)",
+        "ERROR :     ServerApp raised an exception",
+        "  [a traceback of 42 lines, folded (the whole text: flwr log 7 site)] "
+        "fedefc_server.failures.RunFailed: round 2: no node trained (2 sampled)",
+        "ERROR :     Exit Code: 201 An unhandled exception occurred in the ServerApp."]
+    again = LogView("x")
+    tb = ["Traceback (most recent call last):", '  File "a.py", line 1', "KeyError: 'k'"]
+    assert [again.feed(line) for line in tb * 2][-1] == [
+        "  [the same traceback again, 3 lines: KeyError: 'k']"]
+    assert LogView("x").feed("INFO : client 1 round 2: noise") == [None]
 
 
 def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,
