@@ -248,9 +248,12 @@ def explain_failure(outcome: RunOutcome, out_dir: str, connection: str,
     lines = [f"run {outcome.run_id} ended {outcome.status}: it did not complete. "
              f"Reason: {reason}",
              f"Its whole log: flwr log {outcome.run_id} {connection}"]
+    resume = resume or f"fedefc deploy submit {connection} --resume {out_dir}"
     if outcome.superlink_lost:
-        lines.append(superlink_lost_text(connection, outcome.superlink_lost, resume or (
-            f"fedefc deploy submit {connection} --resume {out_dir}")))
+        lines.append(superlink_lost_text(connection, outcome.superlink_lost, resume))
+    elif outcome.interrupted:
+        lines.append(f"Its checkpoint of round {outcome.last_round} is kept; continue the "
+                     f"run with: {resume}")
     if hint := silent_nodes_hint(reason, connection):
         lines.append(hint)
     if "already holds results" in reason:
@@ -329,6 +332,13 @@ def submit_resuming(connection: str, run_config: dict[str, Any], env: dict[str, 
                                           "out-dir": out_dir},
                              env, Path.cwd(), sign_key=sign, say=progress,
                              reconnect_s=reconnect_s)
+    if outcome.interrupted and max_resumes:
+        why = (f"all {max_resumes} allowed (--max-resumes) are used" if resumes == max_resumes
+               else f"this attempt got no further than round {outcome.last_round}, as the "
+               "one before")
+        print(f"fedefc deploy: no more automatic resumes: {why}; run {outcome.run_id} stays "
+              f"stopped after round {outcome.last_round}, its checkpoint in {out_dir}",
+              file=sys.stderr, flush=True)
     return outcome
 
 

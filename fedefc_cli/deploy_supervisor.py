@@ -67,17 +67,57 @@ def check_port_free(host: str, port: int, flag: str) -> None:
                 f"another {flag}") from None
 
 
-def supernode_exit_hint(log_text: str, auth_key: str | None, superlink: str) -> str | None:
+# How long the SuperLink counts a SuperNode online after its last heartbeat (Flower 1.42:
+# HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL = 2 x 30 s), and a margin: a node that
+# stopped without signing off (killed; or its SuperLink restarted meanwhile) is refused
+# activation until then, with the code an unregistered key gets (2004).
+ONLINE_PATIENCE_S = 65.0
+ACTIVATED = "SuperNode ID:"  # Flower's line once the SuperLink activated the node
+
+
+def activation_refused(text: str) -> bool:
+    """Whether a SuperNode's log says the SuperLink refused to activate it (code 2004)."""
+    return "code: 2004" in text
+
+
+def supernode_wait_out(text: str, earlier: str, auth_key: str | None,
+                       superlink: str) -> tuple[float, str] | None:
+    """(seconds to wait, what to say) when the SuperNode's exit is one that waiting
+    clears, else None. Flower's SuperLink refuses to activate a node (code 2004) both
+    for a key that is not registered and for a node whose earlier session still counts
+    as online: a node that stopped without signing off stays online until 60 s after its
+    last heartbeat. A key that this state folder's earlier log shows activated
+    (``earlier``) was registered, so the refusal is the earlier session's: waited out."""
+    if not (auth_key and activation_refused(text) and ACTIVATED in earlier):
+        return None
+    return ONLINE_PATIENCE_S, (
+        f"the SuperLink at {superlink} refused to activate this SuperNode (code 2004) while "
+        "its earlier session still counts as online (this key was activated before, so it "
+        "is registered; a node that stopped without signing off, killed or cut off from a "
+        "restarting SuperLink, counts as online until 60 s after its last heartbeat): "
+        f"waiting {ONLINE_PATIENCE_S:.0f} s for that session to expire, then starting it "
+        "again")
+
+
+def supernode_exit_hint(text: str, earlier: str, auth_key: str | None,
+                        superlink: str) -> str | None:
     """What a SuperNode's exit means, where Flower's own message misleads: exit 305 reads
-    "could not establish a connection" even when the SuperLink refused the node's key."""
-    if "code: 2004" in log_text and auth_key:
-        return (f"the SuperLink at {superlink} refused to activate this SuperNode (code 2004): "
-                f"its public key {auth_key}.pub is not registered there (the SuperLink's log "
-                "says 'No SuperNode found with the given public key'), or another SuperNode "
-                "with the same key is online. Fix: the operator registers the key with "
-                f"deploy/register-nodes.sh CONNECTION {auth_key}.pub (one key per node), then "
+    "could not establish a connection" even when the SuperLink refused the node's key,
+    or refused it because its earlier session still counts as online
+    (:func:`supernode_wait_out`, after which this is said)."""
+    if activation_refused(text) and auth_key:
+        before = ("; this key was activated before, and the earlier session of this node "
+                  "has expired by now" if ACTIVATED in earlier else "")
+        return (f"the SuperLink at {superlink} refused to activate this SuperNode (code "
+                f"2004){before}: either its public key {auth_key}.pub is not registered "
+                "there, or another SuperNode with the same key is online (one key per node). "
+                "The SuperLink's log says which: 'No SuperNode found with the given public "
+                "key' (not registered) or 'SuperNode with node ID N could not be activated' "
+                "(online elsewhere). Fix: the operator registers the key with "
+                f"deploy/register-nodes.sh CONNECTION {auth_key}.pub ('Public key already in "
+                "use' means it is registered: then stop the other node that uses it), then "
                 "start this SuperNode again")
-    if "Exit Code: 305" in log_text:
+    if "Exit Code: 305" in text:
         return (f"the SuperNode could not connect to the SuperLink at {superlink}: check that "
                 "it runs and that this machine reaches that address; with TLS, that --ca-cert "
                 "is the CA that signed the SuperLink's certificate and the host name is among "
@@ -94,34 +134,57 @@ class Supervisor:
     restart, and so is one killed by a signal however soon (it had started: the OOM
     killer, an operator's kill); one that exits by itself sooner (it could not start: a
     flag, a port, a key), or more than ``max_restarts`` times in ``window_s``, stops them
-    all. Every exit is reported
-    with the end of its log (its colour codes only on a terminal) and ``hint(name, log
-    text)``, when that explains it."""
+    all, unless ``wait_out(name, text, earlier)`` names a wait that clears its cause
+    (:func:`supernode_wait_out`): it is then started again after that wait, once in a
+    row. Every exit is reported with the end of its log (its colour codes only on a
+    terminal) and ``hint(name, text, earlier)``, when that explains it; ``text`` is what
+    the process logged this time, ``earlier`` what its log held before."""
 
     def __init__(self, procs: Processes, hint=None, settle_s: float = 30.0,
                  pause_s: float = 2.0, max_restarts: int = 5, window_s: float = 600.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, wait_out=None):
         self.procs = procs
         self.hint = hint
+        self.wait_out = wait_out
         self.settle_s = settle_s
         self.pause_s = pause_s
         self.max_restarts = max_restarts
         self.window_s = window_s
         self.clock = clock
         self.started = {name: clock() for name, _, _ in procs.running}
+        self.offsets = {name: self._size(log) for name, _, log in procs.running}
         self.restarts: dict[str, list[float]] = {}
+        self.waited: set[str] = set()  # started again after a wait, and not settled since
 
-    def report(self, name: str, code: int | None, log: Path | None) -> None:
-        text = log.read_text(errors="replace") if log and log.exists() else ""
+    @staticmethod
+    def _size(log: Path | None) -> int:
+        return log.stat().st_size if log and log.exists() else 0
+
+    def texts(self, name: str, log: Path | None) -> tuple[str, str]:
+        """(what process ``name`` logged since it was last started, what its log held
+        before)."""
+        data = log.read_bytes() if log and log.exists() else b""
+        start = self.offsets.get(name, 0)
+        return (data[start:].decode(errors="replace"),
+                data[:start].decode(errors="replace"))
+
+    def report(self, name: str, code: int | None, log: Path | None, text: str,
+               explained: str | None) -> None:
         tail = "\n".join(text.splitlines()[-15:])
         if not sys.stderr.isatty():  # Flower's colour codes, for a terminal only
             tail = COLOUR.sub(b"", tail.encode()).decode(errors="replace")
         print(f"fedefc deploy: {name} exited with code {code} at "
               f"{time.strftime('%H:%M:%S')}; the end of its log {log}:\n{tail}",
               file=sys.stderr, flush=True)
-        explained = self.hint(name, text) if self.hint else None
         if explained:
             print(f"fedefc deploy: {explained}", file=sys.stderr, flush=True)
+
+    def _start_again(self, name: str, pause: float) -> None:
+        time.sleep(pause)
+        log = self.procs.specs[name][3]
+        self.offsets[name] = self._size(log)
+        self.procs.restart(name)
+        self.started[name] = self.clock()
 
     def step(self) -> int | None:
         """Look once: restart what exited and may be restarted; the exit code of the
@@ -129,14 +192,25 @@ class Supervisor:
         for name, proc, log in list(self.procs.running):
             if proc.poll() is None:
                 continue
-            self.report(name, proc.returncode, log)
+            text, earlier = self.texts(name, log)
             now = self.clock()
+            soon = now - self.started[name] < self.settle_s and proc.returncode >= 0
+            wait = (self.wait_out(name, text, earlier) if soon and self.wait_out
+                    and name not in self.waited else None)
+            self.report(name, proc.returncode, log, text, wait[1] if wait else
+                        self.hint(name, text, earlier) if self.hint else None)
             recent = [t for t in self.restarts.get(name, []) if now - t < self.window_s]
-            if now - self.started[name] < self.settle_s and proc.returncode >= 0:
+            self.restarts[name] = [*recent, now]
+            if wait is not None:
+                self.waited.add(name)
+                self._start_again(name, wait[0])
+                continue
+            if soon:
                 print(f"fedefc deploy: {name} exited {now - self.started[name]:.0f} s after "
                       "it started, so starting it again would fail again: stopping all",
                       file=sys.stderr, flush=True)
                 return 1
+            self.waited.discard(name)  # it had settled: a later refusal may be waited out
             if len(recent) >= self.max_restarts:
                 print(f"fedefc deploy: {name} exited {len(recent) + 1} times in "
                       f"{self.window_s:.0f} s: stopping all", file=sys.stderr, flush=True)
@@ -146,14 +220,11 @@ class Supervisor:
                   f"{len(recent) + 1} of at most {self.max_restarts} in "
                   f"{self.window_s:.0f} s); the others keep running", file=sys.stderr,
                   flush=True)
-            time.sleep(pause)
-            self.procs.restart(name)
-            self.started[name] = self.clock()
-            self.restarts[name] = [*recent, now]
+            self._start_again(name, pause)
         return None
 
 
-def _foreground(procs: Processes, hint=None) -> int:
+def _foreground(procs: Processes, hint=None, wait_out=None) -> int:
     """Supervise the processes (:class:`Supervisor`) until SIGINT/SIGTERM arrives or one
     must not be restarted; then stop all and return the exit code."""
     stop = {"signal": False}
@@ -163,7 +234,7 @@ def _foreground(procs: Processes, hint=None) -> int:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-    supervisor = Supervisor(procs, hint)
+    supervisor = Supervisor(procs, hint, wait_out=wait_out)
     code = 0
     try:
         while not stop["signal"]:
@@ -266,18 +337,22 @@ def cmd_supernode(args: argparse.Namespace) -> int:
           "Ctrl-C stops it", flush=True)
     key = check_private(args.auth_key, "--auth-key") if args.auth_key else None
 
-    def hint(name: str, text: str) -> str | None:
-        return supernode_exit_hint(text, key, args.superlink) if name == "flower-supernode" \
-            else None
+    def hint(name: str, text: str, earlier: str) -> str | None:
+        return (supernode_exit_hint(text, earlier, key, args.superlink)
+                if name == "flower-supernode" else None)
 
-    return _run_pair(pair, hint)
+    def wait_out(name: str, text: str, earlier: str) -> tuple[float, str] | None:
+        return (supernode_wait_out(text, earlier, key, args.superlink)
+                if name == "flower-supernode" else None)
+
+    return _run_pair(pair, hint, wait_out)
 
 
 def _exit_on_signal(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run_pair(pair: Pair, hint=None) -> int:
+def _run_pair(pair: Pair, hint=None, wait_out=None) -> int:
     """Start the pair's main process (logging to ``state/<superlink|supernode>.log``) and,
     once it listens, its SuperExec; then run both in the foreground. A signal while they
     start stops whatever started."""
@@ -294,4 +369,4 @@ def _run_pair(pair: Pair, hint=None) -> int:
     except BaseException:
         procs.stop()
         raise
-    return _foreground(procs, hint)
+    return _foreground(procs, hint, wait_out)

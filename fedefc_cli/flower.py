@@ -33,6 +33,7 @@ from common.private_files import open_private
 
 from .app_files import stage_app
 from .errors import LaunchError
+from .log_view import LogView
 from .procs import ProcessGroup, wait_for_port
 from .progress import ROUND_LINE, RoundProgress
 from .ray_cluster import ray_env
@@ -106,27 +107,17 @@ def run_row(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> dic
     return runs[0]
 
 
-def run_status(connection: str, run_id: str, env: dict[str, str], cwd: Path) -> str:
-    """The run's status as ``flwr ls`` reports it, e.g. ``finished:completed``;
-    :class:`SuperLinkGone` when the SuperLink does not answer."""
-    return str(run_row(connection, run_id, env, cwd)["status"])
-
-
-def flower_reason(connection: str, run_id: str, env: dict[str, str], cwd: Path
-                  ) -> str | None:
-    """Why Flower says the run ended (its status details, e.g. ``No heartbeat received
-    from the task``: a SuperLink that was away longer than the ServerApp's heartbeat
-    patience ends its run so, and the ServerApp's last lines are then refused; for a
-    ServerApp that raised, its exception's text), or None when it says nothing or cannot
-    be asked. For a failed run whose log names no reason."""
-    try:
-        details = str(run_row(connection, run_id, env, cwd).get("status-details") or "")
-    except LaunchError:  # SuperLinkGone too
-        return None
-    details = details.strip()
+def flower_reason(row: dict[str, Any]) -> str | None:
+    """Why Flower says the run of ``row`` (its ``flwr ls`` row) ended: its status
+    details, e.g. ``No heartbeat received from the task`` (a SuperLink that was away
+    longer than the ServerApp's heartbeat patience ends its run so, and the ServerApp's
+    last lines are then refused); for a ServerApp that raised, its exception's text;
+    None when it says nothing (Flower's ``N/A`` included). For a failed run whose log
+    names no reason."""
+    details = str(row.get("status-details") or "").strip()
     if details.startswith(SERVERAPP_RAISED):  # the ServerApp's own exception, not Flower's
         return f"the ServerApp raised: {details.removeprefix(SERVERAPP_RAISED)}"
-    return f"Flower says: {details}" if details else None
+    return f"Flower says: {details}" if details and details != "N/A" else None
 
 
 def active_runs(connection: str, env: dict[str, str], cwd: Path,
@@ -248,25 +239,43 @@ def failure_reason(lines: list[str], status: str) -> str | None:
 COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
 
 
-def copy_lines(stream, out, keep_colour: bool, shown: list[str] | None = None) -> list[str]:
+def copy_lines(stream, out, keep_colour: bool, shown: list[str] | None = None,
+               view: LogView | None = None, full=None) -> list[str]:
     """Copy a process's output ``stream`` line by line to ``out`` (a binary file), its
     colour codes and a progress line after each round (:mod:`.progress`) only when
     ``keep_colour`` (a terminal); the lines as text, without colour codes. ``shown``: the
     lines of the same log copied before (a log followed again from its start): a line
-    equal to the one at its place there is not copied again."""
+    equal to the one at its place there is not copied again. ``view``: what ``out``
+    shows of the log (:class:`.log_view.LogView`: tracebacks, Flower's exit blocks and
+    repeated lines folded); ``full``: a binary file that gets every line, as it came
+    but for its colour codes."""
     lines: list[str] = []
     shown = shown or []
     progress = RoundProgress() if keep_colour else None
-    for raw in stream:
-        plain = COLOUR.sub(b"", raw)
-        text = plain.decode(errors="replace").rstrip("\n")
-        if len(lines) >= len(shown) or shown[len(lines)] != text:
+
+    def show(items: list[str | None], raw: bytes, plain: bytes, text: str) -> None:
+        for item in items:
+            if item is not None:
+                out.write(f"{item}\n".encode())
+                continue
             out.write(raw if keep_colour else plain)
             note = progress.after(text) if progress is not None else None
             if note:
                 out.write(f"\x1b[2m{note}\x1b[0m\n".encode())
-            out.flush()
+        out.flush()
+
+    for raw in stream:
+        plain = COLOUR.sub(b"", raw)
+        text = plain.decode(errors="replace").rstrip("\n")
+        if len(lines) >= len(shown) or shown[len(lines)] != text:
+            if full is not None:
+                full.write(plain)
+            show(view.feed(text) if view is not None else [None], raw, plain, text)
         lines.append(text)
+    if view is not None:
+        show(view.close(), b"", b"", "")
+    if full is not None:
+        full.flush()
     return lines
 
 
@@ -276,36 +285,41 @@ def to_terminal(out) -> bool:
 
 
 def _follow_log(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
-                timeout: float, shown: list[str] | None = None) -> list[str]:
-    """``flwr log RUN_ID --stream`` until the run ends, copied to ``out`` (a binary file)
-    or stdout (colour codes only on a terminal), but for the ``shown`` lines of an earlier
-    stream of it (:func:`copy_lines`); returns its lines."""
+                timeout: float | None, shown: list[str] | None = None) -> list[str]:
+    """``flwr log RUN_ID --stream`` until the stream ends (at most ``timeout`` seconds;
+    None: no limit), copied to ``out`` (a binary file) or shown on stdout (colour codes
+    only on a terminal; folded: :class:`.log_view.LogView`, the whole text being
+    Flower's), but for the ``shown`` lines of an earlier stream of it
+    (:func:`copy_lines`); returns its lines."""
     proc = subprocess.Popen([flower_bin("flwr"), "log", run_id, connection, "--stream"],
                             env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
+    timer = threading.Timer(timeout, proc.kill) if timeout is not None else None
+    if timer is not None:
+        timer.start()
+    view = LogView(f"flwr log {run_id} {connection}") if out is None else None
     try:
         lines = copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
-                           to_terminal(out), shown)
+                           to_terminal(out), shown, view)
         proc.wait()
     finally:
-        timer.cancel()
+        if timer is not None:
+            timer.cancel()
     if proc.returncode == -signal.SIGKILL:
         raise LaunchError(f"run {run_id} did not end within {timeout:.0f} s")
     return lines
 
 
 def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str], cwd: Path,
-               app_dir: Path = APP_DIR, log: Path | None = None, timeout: float = 3600.0,
+               app_dir: Path = APP_DIR, log: Path | None = None, timeout: float | None = None,
                sign_key: tuple[str, str] | None = None,
                say: Callable[[str], None] | None = None,
                reconnect_s: float | None = None) -> RunOutcome:
     """``flwr run`` the app (signed with ``sign_key`` = (private key file, key id) when
-    given: :mod:`.app_signing`), follow its log until it ends (to ``log``, else stdout)
-    and return how it ended; ``say`` is told each step as it starts. A SuperLink that
-    stops answering meanwhile is waited for ``reconnect_s`` (default
-    :data:`RECONNECT_S`)."""
+    given: :mod:`.app_signing`), follow its log until it ends (to ``log``, else stdout;
+    :func:`follow_to_end`: however long it runs, unless ``timeout`` seconds) and return
+    how it ended; ``say`` is told each step as it starts. A SuperLink that stops
+    answering meanwhile is waited for ``reconnect_s`` (default :data:`RECONNECT_S`)."""
     say = say or (lambda text: None)
     with tempfile.TemporaryDirectory(prefix="fedefc-submit-") as tmp:
         cfg_file = write_run_config(Path(tmp) / "run-config.toml", run_config)
@@ -325,32 +339,54 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
         raise LaunchError(f"flwr run was refused: {res}")
     run_id = str(res["run-id"])
     say(f"run {run_id} submitted; its log follows (flwr log {run_id} {connection} --stream)")
-    deadline = time.monotonic() + timeout
     with open_private(log, "ab") if log else contextlib.nullcontext() as out:
-        lines = _follow_log(connection, run_id, env, cwd, out, timeout)
-        status, lost = final_status(connection, run_id, env, cwd, reconnect_s)
-        # cut: the stream ended with the SuperLink (before the run's last lines), or the
-        # run has not finished; a stream that ran to a finished run's end is complete
-        cut = bool(stream_lost(lines) or (lost and not status.startswith("finished")))
-        lost = lost or stream_lost(lines)
-        while cut:
-            # The SuperLink answers again: the ServerApp outlived the restart (Flower's
-            # Runtime API calls retry) and the run went on, maybe to its end while the
-            # stream was gone. Follow the log again to the run's end, so that its last
-            # lines (RUN DEGRADED, RUN FAILED, the summary) are read, not lost with it.
-            say(f"the SuperLink answers again and run {run_id} is {status}: following its "
-                "log again")
-            finished = status.startswith("finished")  # its whole log: one stream more
-            lines = _follow_log(connection, run_id, env, cwd, out,
-                                max(1.0, deadline - time.monotonic()), lines) or lines
-            status, again = final_status(connection, run_id, env, cwd, reconnect_s)
-            cut = (bool(again or stream_lost(lines)) and not finished
-                   and time.monotonic() < deadline)
+        lines, row, lost = follow_to_end(connection, run_id, env, cwd, out, timeout, say,
+                                         reconnect_s)
+    status = str(row.get("status"))
     failure = failure_reason(lines, status)
     if failure is None and status != "finished:completed":
-        failure = flower_reason(connection, run_id, env, cwd)
+        failure = flower_reason(row)
     return RunOutcome(run_id, status, failure, degradation_reason(lines), lost,
                       last_round(lines), any(FAILED_LINE.search(line) for line in lines))
+
+
+REATTACH_S = 5.0  # the pause before following again a log whose stream ended early
+
+
+def follow_to_end(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
+                  timeout: float | None, say: Callable[[str], None],
+                  reconnect_s: float | None) -> tuple[list[str], dict[str, Any], str | None]:
+    """Follow the run's log until the run has finished and its log was read to its end:
+    (its lines, its last ``flwr ls`` row, when the SuperLink was seen not answering).
+
+    A stream can end before the run does: with a SuperLink that restarted (the
+    ServerApp outlived it: Flower's Runtime API calls retry, and the run went on, maybe
+    to its end while the stream was gone), or with a Control API call that failed on a
+    busy SuperLink while the run goes on. Either way the log is followed again
+    (what was shown is not shown twice), as long as ``flwr ls`` says the run is not
+    finished, and once more where a finished run's stream was cut, so that its last
+    lines (RUN DEGRADED, RUN FAILED, the summary) are read. Only ``timeout`` (None: none)
+    ends the following of a live run."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    lines: list[str] = []
+    lost: str | None = None
+    finished_before = False  # the run had finished when this stream began: it is whole
+    while True:
+        left = None if deadline is None else max(1.0, deadline - time.monotonic())
+        lines = _follow_log(connection, run_id, env, cwd, out, left, lines) or lines
+        row, gone = final_row(connection, run_id, env, cwd, reconnect_s)
+        cut = stream_lost(lines)
+        lost = lost or gone or cut
+        finished = str(row.get("status", "")).startswith("finished")
+        if (finished and (finished_before or not cut)) or (
+                deadline is not None and time.monotonic() >= deadline):
+            return lines, row, lost
+        finished_before = finished
+        why = ("the SuperLink answers again" if cut or gone else
+               "its log stream ended early")
+        say(f"{why} and run {run_id} is {row.get('status')}: following its log again")
+        if not finished:
+            time.sleep(REATTACH_S)
 
 
 def stream_lost(lines: list[str]) -> str | None:
@@ -360,25 +396,28 @@ def stream_lost(lines: list[str]) -> str | None:
     return None
 
 
-def final_status(connection: str, run_id: str, env: dict[str, str], cwd: Path,
-                 reconnect_s: float | None = None) -> tuple[str, str | None]:
-    """(the run's status once it has finished, or after a minute; when the SuperLink was
-    seen not answering, if it was). A SuperLink that stopped answering (its log stream
-    ended with it) is waited for ``reconnect_s`` (default :data:`RECONNECT_S`);
-    :class:`SuperLinkGone` if it does not come back."""
+SETTLE_S = 10.0  # how long a stream's end waits for the run's status to say finished
+
+
+def final_row(connection: str, run_id: str, env: dict[str, str], cwd: Path,
+              reconnect_s: float | None = None) -> tuple[dict[str, Any], str | None]:
+    """(the run's ``flwr ls`` row once it has finished, or after :data:`SETTLE_S`; when
+    the SuperLink was seen not answering, if it was). A SuperLink that stopped answering
+    (its log stream ended with it) is waited for ``reconnect_s`` (default
+    :data:`RECONNECT_S`); :class:`SuperLinkGone` if it does not come back."""
     reconnect_s = RECONNECT_S if reconnect_s is None else reconnect_s
-    deadline, lost, lost_at = time.monotonic() + 60, None, None
+    deadline, lost, lost_at = time.monotonic() + SETTLE_S, None, None
     while True:
         try:
-            status = run_status(connection, run_id, env, cwd)
+            row = run_row(connection, run_id, env, cwd)
         except SuperLinkGone as gone:
             lost, lost_at = lost or gone.when, lost_at or time.monotonic()
             if time.monotonic() - lost_at > reconnect_s:
                 raise SuperLinkGone(connection, lost) from None
             time.sleep(min(5.0, reconnect_s / 10))
             continue
-        if status.startswith("finished") or time.monotonic() > deadline:
-            return status, lost
+        if str(row.get("status", "")).startswith("finished") or time.monotonic() > deadline:
+            return row, lost
         time.sleep(1)
 
 
@@ -414,22 +453,26 @@ class LocalSimulation(ProcessGroup):
         wait_for_port("127.0.0.1", self.port, self.procs)
 
     def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,
-            client_gpus: float, app_dir: Path = APP_DIR,
-            log_path: Path | None = None) -> tuple[int, str]:
-        """Submit the app, stream its log (to ``log_path``, else stdout), and return
-        (run id, status) once it ends."""
+            client_gpus: float, app_dir: Path = APP_DIR, log_path: Path | None = None,
+            full_log: Path | None = None) -> tuple[int, str]:
+        """Submit the app, stream its log (to ``log_path``; else shown on stdout, folded
+        (:class:`.log_view.LogView`), its whole text appended to ``full_log``), and
+        return (run id, status) once it ends."""
         cfg_file = write_run_config(self.work_dir / "run-config.toml", run_config)
         fed = (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(client_cpus)} "
                f"client-resources-num-gpus={client_gpus}")
+        shows = log_path is None and full_log is not None
         with (tempfile.TemporaryDirectory(prefix="app-", dir=self.work_dir) as staged,
-              open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out):
+              open_private(log_path, "ab") if log_path else contextlib.nullcontext() as out,
+              open_private(full_log, "ab") if shows else contextlib.nullcontext() as full):
             cmd = [flower_bin("flwr"), "run", str(stage_app(app_dir, Path(staged))),
                    self.CONNECTION, "--stream", "--run-config", str(cfg_file),
                    "--federation-config", fed]
             proc = subprocess.Popen(cmd, env=self.env, cwd=self.work_dir,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             copy_lines(proc.stdout, out if out is not None else sys.stdout.buffer,
-                       to_terminal(out))
+                       to_terminal(out), view=LogView(str(full_log)) if shows else None,
+                       full=full)
             code = proc.wait()
         if code != 0:
             raise LaunchError(f"flwr run exited with code {code}")

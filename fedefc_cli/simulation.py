@@ -31,6 +31,7 @@ from typing import Any
 from common.data_plan import data_plan
 from common.methods import load_object, load_run_config, method_of
 from common.params import get_weights
+from common.private_files import make_private_dir
 from common.runtime import initial_model
 from fedefc_server import checkpoint
 
@@ -72,31 +73,34 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
                        ray_address: str | None = None) -> dict[str, Any]:
     """Run one job through ``flwr run`` and return its summary (LaunchError on failure).
 
-    The run's log streams to stdout, or is appended to ``log_path`` when given;
-    ``checked``: the caller already ran :func:`preflight_in_child`; ``ray_address``: the
-    clients run on that Ray cluster's nodes (:mod:`.ray_cluster`), else on this machine.
-    Where the log is kept, a run whose Ray did not start in time
+    The run's log is appended to ``log_path`` when given; else it is shown on stdout,
+    folded (:class:`.log_view.LogView`), and its whole text appended to ``run.log`` in
+    the out-dir. ``checked``: the caller already ran :func:`preflight_in_child`;
+    ``ray_address``: the clients run on that Ray cluster's nodes (:mod:`.ray_cluster`),
+    else on this machine. A run whose Ray did not start in time
     (:func:`ray_failed_to_start`) is started once more, saying so."""
     if not checked:
         preflight_in_child(run_config)
     out_dir = Path(run_config["out-dir"])
+    kept = log_path or make_private_dir(out_dir) / "run.log"
     for attempt in (1, 2):
-        start = log_path.stat().st_size if log_path and log_path.exists() else 0
+        start = kept.stat().st_size if kept.exists() else 0
         with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
             with LocalSimulation(Path(tmp), ray_address) as sim:
                 run_id, status = sim.run(run_config, int(run_config["num-clients"]),
-                                         client_cpus, client_gpus, log_path=log_path)
+                                         client_cpus, client_gpus, log_path=log_path,
+                                         full_log=kept)
             if status == "finished:completed":
                 break
-            run_log = (log_path.read_bytes()[start:].decode(errors="replace")
-                       if log_path and log_path.exists() else "")
+            run_log = (kept.read_bytes()[start:].decode(errors="replace")
+                       if kept.exists() else "")
             if attempt == 1 and ray_failed_to_start(run_log, out_dir):
                 print(f"fedefc: run {run_id}: Ray's node did not start within Ray's 30 s "
                       "(a busy machine), before round 1; starting the run again",
                       file=sys.stderr, flush=True)
                 continue
             link_tail = sim.log_path.read_text(errors="replace")[-3000:]
-            run_tail = f"Run log tail ({log_path}):\n{run_log[-4000:]}\n" if run_log else ""
+            run_tail = f"Run log tail ({kept}):\n{run_log[-4000:]}\n" if run_log else ""
             raise LaunchError(f"run {run_id} ended {status!r}, not finished:completed.\n"
                               f"{run_tail}SuperLink log tail:\n{link_tail}")
     summary_path = out_dir / "summary.json"

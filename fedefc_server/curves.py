@@ -51,6 +51,7 @@ class Series:
     guard_worse: list[int] = field(default_factory=list)  # phase-2 rounds: not better
     took_part: dict[int, list[int]] = field(default_factory=dict)  # round -> partitions
     missed: dict[int, list[int]] = field(default_factory=dict)  # round -> partitions
+    resumed: list[int] = field(default_factory=list)  # rounds a resumed run ran again
 
 
 def series(records: list[dict[str, Any]]) -> Series:
@@ -80,6 +81,8 @@ def series(records: list[dict[str, Any]]) -> Series:
             elif worse > worse_before:
                 out.guard_worse.append(t)
         worse_before = worse
+        if rec.get("resumed"):
+            out.resumed.append(t)
         if t > 0:
             out.took_part[t] = [int(p) for p in rec.get("partition_ids") or []]
             out.missed[t] = sorted(int(m["partition"]) for m in rec.get("missing") or [])
@@ -195,10 +198,14 @@ def sites_panel(sites, data: Series, num_partitions: int) -> None:
 
 
 def finish_axis(ax, data: Series, first: bool) -> None:
-    """T_e and the phase-2 span (labelled on the first panel), grid, integer rounds,
-    legend."""
+    """T_e and the phase-2 span, a mark where the run was resumed (labelled on the first
+    panel), grid, integer rounds, legend."""
     from matplotlib.ticker import MaxNLocator  # lazy: 2.3 s with the canvas
 
+    for i, t in enumerate(data.resumed):
+        ax.axvline(t - 0.5, color="tab:brown", lw=1.2, ls="-.",
+                   label="resumed: the run stopped, this round ran again"
+                   if first and i == 0 else None)
     if data.t_e is not None:
         ax.axvline(data.t_e, color="black", lw=1, ls="--",
                    label=f"T_e = {data.t_e}" if first else None)

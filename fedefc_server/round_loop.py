@@ -48,6 +48,7 @@ from .curves import write_curves
 from .failures import RunFailed
 from .link_watch import LinkLost, LinkWatchGrid
 from .pipeline import RoundOutcome, RoundPipeline
+from .resumes import note_interruption
 from .strategy import RoundStrategy
 from .summary import INTERRUPTED_PREFIX, RunFacts, build_summary, tell
 
@@ -90,13 +91,14 @@ class RoundLoop(Server):
                  parameters: Parameters, cfg: RunConfig, recorder: RunRecorder,
                  model: nn.Module, run_info: dict[str, Any], first_round: int = 1,
                  elapsed_before: float = 0.0, secure_round: SecureRoundFn | None = None,
-                 link: LinkWatchGrid | None = None):
+                 link: LinkWatchGrid | None = None, resumed: dict[str, Any] | None = None):
         """``parameters``: the global model to start from; ``model`` gives the
         architecture that ``model.pt`` is saved as; ``run_info`` (the data's facts)
         opens the summary; ``elapsed_before`` is the wall time of the interrupted
         run(s) this one resumes; ``secure_round`` replaces ``fit_round`` when the run
         uses secure aggregation; ``link``: a deployment's watched grid
-        (:mod:`.link_watch`), None in a simulation."""
+        (:mod:`.link_watch`), None in a simulation; ``resumed``: why and when the run
+        resumes (:func:`.resumes.resume_event`), recorded in its first round's record."""
         super().__init__(client_manager=client_manager,
                          strategy=RoundStrategy(pipeline, None))  # round 0: evaluation
         self.pipeline = pipeline
@@ -109,6 +111,7 @@ class RoundLoop(Server):
         self._elapsed_before = elapsed_before
         self.secure_round = secure_round
         self.link = link
+        self.resumed = resumed
         self._t0 = time.monotonic()
 
     def elapsed(self) -> float:
@@ -122,23 +125,23 @@ class RoundLoop(Server):
         ends at once: its summary says ``failed`` and why, the last log
         line starts with ``RUN FAILED``, and the error propagates so that Flower marks
         the run failed; it writes no model. A round that may have lost messages with a
-        restarted SuperLink (:class:`.link_watch.LinkLost`) is not recorded: the last line
-        starts with ``RUN INTERRUPTED``, the error propagates, and the checkpoint of the
-        round before is what ``fedefc deploy submit`` resumes from; nothing else is
-        written."""
-        history = History()
+        restarted SuperLink (:class:`.link_watch.LinkLost`) is neither evaluated nor
+        recorded: the last line starts with ``RUN INTERRUPTED``, the error propagates,
+        and the checkpoint of the round before is what ``fedefc deploy submit`` resumes
+        from; only the reason is written (:func:`.resumes.note_interruption`)."""
         start = time.monotonic()
         try:
             if self.first_round == 1:
-                self._end_round(0, history, time.monotonic(), timeout, {})
+                self._end_round(0, time.monotonic(), timeout, {})
             else:
                 log(INFO, "resuming at round %d of %d", self.first_round, num_rounds)
             for server_round in range(self.first_round, num_rounds + 1):
                 round_start = time.monotonic()
                 outcome = self.train_round(server_round, timeout)
+                self._check_link(server_round)  # a lost exchange: no evaluation of it
                 if outcome.parameters is not None:
                     self.parameters = outcome.parameters
-                self._end_round(server_round, history, round_start, timeout, outcome.record)
+                self._end_round(server_round, round_start, timeout, outcome.record)
                 if not outcome.record.get("n_clients"):
                     raise RunFailed(f"round {server_round}: no node trained "
                                     f"({untrained_reason(outcome.record)})")
@@ -150,14 +153,22 @@ class RoundLoop(Server):
             self._finish(None, failure=str(err))
             raise
         except LinkLost as err:
-            log(ERROR, "%s%s", INTERRUPTED_PREFIX, self._interruption(err))
+            reason = self._interruption(err)
+            note_interruption(self.recorder.out_dir, self._next_round(), str(err))
+            log(ERROR, "%s%s", INTERRUPTED_PREFIX, reason)
             raise
         self._finish(parameters_to_ndarrays(self.parameters))
-        return history, time.monotonic() - start
+        # Flower logs the History it is handed after the run, a copy of metrics.jsonl of
+        # two lines a round (40 of a finished run's 62 closing lines): it gets none
+        return History(), time.monotonic() - start
+
+    def _next_round(self) -> int:
+        """The round after the last one recorded (and checkpointed)."""
+        return max((r["round"] for r in self.recorder.rounds), default=0) + 1
 
     def _interruption(self, err: LinkLost) -> str:
         """The ``RUN INTERRUPTED`` line's reason and what to do about it."""
-        done = max((r["round"] for r in self.recorder.rounds), default=0)  # checkpointed
+        done = self._next_round() - 1  # checkpointed
         then = (f"its checkpoint of round {done} is kept: `fedefc deploy submit` resumes "
                 f"it on its own, or by hand `fedefc deploy submit CONNECTION --resume "
                 f"{self.recorder.out_dir}` with the first submission's --sign-key (and "
@@ -167,9 +178,10 @@ class RoundLoop(Server):
                 f"waiting forever, so the run stops here, the round not recorded; {then}")
 
     def _check_link(self, server_round: int) -> None:
-        """:class:`.link_watch.LinkLost` if an exchange of this round (training, or
-        federated evaluation) may have lost messages (:mod:`.link_watch`); checked once,
-        before the round is recorded."""
+        """:class:`.link_watch.LinkLost` if an exchange of this round may have lost
+        messages (:mod:`.link_watch`): checked after its training exchange (a round that
+        lost one is not evaluated: the run stops at once) and before it is recorded (its
+        federated evaluation's)."""
         if self.link is not None and self.link.lost:
             raise LinkLost(f"round {server_round}: {self.link.lost}")
 
@@ -192,7 +204,7 @@ class RoundLoop(Server):
         return RoundOutcome(outcome.parameters, {**record, **({"missing": missing}
                                                               if missing else {})})
 
-    def _end_round(self, server_round: int, history: History, round_start: float,
+    def _end_round(self, server_round: int, round_start: float,
                    timeout: float | None, fields: dict[str, Any]) -> None:
         """Evaluate, record, log and checkpoint round ``server_round`` (0: the initial
         model); ``fields``: the round's training record."""
@@ -200,15 +212,9 @@ class RoundLoop(Server):
         record: dict[str, Any] = {"round": server_round}
         if evaluated is not None:
             loss, metrics = evaluated
-            history.add_loss_centralized(server_round=server_round, loss=loss)
-            history.add_metrics_centralized(server_round=server_round, metrics=metrics)
             record.update(test_acc=metrics["accuracy"], test_loss=loss)
         if self.cfg.federated_evaluation:
-            federated = self.evaluate_round(server_round=server_round, timeout=timeout)
-            if federated is not None and federated[0] is not None:
-                history.add_loss_distributed(server_round=server_round, loss=federated[0])
-                history.add_metrics_distributed(server_round=server_round,
-                                                metrics=federated[1])
+            self.evaluate_round(server_round=server_round, timeout=timeout)
             record.update(self.strategy.federated)
         record.update(self.pipeline.server.state_fields(server_round), elapsed_s=self.elapsed())
         self._check_link(server_round)
@@ -216,6 +222,8 @@ class RoundLoop(Server):
             record["n_clients"] = 0
         else:
             record.update(fields, round_s=time.monotonic() - round_start)
+        if server_round == self.first_round and self.resumed:
+            record["resumed"] = self.resumed
         self.recorder.write_round(record)
         log(INFO, "[round %d/%d] %s", server_round, self.cfg.rounds,
             self.pipeline.describe(record))

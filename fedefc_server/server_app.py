@@ -69,6 +69,7 @@ from .link_watch import LinkWatchGrid
 from .method_server import MethodServer
 from .pipeline import RoundPipeline
 from .registry import PartitionRegistry
+from .resumes import resume_event
 from .round_loop import RoundLoop
 from .secure_round import SecureRound
 from .summary import admission_text
@@ -229,6 +230,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     init = paired(get_weights(model)) if cfg.twinned else get_weights(model)
     ckpt = resume_point(cfg, [w.shape for w in init])
     out_dir = run_folder(cfg.out_dir, cfg.resume_from, cfg.method, cfg.dataset, cfg.seed)
+    resumed = resume_event(out_dir, ckpt.round) if ckpt else None  # before the recorder
     recorder = RunRecorder(out_dir, {**cfg.recorded(), "out-dir": out_dir},
                            resume_round=ckpt.round if ckpt else None)
     announce(cfg, source, out_dir, admitted)
@@ -246,7 +248,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
                      elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
                      secure_round=(SecureRound(grid, context, manager, cfg)
                                    if cfg.secure_aggregation else None),
-                     link=link)
+                     link=link, resumed=resumed)
     return loop, ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None)
 
 

@@ -42,6 +42,7 @@ from common.update_bound import bound_text
 
 from .attendance import degradation, last_reasons, missed_by_partition, ranges
 from .curves import FILE as CURVES
+from .resumes import interruptions
 
 FAILED_PREFIX = "RUN FAILED: "  # the last log line of a failed run
 DEGRADED_PREFIX = "RUN DEGRADED: "  # the last log line of a degraded run
@@ -116,6 +117,7 @@ def build_summary(cfg: RunConfig, rounds: list[dict[str, Any]], facts: RunFacts
         "federated_failures": count(rounds, "federated_failures"),
         "federated_rejected": count(rounds, "federated_rejected"),
         "missed_evaluations": missed_by_partition(rounds, "federated_missing"),
+        "interruptions": interruptions(rounds),
         "wall_time_s": facts.wall_time_s,
         "machine": machine_record(),
     }
@@ -147,6 +149,8 @@ def _trouble_text(summary: dict[str, Any]) -> str:
     if missed:
         text += " | missed rounds: " + ", ".join(
             f"partition {pid} {len(rounds)}" for pid, rounds in missed.items())
+    if summary.get("interruptions"):
+        text += f" | resumed {resumed_text(summary['interruptions'])}"
     if summary.get("federated_failures") or summary.get("federated_rejected") or \
             summary.get("missed_evaluations"):
         text += (f" | federated evaluations failed {summary.get('federated_failures', 0)}, "
@@ -155,6 +159,13 @@ def _trouble_text(summary: dict[str, Any]) -> str:
         if missed:
             text += ", missed by partitions " + ", ".join(missed)
     return text
+
+
+def resumed_text(events: list[dict[str, Any]]) -> str:
+    """``2 times (rounds 2, 4 run again)``: a run's resumes (:mod:`.resumes`)."""
+    rounds = ", ".join(str(e["round"]) for e in events)
+    return (f"{len(events)} time{'s' * (len(events) > 1)} (round{'s' * (len(events) > 1)} "
+            f"{rounds} run again)")
 
 
 def admission_text(admitted: dict[str, Any]) -> str:
@@ -273,6 +284,10 @@ def _sites(summary: dict[str, Any]) -> list[str]:
         ("federated_rejected", "refused federated evaluations")) if summary.get(k)]
     if trouble:
         lines.append(", ".join(trouble) + " (reasons: metrics.jsonl)")
+    events = summary.get("interruptions") or []
+    if events:
+        lines.append(f"interrupted and resumed {resumed_text(events)}; last: "
+                     f"{events[-1]['reason']} (every one: summary.json, interruptions)")
     return lines
 
 

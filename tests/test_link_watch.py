@@ -182,6 +182,32 @@ def test_a_failure_before_the_exchange_does_not_touch_it():
     assert grid.lost is None
 
 
+def one_message() -> list[Message]:
+    return [Message(RecordDict(), dst_node_id=11, message_type="train")]
+
+
+def test_a_message_pushed_while_the_superlink_restarts_is_not_lost():
+    """Issue 60's trial: the SuperLink killed right after a round; the next round's push
+    met refused connections until it was back, and the run stopped as interrupted. A
+    push retried after refused connections reached the SuperLink once, after it came
+    back: the exchange waits for its reply, and nothing is marked lost."""
+    link = Link()
+    grid = watched(link, lambda polls: polls == 1 and link.answer(11))
+    link.down_calls = 2  # the push finds the SuperLink down twice
+    assert len(list(grid.send_and_receive(one_message(), timeout=30))) == 1
+    assert grid.failures == 2 and grid.lost is None
+
+
+def test_a_push_reset_mid_call_may_have_reached_the_superlink_and_counts():
+    """A push whose call was reset (the SuperLink read it, maybe stored it, then died) and
+    then refused may have handed the message out before it went: still an outage."""
+    link = Link()
+    grid = watched(link, lambda polls: None)
+    link.reset_calls, link.down_calls = 1, 1
+    with pytest.raises(LinkLost, match="1 of 1 messages"):
+        grid.send_and_receive(one_message(), timeout=30)
+
+
 def test_after_a_failure_the_superlinks_own_error_counts_as_lost_a_nodes_does_not():
     """After the failure, Flower's "message unavailable" reply for node 22 (the
     SuperLink lost track of it: linkstate's own helper makes it) is no reply; node 11's

@@ -495,6 +495,72 @@ def test_a_process_that_cannot_run_stops_them_all(tmp_path, capsys, limits, mess
         procs.stop()
 
 
+# Flower 1.42's own words when the SuperLink refuses to activate a SuperNode (exit 305),
+# for an unregistered key and for a node whose earlier session still counts as online.
+REFUSAL = ("ERROR :     Exit Code: 305\nFailed to initialize the connection to the SuperLink."
+           "\n[code: 2004] Failed to activate SuperNode.")
+
+
+def refused_node(tmp_path: Path, times: int, earlier: str, monkeypatch):
+    """A 'SuperNode' refused activation on its first ``times`` starts, then running, whose
+    log held ``earlier`` before; under a Supervisor with the supernode's hint and wait."""
+    monkeypatch.setattr(deploy_supervisor, "ONLINE_PATIENCE_S", 0.01)
+    log = tmp_path / "supernode.log"
+    log.write_text(earlier)
+    count = tmp_path / "starts"
+    flaky = (f"import pathlib, sys, time\nc = pathlib.Path({str(count)!r})\n"
+             "n = int(c.read_text()) if c.exists() else 0\nc.write_text(str(n + 1))\n"
+             f"if n < {times}:\n    print({REFUSAL!r}); sys.exit(1)\ntime.sleep(120)")
+    procs = Processes()
+    procs.start("flower-supernode", [sys.executable, "-c", flaky], dict(os.environ),
+                tmp_path, log)
+    key, link = "/k/node-0", "link:8000"
+    return procs, deploy_supervisor.Supervisor(
+        procs, lambda n, t, e: deploy_supervisor.supernode_exit_hint(t, e, key, link),
+        settle_s=60.0, pause_s=0.01,
+        wait_out=lambda n, t, e: deploy_supervisor.supernode_wait_out(t, e, key, link))
+
+
+def test_a_restarted_node_whose_old_session_still_counts_online_waits_it_out(
+        tmp_path, capsys, monkeypatch):
+    """Issue 60's trial: a SuperNode started again within a minute was refused (code 2004)
+    while its earlier session still counted as online; the wrapper blamed the key and gave
+    up because the exit came within 30 s. A key this node had activated before is
+    registered: the refusal is waited out, said so, and the node started again."""
+    procs, supervisor = refused_node(tmp_path, 1, "INFO : SuperNode ID: 42\n", monkeypatch)
+    try:
+        first = procs.running[0][1]
+        assert supervise_until(supervisor, lambda: procs.running[0][1] is not first) is None
+        time.sleep(0.5)
+        assert supervisor.step() is None and procs.running[0][1].poll() is None
+    finally:
+        procs.stop()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "refused to activate this SuperNode (code 2004) while its earlier session still " \
+           "counts as online" in err and "then starting it again" in err
+    assert "not registered" not in err and "stopping all" not in err
+
+
+@pytest.mark.parametrize("earlier, said", [
+    ("INFO : SuperNode ID: 42\n", "this key was activated before"),
+    ("", "either its public key /k/node-0.pub is not registered there")],
+    ids=["refused-after-the-wait", "never-activated"])
+def test_a_node_refused_for_its_key_stops_naming_the_key(tmp_path, capsys, monkeypatch,
+                                                         earlier, said):
+    """Refused again once its earlier session has expired, or refused with a key never
+    activated here: the key is the cause, said with both of Flower's log lines and the
+    fix, and the node stops (starting it again would be refused again)."""
+    procs, supervisor = refused_node(tmp_path, 9, earlier, monkeypatch)
+    try:
+        assert supervise_until(supervisor, lambda: False) == 1
+    finally:
+        procs.stop()
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "deploy/register-nodes.sh CONNECTION /k/node-0.pub" in err
+    assert "'Public key already in use' means it is registered" in err
+    assert err.count("still counts as online") == (1 if earlier else 0)
+
+
 def test_systemd_words_survive_quoting():
     words = ['partition-id=0 cache-dir="/a b/c"', "50%", "$HOME", "back\\slash", "plain/x"]
     line = "ExecStart=/bin/x " + services.exec_line(words)

@@ -35,6 +35,7 @@ from fedefc_cli import deploy_flags, deploy_submit, flower
 from fedefc_cli.deploy_local import DEPLOY_DIR
 from fedefc_cli.deploy_submit import write_connection
 from fedefc_cli.deploy_supervisor import supernode_exit_hint
+from fedefc_cli.log_view import LogView
 from fedefc_cli.errors import EXIT_DEGRADED, LaunchError
 from fedefc_cli.flower import RunOutcome, degradation_reason, failure_reason, free_port
 from fedefc_cli.main import build_parser, main
@@ -341,12 +342,13 @@ The SuperNode could not establish a connection to the SuperLink.
 
 
 def test_supernode_exit_hint_names_the_unregistered_key():
-    hint = supernode_exit_hint(FLOWER_REFUSAL, "/home/u/.fedefc/keys/node-0", "link:8000")
+    hint = supernode_exit_hint(FLOWER_REFUSAL, "", "/home/u/.fedefc/keys/node-0",
+                               "link:8000")
     assert "/home/u/.fedefc/keys/node-0.pub is not registered" in hint
     assert "deploy/register-nodes.sh CONNECTION /home/u/.fedefc/keys/node-0.pub" in hint
-    without_key = supernode_exit_hint(FLOWER_REFUSAL, None, "link:8000")
+    without_key = supernode_exit_hint(FLOWER_REFUSAL, "", None, "link:8000")
     assert "could not connect to the SuperLink at link:8000" in without_key
-    assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", None, "x") is None
+    assert supernode_exit_hint("INFO: SuperNode terminated gracefully.", "", None, "x") is None
 
 
 @pytest.mark.parametrize("status,failure,code", [
@@ -485,7 +487,7 @@ def test_submit_says_each_step_before_the_log(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(flower, "flwr_json", flwr)
     monkeypatch.setattr(flower, "_follow_log", lambda *a: events.append("log") or [])
-    monkeypatch.setattr(flower, "run_status", lambda *a: "finished:completed")
+    monkeypatch.setattr(flower, "run_row", lambda *a: {"status": "finished:completed"})
     real_progress = deploy_submit.progress
     monkeypatch.setattr(deploy_submit, "progress",
                         lambda text: events.append(text) or real_progress(text))
@@ -583,11 +585,11 @@ def test_a_serverapp_that_raised_is_told_by_its_own_exception(monkeypatch, tmp_p
         "UntrustedAppError: refused: the app is not signed; sign it with fedefc deploy "
         "submit --sign-key")
     assert flower.failure_reason(["ERROR : Exit Code: 201"], "finished:failed") is None
-    monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "runs": [{
+    assert flower.flower_reason({
         "status": "finished:failed",
-        "status-details": "ServerApp failed with exception: refused: the app is not signed"}]})
-    assert flower.flower_reason("c", "1", {}, tmp_path) == (
-        "the ServerApp raised: refused: the app is not signed")
+        "status-details": "ServerApp failed with exception: refused: the app is not signed"}
+    ) == "the ServerApp raised: refused: the app is not signed"
+    assert flower.flower_reason({"status": "running", "status-details": "N/A"}) is None
 
 
 def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, capsys,
@@ -696,6 +698,24 @@ def test_submit_does_not_resume_what_resuming_cannot_fix(monkeypatch, capsys, tm
     assert "did not complete" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("outcomes, args, why", [
+    ([stopped("7", 1), stopped("8", 2)], ["--max-resumes", "1"],
+     "all 1 allowed (--max-resumes) are used"),
+    ([stopped("7", 2), stopped("8", 2)], [],
+     "this attempt got no further than round 2, as the one before")],
+    ids=["used-up", "no-progress"])
+def test_the_end_of_automatic_resumes_is_announced(monkeypatch, capsys, tmp_path, outcomes,
+                                                   args, why):
+    """Issue 60's trial: after the last automatic resume, submit said only "did not
+    complete". Now it says that it resumes no more and why, and how to go on."""
+    attempts(monkeypatch, outcomes)
+    assert main(["deploy", "submit", "fedefc", *args, "--set", f"out-dir={tmp_path}/r"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"no more automatic resumes: {why}; run 8 stays stopped after round 2, its "
+            f"checkpoint in {tmp_path}/r") in err
+    assert f"continue the run with: fedefc deploy submit fedefc --resume {tmp_path}/r" in err
+
+
 def test_submit_refuses_a_negative_max_resumes(capsys):
     with pytest.raises(SystemExit):
         main(["deploy", "submit", "fedefc", "--max-resumes", "-1"])
@@ -724,20 +744,19 @@ def test_a_failed_run_whose_log_names_no_reason_gets_flowers(monkeypatch, tmp_pa
     """CI, 2026-11-29: a SuperLink killed mid-round came back after its ServerApp's
     heartbeat patience, so it ended the run itself and refused the ServerApp's last
     lines; submit resumed the run but said "its log names no reason". Flower's own
-    status details are that reason now; a completed run, or one whose log has a
-    reason, is not asked."""
+    status details are that reason now, read from the row that said the run finished
+    (no second flwr ls); a completed run, or one whose log has a reason, keeps its own."""
     asked: list = []
+    row = {"run-id": "12", "status": "finished:failed",
+           "status-details": "No heartbeat received"}
 
     def flwr(args, env, cwd):
         asked.append(args[0])
-        if args[0] == "run":
-            return {"success": True, "run-id": 12}
-        return {"success": True, "runs": [{"run-id": "12", "status": "finished:failed",
-                                           "status-details": "No heartbeat received"}]}
+        return {"success": True, "run-id": 12} if args[0] == "run" else \
+            {"success": True, "runs": [row]}
 
     monkeypatch.setattr(flower, "flwr_json", flwr)
     monkeypatch.setattr(flower, "_follow_log", lambda *a: ["INFO : [round 1/3] acc 0.3"])
-    monkeypatch.setattr(flower, "final_status", lambda *a: ("finished:failed", None))
     outcome = flower.submit_run("fedefc", {"out-dir": str(tmp_path)}, {}, tmp_path)
     assert outcome.failure == "Flower says: No heartbeat received" and outcome.interrupted
     assert asked == ["run", "ls"]
@@ -745,9 +764,8 @@ def test_a_failed_run_whose_log_names_no_reason_gets_flowers(monkeypatch, tmp_pa
         "INFO : [round 1/3] acc 0.3", "ERROR : RUN INTERRUPTED: round 2: the link failed"])
     assert flower.submit_run("fedefc", {"out-dir": str(tmp_path)}, {},
                              tmp_path).failure == "round 2: the link failed"
-    monkeypatch.setattr(flower, "final_status", lambda *a: ("finished:completed", None))
+    row.update(status="finished:completed", **{"status-details": ""})
     assert flower.submit_run("fedefc", {"out-dir": str(tmp_path)}, {}, tmp_path).completed
-    assert asked == ["run", "ls", "run", "run"]
 
 
 def test_the_last_recorded_round_is_read_from_the_log():
@@ -765,18 +783,47 @@ def test_submit_follows_a_run_that_outlived_a_superlink_restart_to_its_end(monke
     first = ["INFO : [round 1/3] acc 0.3", "Connection to the SuperLink is unavailable"]
     again = ["INFO : [round 1/3] acc 0.3", "INFO : [round 2/3] acc 0.5",
              "INFO : [round 3/3] acc 0.6"]
-    streams, statuses = iter([first, again]), iter([("running", "02:24:31"),
-                                                   ("finished:completed", None)])
+    streams, statuses = iter([first, again]), iter([({"status": "running"}, "02:24:31"),
+                                                   ({"status": "finished:completed"}, None)])
     shown: list = []
     monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
     monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
     monkeypatch.setattr(flower, "_follow_log", lambda *a: shown.append(a[6:]) or next(streams))
-    monkeypatch.setattr(flower, "final_status", lambda *a: next(statuses))
+    monkeypatch.setattr(flower, "final_row", lambda *a: next(statuses))
+    monkeypatch.setattr(flower, "REATTACH_S", 0.0)
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 0
-    assert shown == [(), (first,)]  # the second stream skips what the first showed
+    assert shown == [([],), (first,)]  # the second stream skips what the first showed
     assert "the SuperLink answers again and run 12 is running: following its log again" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("end, code", [
+    ({"status": "finished:completed"}, 0),
+    ({"status": "finished:failed", "status-details": "No heartbeat received"}, 1)],
+    ids=["completed", "failed"])
+def test_submit_never_reports_a_live_run_as_failed(monkeypatch, capsys, tmp_path, end, code):
+    """Issue 60's trial: the log stream ended early twice (the SuperLink answered
+    throughout), submit waited 60 s, found the run still running and exited 1 with
+    "ended running ... Flower says: N/A" while the run went on. Now it follows the log
+    again for as long as the run runs, and exits 1 only for a run Flower ended as
+    failed, with Flower's reason."""
+    streams = iter([["INFO : [round 1/3] acc 0.3"], ["INFO : [round 2/3] acc 0.5"],
+                    ["INFO : [round 3/3] acc 0.6"]])
+    rows = iter([({"status": "running", "status-details": "N/A"}, None)] * 2 + [(end, None)])
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: next(streams))
+    monkeypatch.setattr(flower, "final_row", lambda *a: next(rows))
+    monkeypatch.setattr(flower, "REATTACH_S", 0.0)
+    assert main(["deploy", "submit", "fedefc", "--max-resumes", "0",
+                 "--set", f"out-dir={tmp_path}/r"]) == code
+    err = capsys.readouterr().err
+    assert err.count("its log stream ended early and run 12 is running: following its "
+                     "log again") == 2
+    assert "ended running" not in err and "N/A" not in err
+    assert ("Reason: Flower says: No heartbeat received" in err) == (code == 1)
 
 
 def test_submit_reads_the_end_of_a_run_that_finished_while_its_log_stream_was_gone(
@@ -790,12 +837,13 @@ def test_submit_reads_the_end_of_a_run_that_finished_while_its_log_stream_was_go
     again = ["INFO : [round 1/3] acc 0.3", "INFO : [round 3/3] acc 0.6",
              "WARNING :   RUN DEGRADED: partition 0 missed 1 of 3 rounds"]
     streams = iter([first, again])
-    statuses = iter([("finished:completed", "02:24:31"), ("finished:completed", None)])
+    statuses = iter([({"status": "finished:completed"}, "02:24:31"),
+                     ({"status": "finished:completed"}, None)])
     monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
     monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
     monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
     monkeypatch.setattr(flower, "_follow_log", lambda *a: next(streams))
-    monkeypatch.setattr(flower, "final_status", lambda *a: next(statuses))
+    monkeypatch.setattr(flower, "final_row", lambda *a: next(statuses))
     code = main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"])
     err = capsys.readouterr().err
     assert code == EXIT_DEGRADED, err
@@ -820,6 +868,51 @@ def test_a_logs_colour_codes_reach_a_terminal_only():
     assert to_tty.getvalue() == b"".join(raw)
     assert flower.failure_reason(lines, "finished:failed") == "no node trained"
     assert not flower.to_terminal(io.BytesIO())
+
+
+# The end of a failed run's log as `flwr log` gives it (Flower 1.42's ServerApp process:
+# the project's RUN FAILED line, Flower's traceback of the exception and its exit block),
+# after an outage's reconnect chatter.
+FAILED_RUN_LOG = [
+    "INFO :      [round 1/3] phase 1 | 2 clients | test acc 0.31",
+    *["WARNING :   Connection attempt failed, retrying in %.2f seconds" % (0.5 * k)
+      for k in range(1, 23)],
+    "INFO :      ",
+    "ERROR :     RUN FAILED: round 2: no node trained (2 sampled)",
+    "ERROR :     ServerApp raised an exception",
+    "Traceback (most recent call last):",
+    *[f'  File "/venv/lib/flwr/mod{k}.py", line {k}, in f{k}\n    call()'.split("\n")[j]
+      for k in range(20) for j in (0, 1)],
+    "fedefc_server.failures.RunFailed: round 2: no node trained (2 sampled)",
+    "ERROR :     Exit Code: 201", "An unhandled exception occurred in the ServerApp.", "",
+    "For more information, visit: <https://flower.ai/docs/framework/ref-exit-codes/201.html>",
+    "INFO :      ", "INFO :      [SUMMARY]"]
+
+
+def test_what_a_person_is_shown_of_a_log_folds_what_repeats():
+    """Issue 60's trial: a 45-line traceback and Flower's Exit Code block between the
+    real cause's copies, 20-25 "Connection attempt failed" lines per outage. Shown: each
+    folded into one line (the chatter: its first line and a count), blank lines and
+    Flower's empty history header left out; the whole text goes on to the log file."""
+    raw = [f"{line}\n".encode() for line in FAILED_RUN_LOG]
+    out, full = io.BytesIO(), io.BytesIO()
+    lines = flower.copy_lines(iter(raw), out, False, view=LogView("flwr log 7 site"),
+                              full=full)
+    assert lines == FAILED_RUN_LOG and full.getvalue() == b"".join(raw)
+    assert out.getvalue().decode().splitlines() == [
+        "INFO :      [round 1/3] phase 1 | 2 clients | test acc 0.31",
+        "WARNING :   Connection attempt failed, retrying in 0.50 seconds",
+        "  [the line above 21 more times]",
+        "ERROR :     RUN FAILED: round 2: no node trained (2 sampled)",
+        "ERROR :     ServerApp raised an exception",
+        "  [a traceback of 42 lines, folded (the whole text: flwr log 7 site)] "
+        "fedefc_server.failures.RunFailed: round 2: no node trained (2 sampled)",
+        "ERROR :     Exit Code: 201 An unhandled exception occurred in the ServerApp."]
+    again = LogView("x")
+    tb = ["Traceback (most recent call last):", '  File "a.py", line 1', "KeyError: 'k'"]
+    assert [again.feed(line) for line in tb * 2][-1] == [
+        "  [the same traceback again, 3 lines: KeyError: 'k']"]
+    assert LogView("x").feed("INFO : client 1 round 2: noise") == [None]
 
 
 def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,

@@ -542,6 +542,11 @@ def test_kill_the_server_mid_run_then_resume_gives_the_uninterrupted_result(tmp_
     assert [{k: r.get(k) for k in keys} for r in ra] == [{k: r.get(k) for k in keys} for r in rb]
     assert summary["final_acc"] == json.loads((tmp_path / "whole" / "summary.json")
                                               .read_text())["final_acc"]
+    # the run does not read as one clean run: the round run again is marked, and said
+    assert [r["round"] for r in rb if r.get("resumed")] == [stopped_at + 1]
+    assert [e["round"] for e in summary["interruptions"]] == [stopped_at + 1]
+    assert summary["interruptions"][0]["reason"].startswith(
+        f"the run stopped after round {stopped_at} without a word from its ServerApp")
 
 
 def _phase1_rounds(out):

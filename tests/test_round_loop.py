@@ -22,6 +22,7 @@ from fedefc_server import checkpoint
 from fedefc_server.curves import series
 from fedefc_server.failures import RunFailed
 from fedefc_server.link_watch import LinkLost
+from fedefc_server.resumes import resume_event
 from fedefc_server.round_loop import RoundLoop
 from tests.helpers import OK, FakeProxy, make_pipeline, records
 
@@ -75,7 +76,10 @@ class LyingNode(TrainingNode):
 
 
 def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_class=None,
-             on_manager=None, link=None, **keys):
+             on_manager=None, link=None, evaluated=None, resume=False, **keys):
+    """The run of ``method`` over the four nodes; ``evaluated`` collects the weights the
+    server evaluates; ``resume``: continue the run in ``tmp_path`` after its checkpoint,
+    as the ServerApp does (server_app.build)."""
     cfg = load_run_config({"method": method,
                            "num-clients": 4, "fraction": 1.0, "rounds": rounds,
                            "start-round": 1, "gamma-thr": 1, "out-dir": str(tmp_path),
@@ -83,7 +87,9 @@ def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_c
                            **keys})
     model = torch.nn.Linear(2, 3)
     init = get_weights(model)
-    evaluated = []
+    evaluated = [] if evaluated is None else evaluated
+    ckpt = checkpoint.load(tmp_path) if resume else None
+    resumed = resume_event(tmp_path, ckpt.round) if ckpt else None
 
     def evaluator(weights):  # the "test accuracy" is the bias's first entry
         evaluated.append(weights)
@@ -96,10 +102,15 @@ def run_loop(tmp_path, method, rounds=4, node=TrainingNode, central=True, node_c
         manager.register((node_class or {}).get(pid, node)(f"node-{pid}", pid, SIZES[pid]))
     if on_manager is not None:
         on_manager(manager)
+    if ckpt:
+        pipeline.load_state(ckpt.strategy)
+        pipeline.server.load_models(ckpt.models)
     loop = RoundLoop(client_manager=manager, pipeline=pipeline,
-                     parameters=ndarrays_to_parameters(init), cfg=cfg,
-                     recorder=RunRecorder(tmp_path, cfg.to_flat()), model=model,
-                     run_info={"train_samples": 100}, link=link)
+                     parameters=ndarrays_to_parameters(ckpt.weights if ckpt else init),
+                     cfg=cfg, recorder=RunRecorder(tmp_path, cfg.to_flat(),
+                                                   resume_round=ckpt.round if ckpt else None),
+                     model=model, run_info={"train_samples": 100}, link=link,
+                     first_round=ckpt.round + 1 if ckpt else 1, resumed=resumed)
     loop.set_max_workers(1)
     loop.fit(rounds, None)
     return init, evaluated
@@ -236,6 +247,9 @@ class Link:
     lost = None
 
 
+NO_GUARD = {"phase-2-guard": "off"}  # phase-2 replies carry no A_k here (test_guard.py)
+
+
 class LinkLosingNode(TrainingNode):
     """Partition 2's exchange in round 2 meets a SuperLink restart: its call raises what
     the watched grid raises, and the link keeps why."""
@@ -251,18 +265,23 @@ class LinkLosingNode(TrainingNode):
 
 def test_a_round_that_may_have_lost_messages_is_not_recorded_and_the_run_stops(tmp_path):
     """Round 2's exchange with partition 2 was out when the SuperLink restarted. The
-    three other replies came, but round 2 is not recorded (nor checkpointed), no summary
-    and no model are written, the last log line starts with RUN INTERRUPTED and names
-    the checkpoint to resume from (round 1), and the error reaches Flower."""
+    three other replies came, but round 2 is not evaluated (issue 60's trial: the
+    ServerApp evaluated the lost round for 35 s - 5.5 min before it stopped), recorded
+    or checkpointed, no summary and no model are written, the last log line starts
+    with RUN INTERRUPTED and names the checkpoint to resume from (round 1), and the
+    error reaches Flower. Resumed, the run records the interruption in round 2's record,
+    its summary and its picture."""
     lines, handler = flower_lines()
     logging.getLogger("flwr").addHandler(handler)
     LinkLosingNode.link = Link()
+    evaluated: list = []
     try:
         with pytest.raises(LinkLost, match="round 2: the link to the SuperLink failed"):
             run_loop(tmp_path, "fedefc", rounds=4, node=LinkLosingNode,
-                     link=LinkLosingNode.link)
+                     link=LinkLosingNode.link, evaluated=evaluated, **NO_GUARD)
     finally:
         logging.getLogger("flwr").removeHandler(handler)
+    assert len(evaluated) == 2  # rounds 0 and 1: not the round that lost its exchange
     assert [r["round"] for r in records(tmp_path)] == [0, 1]
     assert checkpoint.load(tmp_path).round == 1
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()
@@ -271,6 +290,36 @@ def test_a_round_that_may_have_lost_messages_is_not_recorded_and_the_run_stops(t
     assert f"--resume {tmp_path}" in lines[-1]
     # issue 49's trial: the command as printed failed on a signed deployment without it
     assert "with the first submission's --sign-key (and --key-id)" in lines[-1]
+
+    run_loop(tmp_path, "fedefc", rounds=4, resume=True, **NO_GUARD)
+    recs = records(tmp_path)
+    assert [r["round"] for r in recs] == [0, 1, 2, 3, 4]
+    assert [r["round"] for r in recs if r.get("resumed")] == [2]
+    assert recs[2]["resumed"]["reason"] == (
+        "round 2: the link to the SuperLink failed (ConnectError: refused)")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(e["round"], e["reason"]) for e in summary["interruptions"]] == [
+        (2, recs[2]["resumed"]["reason"])]
+    assert series(recs).resumed == [2]
+    assert not (tmp_path / "interrupted.json").exists()  # taken by the resumed run
+
+
+def test_a_run_stopped_from_outside_is_recorded_as_resumed_without_a_reason_of_its_own(
+        tmp_path):
+    """A ServerApp killed after round 2 leaves no word; the resumed run says so in round
+    3's record. A run extended after it completed was not interrupted: nothing marked."""
+    run_loop(tmp_path, "fedavg", rounds=2)
+    (tmp_path / "summary.json").unlink()  # as a kill before the end leaves it
+    (tmp_path / "model.pt").unlink()
+    run_loop(tmp_path, "fedavg", rounds=3, resume=True)
+    recs = records(tmp_path)
+    assert recs[3]["resumed"]["reason"] == (
+        "the run stopped after round 2 without a word from its ServerApp (its process, "
+        "its SuperExec or the SuperLink stopped it)")
+    run_loop(tmp_path, "fedavg", rounds=4, resume=True)  # extended: completed before
+    assert [r["round"] for r in records(tmp_path) if r.get("resumed")] == [3]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [e["round"] for e in summary["interruptions"]] == [3]
 
 
 def test_fedefc_that_never_leaves_phase_1_says_so_last(tmp_path):
