@@ -308,6 +308,8 @@ class ModelGuard:
         reading = record.get("guard_acc")
         if reading is None:
             return ""
+        if record.get("guard_best_round") is None:  # before start-round: none kept yet
+            return f" | guard reads {reading:.4f}"
         return (f" | guard reads {reading:.4f}  best {self.rule.best_a:.4f} (round "
                 f"{record['guard_best_round']})  not beaten {record['guard_worse']}/"
                 f"{self.rule.patience}")

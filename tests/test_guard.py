@@ -35,7 +35,7 @@ from fedefc_client.local_data import partition_data
 from fedefc_server import checkpoint, evaluation
 from fedefc_server.checkpoint import CheckpointError
 from fedefc_server.clean_set import attach_clean_set
-from fedefc_server.guard import MARGIN, Phase2Guard, delivery_rule, tells_apart
+from fedefc_server.guard import MARGIN, ModelGuard, Phase2Guard, delivery_rule, tells_apart
 from fedefc_server.round_loop import RoundLoop
 from fedefc_server.summary import run_report
 from tests.helpers import IN_PROCESS_NODES, OK, FakeProxy, make_pipeline, records
@@ -674,6 +674,18 @@ def test_the_closing_lines_say_which_model_was_delivered_its_reading_and_why():
             "set; the best model read (round 12 received it): at the end of the run it "
             "read above the last model") in lines
     assert not any("delivered" in line for line in run_report({"status": "completed"}))
+
+
+def test_a_rounds_log_line_names_the_guards_best_only_once_it_keeps_one():
+    """Before start-round the guard reads but keeps no model: its log line gives the
+    reading alone, never a best of -1 from round None."""
+    guard = ModelGuard(Phase2Guard(6, 3), "held-out")
+    assert guard.describe({"guard_acc": 0.5648, "guard_best_round": None}) == \
+        " | guard reads 0.5648"
+    guard.rule.best_a = 0.61
+    assert guard.describe({"guard_acc": 0.6, "guard_best_round": 7, "guard_worse": 1}) == \
+        " | guard reads 0.6000  best 0.6100 (round 7)  not beaten 1/3"
+    assert guard.describe({}) == ""
 
 
 def test_on_the_same_samples_the_paired_error_tells_what_independent_errors_cannot():
