@@ -5,7 +5,10 @@ labels, or an ImageFolder directory (formats: docs/OWN-DATA.md, "Formats").
   ``images`` (uint8 pixels, shaped (N, H, W), (N, C, H, W) or (N, H, W, C)) or
   ``features`` (real numbers, shaped (N, D), stored as float32);
   An optional boolean ``verified`` (N,) marks the samples whose labels were checked
-  (docs/OWN-DATA.md, "Verified labels");
+  (docs/OWN-DATA.md, "Verified labels"); an optional text ``class_names`` (K,) names
+  the classes in index order, as ``fedefc data`` writes it (its fingerprint,
+  :func:`class_map_fingerprint`, is what a node declares: docs/OWN-DATA.md, "Preparing a
+  folder of images");
 - a folder ``<root>/<class index>/<image file>`` (class folders named ``0`` .. ``K-1``,
   so that a label means the same class on every node), decoded with Pillow to
   grayscale or RGB; every image must have the same size.
@@ -21,7 +24,9 @@ the clients hold, docs/OWN-DATA.md, "The server holds no data").
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +54,19 @@ class Samples:
     x: np.ndarray
     y: np.ndarray
     verified: np.ndarray | None = None
+    class_names: tuple[str, ...] | None = None  # the file's class map, in index order
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.x.shape[1:])
+
+
+def class_map_fingerprint(names: tuple[str, ...] | list[str]) -> str:
+    """A class map as a node declares it, without its names (they may be private):
+    ``K:`` and the first 16 hex digits of the SHA-256 of the names in index order, so
+    two maps agree exactly when both their names and their order do."""
+    digest = hashlib.sha256(json.dumps(list(names)).encode()).hexdigest()
+    return f"{len(names)}:{digest[:16]}"
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
@@ -252,6 +266,7 @@ def _read_npz(src: Path, where: str, expected: tuple[int, ...] | None) -> Sample
         x = _array(npz, kind, where)
         labels = _labels(npz, where)
         verified = _verified(npz, len(labels), where)
+        names = _class_names(npz, where)
     _check_dtype(kind, x.dtype, where)
     _, last = _input_shape(kind, x.shape, expected, where)
     if len(labels) != len(x):
@@ -268,7 +283,19 @@ def _read_npz(src: Path, where: str, expected: tuple[int, ...] | None) -> Sample
         x = np.ascontiguousarray(x[:, None])
     else:
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2) if last else x)
-    return Samples(x, labels, verified)
+    return Samples(x, labels, verified, names)
+
+
+def _class_names(npz, where: str) -> tuple[str, ...] | None:
+    """The optional ``class_names``: text, one entry per class, in index order."""
+    if "class_names" not in npz.files:
+        return None
+    names = _array(npz, "class_names", where)
+    if names.dtype.kind != "U" or names.ndim != 1:
+        raise _fail(where, f"'class_names' has shape {names.shape} and dtype {names.dtype}; "
+                           "store the class names as a 1-D text array in index order, or "
+                           "prepare the data with fedefc data")
+    return tuple(str(n) for n in names)
 
 
 def _verified(npz, n: int, where: str) -> np.ndarray | None:

@@ -29,6 +29,11 @@ class Declaration:
     NUM_EXAMPLES = "num-examples"  # int: the samples it trains on (docs/PRIVACY.md)
     HELD_OUT = "held-out"  # int: the samples it holds out for federated evaluation
     DATA = "data"  # str: PARTITION (of the run's dataset) | PRIVATE (the node's own)
+    # str, only where the node's own data names its classes (data.npz's class_names): K
+    # and a hash of the names in index order (common/data_files.py:
+    # class_map_fingerprint), never the names; every node's must be the same
+    # (docs/OWN-DATA.md, "Preparing a folder of images")
+    CLASS_MAP = "class-map"
     PARTITION = "partition"
     PRIVATE = "private"
     KINDS = (PARTITION, PRIVATE)

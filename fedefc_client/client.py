@@ -71,18 +71,23 @@ class MethodClient(NumPyClient):
 
     # The registry asks every node once which partition it serves and how many samples
     # it trains on and holds out (docs/PRIVACY.md, "Weights bound to facts"); the sizes
-    # bound its replies.
+    # bound its replies. Own data that names its classes declares its class map's
+    # fingerprint, which must be the federation's (docs/OWN-DATA.md, "Preparing a folder
+    # of images").
     def get_properties(self, config):
+        class_map = None
         if self.private_data:
             held = self.local.held_out
             size, held_out = len(self.local), 0 if held is None else len(held)
+            class_map = self.local.class_map
         else:
             size, held_out = partition_sizes(self.cfg, self.partition_id)
         return {Declaration.PARTITION_ID: self.partition_id,
                 Declaration.NUM_EXAMPLES: size,
                 Declaration.HELD_OUT: held_out,
                 Declaration.DATA: Declaration.PRIVATE if self.private_data
-                else Declaration.PARTITION}
+                else Declaration.PARTITION,
+                **({} if class_map is None else {Declaration.CLASS_MAP: class_map})}
 
     @property
     def local(self) -> LocalData:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from common.config import RunConfig
+from common.data_files import class_map_fingerprint
 from common.data_plan import data_plan, held_out_count, training_size, validation_count
 from common.datasets import Dataset, DataSpec, make_spec, resolve_augment, task_shape
 from common.disk_cache import Arrays, DataCache
@@ -92,6 +93,7 @@ class LocalData:
     held_out: HeldOut | None = None
     validation: np.ndarray | None = None  # positions of the validation share in x
     estimation: np.ndarray | None = None  # positions of the estimation share in x (§3.7)
+    class_map: str | None = None  # the fingerprint of its own data's class names, if any
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -353,6 +355,8 @@ def _partition_arrays(cfg: RunConfig, partition_id: int) -> Arrays:
 def _private_arrays(path: str, task: TaskShape, node: str) -> Arrays:
     samples = load_private_data(path, task, node)
     arrays = {"x": samples.x, "labels": samples.y}
+    if samples.class_names is not None:
+        arrays["class_map"] = np.array(class_map_fingerprint(samples.class_names))
     return arrays if samples.verified is None else {**arrays, "verified": samples.verified}
 
 
@@ -378,5 +382,8 @@ def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays, node: 
         test_y = torch.zeros(0, dtype=torch.int64)
         true_labels = None
     data = Dataset(cfg.dataset, spec, x, torch.from_numpy(labels), test_x, test_y)
-    return make_local(cfg, partition_id, x.to(device), labels, true_labels, data,
-                      arrays.get("verified"), where)
+    local = make_local(cfg, partition_id, x.to(device), labels, true_labels, data,
+                       arrays.get("verified"), where)
+    if "class_map" not in arrays:
+        return local
+    return replace(local, class_map=str(arrays["class_map"]))

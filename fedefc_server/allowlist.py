@@ -19,6 +19,7 @@ The file (TOML), one ``[[node]]`` table per node::
     data = "private"            # "partition" (of the run's dataset) | "private"
     max-samples = 12000         # the most training samples it may declare
     held-out-samples = 3000     # the most held-out samples (federated evaluation); 0
+    name = "site-a"             # optional: the site's name in curves.png's rows
 
 A key is compared by its fingerprint, the SHA-256 that ``ssh-keygen -l -f key.pub``
 prints, so an entry may give either the ``key.pub`` line or that fingerprint. Every key
@@ -88,6 +89,7 @@ class AllowedNode(BaseModel):
     data: Literal["partition", "private"]  # common/messages.py: Declaration.KINDS
     max_samples: int = Field(ge=1)
     held_out_samples: int = Field(0, ge=0)
+    name: str | None = Field(None, min_length=1, max_length=40)
 
     @field_validator("public_key")
     @classmethod
@@ -165,6 +167,11 @@ class Allowlist(BaseModel):
             raise AllowlistError(f"{where}: partition-id {outside[0]} is outside "
                                  f"0..{num_clients - 1} (num-clients={num_clients})")
         return allowlist
+
+    def site_names(self) -> dict[str, str]:
+        """{partition id (text, as JSON keys are): the site's name} for the entries
+        that name one (the summary's ``site_names``, curves.png's rows)."""
+        return {str(n.partition_id): n.name for n in self.node if n.name is not None}
 
     def entry(self, public_key: bytes | None) -> AllowedNode | None:
         """The entry of the node with ``public_key`` (as Flower stores it), or None: a key

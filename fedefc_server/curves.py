@@ -1,11 +1,15 @@
 """A run in a picture: ``curves.png`` beside ``summary.json`` (README, "The results folder").
 
 Three panels over the rounds: the accuracy of the global model (the server's test set,
-and the nodes' held-out data with federated evaluation) and the model the run delivered,
-with its reading and why; A(t) with A_max, T_e, the guard's own reading and its verdicts
-(a round whose received model became its best, one that did not beat it, the round it
-fell back or gave its verdict in); and which partitions took part in each round
-(trained, missed, or not sampled).
+the nodes' held-out data with federated evaluation, the coordinator's clean set where
+the server reports it) and the model the run delivered, with its reading and why; A(t)
+with A_max, T_e, the guard's own reading and its verdicts (a round whose received model
+became its best, one that did not beat it, the round it fell back or gave its verdict
+in), the panel and its lines named for what they read (training labels, a held-out
+share, verified labels or the coordinator's clean set: docs/OWN-DATA.md, "Verified
+labels"); and which sites took part in each round (trained, missed, or not sampled),
+each row named for its site where the summary knows the name (``site_names``), else
+"partition N".
 
 The ServerApp draws it at the end of every run, completed, degraded or failed
 (:meth:`.round_loop.RoundLoop._finish`), not the ``fedefc`` command: in a deployment
@@ -46,6 +50,7 @@ class Series:
     a: dict[int, float] = field(default_factory=dict)  # round -> A(t), where recorded
     a_max: dict[int, float] = field(default_factory=dict)  # round -> A_max, once set
     guard_acc: dict[int, float] = field(default_factory=dict)  # round -> the guard's reading
+    clean_acc: dict[int, float] = field(default_factory=dict)  # round -> on the clean set
     t_e: int | None = None
     guard_best: list[int] = field(default_factory=list)  # phase-2 rounds: a new best
     guard_worse: list[int] = field(default_factory=list)  # phase-2 rounds: not better
@@ -70,6 +75,8 @@ def series(records: list[dict[str, Any]]) -> Series:
             out.a[t] = float(rec["A"])
         if rec.get("guard_acc") is not None:
             out.guard_acc[t] = float(rec["guard_acc"])
+        if rec.get("clean_acc") is not None:
+            out.clean_acc[t] = float(rec["clean_acc"])
         if rec.get("A_max") and t > 0:  # 0 until the rule watches (after start-round)
             out.a_max[t] = float(rec["A_max"])
         if rec.get("t_e") is not None:
@@ -100,9 +107,34 @@ def _title(summary: dict[str, Any]) -> str:
     return head
 
 
+def a_signal(summary: dict[str, Any]) -> str:
+    """What A(t) was read on, in words: the clients' training labels (the paper's
+    signal), their verified labels, or their held-out share's noisy labels
+    (docs/FEDEFC.md §3.1, §3.7)."""
+    if summary.get("accuracy_signal") != "held-out":  # "global", "local-train"
+        return "the clients' training labels"
+    if summary.get("validation_labels") == "verified":
+        return "the clients' verified labels"
+    return "the clients' held-out share (noisy labels)"
+
+
+def site_name(summary: dict[str, Any], partition: int) -> str:
+    """A site's row label: its name where the summary knows it (``site_names``), with
+    its partition; else "partition N"."""
+    name = (summary.get("site_names") or {}).get(str(partition))
+    return f"partition {partition}" if name is None else f"{name} ({partition})"
+
+
 def draw(data: Series, summary: dict[str, Any], num_partitions: int, path: Path) -> None:
-    """Write the picture of ``data`` (its title from ``summary``) to ``path``: one
-    function a panel, then what every panel shares (T_e, phase 2, grid, legend)."""
+    """Write the picture of ``data`` (its title from ``summary``) to ``path``."""
+    png = io.BytesIO()
+    figure(data, summary, num_partitions).savefig(png, format="png")
+    atomic_write_bytes(path, png.getvalue())
+
+
+def figure(data: Series, summary: dict[str, Any], num_partitions: int):
+    """The picture of ``data`` as a matplotlib Figure: one function a panel, then what
+    every panel shares (T_e, phase 2, grid, legend)."""
     # lazy (module docstring): matplotlib's figure, canvas and ticker
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: 2.3 s with the two below
     from matplotlib.figure import Figure  # lazy: 2.3 s with the canvas
@@ -119,25 +151,26 @@ def draw(data: Series, summary: dict[str, Any], num_partitions: int, path: Path)
         axes.append(fig.add_subplot(grid[1], sharex=acc))
         signal_panel(axes[-1], data, summary)
     axes.append(fig.add_subplot(grid[rows - 1], sharex=acc))
-    sites_panel(axes[-1], data, num_partitions)
+    sites_panel(axes[-1], data, num_partitions, summary)
     for ax in axes:
         finish_axis(ax, data, first=ax is acc)
     if data.rounds:
         acc.set_xlim(min(data.rounds) - 0.5, max(data.rounds) + 0.5)
     fig.suptitle(_title(summary), fontsize=10)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    atomic_write_bytes(path, png.getvalue())
+    return fig
 
 
 def accuracy_panel(acc, data: Series, summary: dict[str, Any]) -> None:
-    """The global model's accuracy per round, and the model the run delivered: the
-    round it was made in, its reading on the guard's signal and why (docs/FEDEFC.md
-    §3.4)."""
+    """The global model's accuracy per round (the coordinator's clean set too, where
+    the server reports it: docs/FEDEFC.md §3.9), and the model the run delivered: the
+    round it was made in, its reading on the guard's signal and why (§3.4)."""
+    clean = [data.clean_acc.get(t) for t in data.rounds]
     for values, label, style in ((data.test_acc, "test accuracy (server test set)", "-"),
                                  (data.federated_acc, "federated accuracy (held-out data)",
-                                  "--")):
+                                  "--"),
+                                 (clean, textwrap.fill(
+                                     f"accuracy on {summary.get('clean_set')}", 44), "-.")):
         points = [(t, v) for t, v in zip(data.rounds, values) if v is not None]
         if points:
             acc.plot(*zip(*points), style, marker=".", lw=1.4, label=label)
@@ -153,9 +186,14 @@ def accuracy_panel(acc, data: Series, summary: dict[str, Any]) -> None:
 
 def signal_panel(sig, data: Series, summary: dict[str, Any]) -> None:
     """A(t) with A_max, the guard's reading (where it reads more than A(t): the twin's
-    slices or the coordinator's clean set) and its verdicts."""
+    slices or the coordinator's clean set) and its verdicts; the title names what A(t)
+    and the guard read."""
     sig.plot(list(data.a), list(data.a.values()), "-", marker=".", color="tab:purple",
-             lw=1.4, label="A(t)")
+             lw=1.4, label=textwrap.fill(f"A(t) on {a_signal(summary)}", 44))
+    guard = summary.get("guard_signal")
+    sig.set_title(f"A(t) on {a_signal(summary)}" + ("" if guard is None else
+                                                    f"; the guard reads {guard}"),
+                  fontsize=9)
     if data.a_max:
         sig.step(list(data.a_max), list(data.a_max.values()), where="post",
                  color="tab:gray", ls="--", lw=1, label="A_max")
@@ -179,8 +217,9 @@ def signal_panel(sig, data: Series, summary: dict[str, Any]) -> None:
     sig.set_ylabel("A(t)")
 
 
-def sites_panel(sites, data: Series, num_partitions: int) -> None:
-    """Which partitions trained in each round and which missed it."""
+def sites_panel(sites, data: Series, num_partitions: int, summary: dict[str, Any]) -> None:
+    """Which sites trained in each round and which missed it, a row each, named by
+    :func:`site_name`."""
     trained = [(t, p) for t, ps in data.took_part.items() for p in ps]
     missed = [(t, p) for t, ps in data.missed.items() for p in ps]
     size = max(4.0, 60.0 / max(num_partitions, 1) ** 0.8)
@@ -191,10 +230,11 @@ def sites_panel(sites, data: Series, num_partitions: int) -> None:
         sites.scatter(*zip(*missed), marker="x", s=size * 2, color="tab:red",
                       label="missed")
     sites.set_ylim(-0.7, num_partitions - 0.3)
-    sites.set_ylabel("partition")
+    sites.set_ylabel("site")
     sites.set_xlabel("round")
     if num_partitions <= 12:
-        sites.set_yticks(range(num_partitions))
+        sites.set_yticks(range(num_partitions),
+                         [site_name(summary, p) for p in range(num_partitions)])
 
 
 def finish_axis(ax, data: Series, first: bool) -> None:

@@ -47,6 +47,7 @@ class Declaration:
     num_examples: int
     data: str  # Keys.PARTITION | Keys.PRIVATE
     held_out: int = 0
+    class_map: str | None = None  # its own data's class map, fingerprinted (Keys.CLASS_MAP)
 
 
 def read_declaration(props: dict[str, Any]) -> Declaration | str:
@@ -59,7 +60,32 @@ def read_declaration(props: dict[str, Any]) -> Declaration | str:
             return f"{key} missing or not an integer >= 0 ({value!r:.40})"
     if data not in Keys.KINDS:
         return f"data {data!r:.40} is not one of {', '.join(Keys.KINDS)}"
-    return Declaration(pid, n, data, held)
+    class_map = props.get(Keys.CLASS_MAP)
+    if class_map is not None and not isinstance(class_map, str):
+        return f"{Keys.CLASS_MAP} is not text ({class_map!r:.40})"
+    return Declaration(pid, n, data, held, class_map)
+
+
+def class_map_refusal(decl: Declaration, federation: tuple[str, int]) -> str | None:
+    """Why ``decl``'s class map is not the federation's (``federation``: the map's
+    fingerprint and the partition whose declaration fixed it), or None: a node whose
+    data names no classes declares none, and is not compared (docs/OWN-DATA.md,
+    "Preparing a folder of images")."""
+    fixed, first = federation
+    if decl.class_map is None or decl.class_map == fixed:
+        return None
+    return (f"partition {decl.partition}'s data has class map {map_text(decl.class_map)}, "
+            f"but the federation's is {map_text(fixed)} (declared by partition {first}): "
+            "the same label would mean another class there. Prepare its data again with "
+            "the federation's map: fedefc data SOURCE OUT --class-map <the shared "
+            "classes.json> (a site lacking a class keeps the map; docs/OWN-DATA.md, "
+            "\"Preparing a folder of images\")")
+
+
+def map_text(fingerprint: str) -> str:
+    """A declared class map in words: its K and its hash (the names stay on the node)."""
+    k, _, digest = fingerprint.partition(":")
+    return f"{k} classes #{digest}" if digest else repr(fingerprint[:40])
 
 
 @dataclass(frozen=True)

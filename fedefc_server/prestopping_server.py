@@ -182,7 +182,7 @@ class PrestoppingServer(MethodServer):
     def summary_fields(self) -> dict[str, Any]:
         """T_e, A_max, the minimum gain of the rule (the setting, and the standard errors
         it asked for in the last round the rule saw), the accuracy signal the run used
-        with the share it kept, how its clients pooled their counts and estimated Q, and
+        with the share it kept and whose labels the share holds, how its clients pooled their counts and estimated Q, and
         the phase-2 guard, what it read, the model the run delivers and why, and the twin
         (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4, §3.8, §3.9, §4.7, §4.8)."""
         g = self.guard
@@ -191,6 +191,7 @@ class PrestoppingServer(MethodServer):
                 "prestopping_min_gain": self.cfg.prestopping_min_gain,
                 "prestopping_min_gain_used": self.gain_used,
                 "accuracy_signal": self.cfg.accuracy_signal_mode,
+                "validation_labels": self.cfg.validation_labels,
                 "validation_share": validation_share(self.cfg),
                 "q_pooling": counts_pooling(self.cfg),
                 "q_estimator": q_estimator_used(self.cfg),

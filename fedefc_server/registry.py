@@ -51,7 +51,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from common.messages import Declaration as Keys
 
 from .allowlist import Allowlist, fingerprint
-from .declarations import SizeRule, read_declaration
+from .declarations import SizeRule, class_map_refusal, read_declaration
 from .failures import RunFailed
 from .node_answers import NodeAnswers, ask_declarations, public_keys
 
@@ -84,6 +84,8 @@ class PartitionRegistry:
         self.wait_for_nodes = wait_for_nodes
         self.declared: dict[int, int] = {}  # partition id -> its size, fixed for the run
         self.held_out: dict[int, int] = {}  # partition id -> its held-out size, fixed too
+        # the federation's class map: the first declared (its fingerprint, the partition)
+        self.class_map: tuple[str, int] | None = None
         self.answers = NodeAnswers()  # the nodes that answered but hold no partition
         self.waiting: dict[str, int] = {}  # node -> the partition another node holds
         self.claims: dict[int, tuple[str, str]] = {}  # partition -> a refused claimant, why
@@ -118,7 +120,9 @@ class PartitionRegistry:
         reason it is refused, or None. A partition whose holder is among ``connected``
         is not taken over: the node waits (:meth:`refresh` admits it once the holder has
         left) and the reason says so. In a simulation the node must declare the
-        partition the engine gave it."""
+        partition the engine gave it. The first class map declared is the federation's;
+        a node declaring another is refused (docs/OWN-DATA.md, "Preparing a folder of
+        images")."""
         decl = read_declaration(props)
         if isinstance(decl, str):
             return f"malformed declaration: {decl}"
@@ -141,8 +145,12 @@ class PartitionRegistry:
             reason = (f"declares {decl.num_examples} samples ({decl.held_out} held out) for "
                       f"partition {decl.partition}, which was declared with {size} "
                       f"({held} held out); a declaration is fixed for the run")
+        if reason is None and self.class_map is not None:
+            reason = class_map_refusal(decl, self.class_map)
         if reason is not None:
             return reason
+        if decl.class_map is not None and self.class_map is None:
+            self.class_map = (decl.class_map, decl.partition)
         if size is None:
             self.declared[decl.partition] = decl.num_examples
             self.news.setdefault("declared", {})[decl.partition] = decl.num_examples
@@ -273,16 +281,20 @@ class PartitionRegistry:
         return news
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the partitions' declared sizes, fixed for the run, and
-        the nodes :meth:`exclude` left out, which stay out of a resumed run (Flower keeps
+        """What a checkpoint keeps: the partitions' declared sizes and the federation's
+        class map, fixed for the run, and the nodes :meth:`exclude` left out, which stay out of a resumed run (Flower keeps
         a node's id while it stays connected to its SuperLink)."""
         return {"declared_sizes": {str(p): n for p, n in self.declared.items()},
                 "declared_held_out": {str(p): n for p, n in self.held_out.items()},
-                "excluded_nodes": {c: list(held) for c, held in self._excluded.items()}}
+                "excluded_nodes": {c: list(held) for c, held in self._excluded.items()},
+                **({} if self.class_map is None else {"class_map": list(self.class_map)})}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.declared = {int(p): int(n) for p, n in state.get("declared_sizes", {}).items()}
         self.held_out = {int(p): int(n) for p, n in state.get("declared_held_out", {}).items()}
+        if state.get("class_map"):
+            fingerprint, pid = state["class_map"]
+            self.class_map = (str(fingerprint), int(pid))
         for cid, (pid, why) in state.get("excluded_nodes", {}).items():
             self._excluded[cid] = (pid, why)
             self.answers.refused[cid] = why

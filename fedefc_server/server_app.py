@@ -243,7 +243,9 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
                      cfg=cfg, recorder=recorder, model=model,
                      run_info={**{k: v for k, v in source.info.items()
                                   if k != "noise_matrices"},
-                               "admission": admitted.record},
+                               "admission": admitted.record,
+                               **({"site_names": admitted.allowlist.site_names()}
+                                  if admitted.allowlist else {})},
                      first_round=ckpt.round + 1 if ckpt else 1,
                      elapsed_before=ckpt.elapsed_s if ckpt else 0.0,
                      secure_round=(SecureRound(grid, context, manager, cfg)
