@@ -424,6 +424,13 @@ def final_row(connection: str, run_id: str, env: dict[str, str], cwd: Path,
         time.sleep(1)
 
 
+# Flower's own state in this process's memory, no sqlite file: a private simulation
+# SuperLink is never restarted, so it keeps nothing worth a file, and its state cannot
+# be "locked" by a busy machine (docs/RELIABILITY.md, "The SuperLink's database under
+# load")
+MEMORY_STATE = ":flwr-in-memory:"
+
+
 class LocalSimulation(ProcessGroup):
     """A private simulation SuperLink on loopback ports and its FLWR_HOME; stopped, with
     everything it started, on exit. Its clients run on a private Ray, or on the nodes of
@@ -451,8 +458,8 @@ class LocalSimulation(ProcessGroup):
         self.procs.start("flower-superlink", [
             flower_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
             "--port", str(self.port), "--control-api-address", f"127.0.0.1:{self.control_port}",
-            "--disable-runtime-dependency-installation", "--database",
-            str(self.work_dir / "state.db")], self.env, self.work_dir, self.log_path)
+            "--disable-runtime-dependency-installation", "--database", MEMORY_STATE],
+            self.env, self.work_dir, self.log_path)
         wait_for_port("127.0.0.1", self.port, self.procs)
 
     def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,
