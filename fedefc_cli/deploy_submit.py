@@ -245,8 +245,10 @@ def explain_failure(outcome: RunOutcome, out_dir: str, connection: str,
     log gives, and what is (and is not) in its out-dir; ``resume``: the command that
     resumes it (:func:`resume_command`)."""
     reason = outcome.failure or "its log names no reason"
-    lines = [f"run {outcome.run_id} ended {outcome.status}: it did not complete. "
-             f"Reason: {reason}",
+    ended = (f"failed (its ServerApp gave up; Flower still said {outcome.status})"
+             if outcome.app_failed and not outcome.status.startswith("finished")
+             else f"ended {outcome.status}")
+    lines = [f"run {outcome.run_id} {ended}: it did not complete. Reason: {reason}",
              f"Its whole log: flwr log {outcome.run_id} {connection}"]
     resume = resume or f"fedefc deploy submit {connection} --resume {out_dir}"
     if outcome.superlink_lost:

@@ -350,9 +350,6 @@ def submit_run(connection: str, run_config: dict[str, Any], env: dict[str, str],
                       last_round(lines), any(FAILED_LINE.search(line) for line in lines))
 
 
-REATTACH_S = 5.0  # the pause before following again a log whose stream ended early
-
-
 def follow_to_end(connection: str, run_id: str, env: dict[str, str], cwd: Path, out,
                   timeout: float | None, say: Callable[[str], None],
                   reconnect_s: float | None) -> tuple[list[str], dict[str, Any], str | None]:
@@ -365,8 +362,13 @@ def follow_to_end(connection: str, run_id: str, env: dict[str, str], cwd: Path, 
     busy SuperLink while the run goes on. Either way the log is followed again
     (what was shown is not shown twice), as long as ``flwr ls`` says the run is not
     finished, and once more where a finished run's stream was cut, so that its last
-    lines (RUN DEGRADED, RUN FAILED, the summary) are read. Only ``timeout`` (None: none)
-    ends the following of a live run."""
+    lines (RUN DEGRADED, RUN FAILED, the summary) are read; a run that is not finished
+    is asked about for :data:`SETTLE_S` first (:func:`final_row`), which paces the
+    following again. A log that already holds the ServerApp's ``RUN FAILED`` line is
+    not followed again nor waited on: the run's outcome is decided, and on a busy
+    coordinator Flower takes a while to mark it finished (docs/DEPLOYMENT.md, "On a busy
+    coordinator"); its row is taken as ``flwr ls`` gives it at once. Only ``timeout``
+    (None: none) ends the following of a live run."""
     deadline = None if timeout is None else time.monotonic() + timeout
     lines: list[str] = []
     lost: str | None = None
@@ -374,19 +376,19 @@ def follow_to_end(connection: str, run_id: str, env: dict[str, str], cwd: Path, 
     while True:
         left = None if deadline is None else max(1.0, deadline - time.monotonic())
         lines = _follow_log(connection, run_id, env, cwd, out, left, lines) or lines
-        row, gone = final_row(connection, run_id, env, cwd, reconnect_s)
+        decided = any(FAILED_LINE.search(line) for line in lines)
+        row, gone = final_row(connection, run_id, env, cwd, reconnect_s,
+                              0.0 if decided else SETTLE_S)
         cut = stream_lost(lines)
         lost = lost or gone or cut
         finished = str(row.get("status", "")).startswith("finished")
-        if (finished and (finished_before or not cut)) or (
+        if decided or (finished and (finished_before or not cut)) or (
                 deadline is not None and time.monotonic() >= deadline):
             return lines, row, lost
         finished_before = finished
         why = ("the SuperLink answers again" if cut or gone else
                "its log stream ended early")
         say(f"{why} and run {run_id} is {row.get('status')}: following its log again")
-        if not finished:
-            time.sleep(REATTACH_S)
 
 
 def stream_lost(lines: list[str]) -> str | None:
@@ -400,13 +402,14 @@ SETTLE_S = 10.0  # how long a stream's end waits for the run's status to say fin
 
 
 def final_row(connection: str, run_id: str, env: dict[str, str], cwd: Path,
-              reconnect_s: float | None = None) -> tuple[dict[str, Any], str | None]:
-    """(the run's ``flwr ls`` row once it has finished, or after :data:`SETTLE_S`; when
-    the SuperLink was seen not answering, if it was). A SuperLink that stopped answering
-    (its log stream ended with it) is waited for ``reconnect_s`` (default
-    :data:`RECONNECT_S`); :class:`SuperLinkGone` if it does not come back."""
+              reconnect_s: float | None = None, settle: float = SETTLE_S
+              ) -> tuple[dict[str, Any], str | None]:
+    """(the run's ``flwr ls`` row once it has finished, or after ``settle`` seconds (0:
+    the first row); when the SuperLink was seen not answering, if it was). A SuperLink
+    that stopped answering (its log stream ended with it) is waited for ``reconnect_s``
+    (default :data:`RECONNECT_S`); :class:`SuperLinkGone` if it does not come back."""
     reconnect_s = RECONNECT_S if reconnect_s is None else reconnect_s
-    deadline, lost, lost_at = time.monotonic() + SETTLE_S, None, None
+    deadline, lost, lost_at = time.monotonic() + settle, None, None
     while True:
         try:
             row = run_row(connection, run_id, env, cwd)
@@ -416,9 +419,16 @@ def final_row(connection: str, run_id: str, env: dict[str, str], cwd: Path,
                 raise SuperLinkGone(connection, lost) from None
             time.sleep(min(5.0, reconnect_s / 10))
             continue
-        if str(row.get("status", "")).startswith("finished") or time.monotonic() > deadline:
+        if str(row.get("status", "")).startswith("finished") or time.monotonic() >= deadline:
             return row, lost
         time.sleep(1)
+
+
+# Flower's own state in this process's memory, no sqlite file: a private simulation
+# SuperLink is never restarted, so it keeps nothing worth a file, and its state cannot
+# be "locked" by a busy machine (docs/RELIABILITY.md, "The SuperLink's database under
+# load")
+MEMORY_STATE = ":flwr-in-memory:"
 
 
 class LocalSimulation(ProcessGroup):
@@ -448,8 +458,8 @@ class LocalSimulation(ProcessGroup):
         self.procs.start("flower-superlink", [
             flower_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
             "--port", str(self.port), "--control-api-address", f"127.0.0.1:{self.control_port}",
-            "--disable-runtime-dependency-installation", "--database",
-            str(self.work_dir / "state.db")], self.env, self.work_dir, self.log_path)
+            "--disable-runtime-dependency-installation", "--database", MEMORY_STATE],
+            self.env, self.work_dir, self.log_path)
         wait_for_port("127.0.0.1", self.port, self.procs)
 
     def run(self, run_config: dict[str, Any], num_supernodes: int, client_cpus: int,

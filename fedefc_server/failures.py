@@ -25,6 +25,20 @@ NO_REPLY = "Expected one Message but got: 0"  # Flower's proxy when no reply cam
 ERROR_REPLY = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated during "
                          r"client-side execution of a message\.", re.DOTALL)
 
+# Ray's memory monitor killing a simulation's ClientApp (docs/RELIABILITY.md, "A
+# ClientApp killed by Ray's memory monitor"): the raylet's words, "N worker(s) were
+# killed due to the node running low on memory." (Ray 2.55; "Task was killed ..." before),
+# reach the ServerApp as the text of Flower's error reply of code UNKNOWN,
+# "<class 'ray.exceptions.OutOfMemoryError'>:<'...'>", followed by the memory figures.
+RAY_OOM = re.compile(r"killed due to the node running low on memory")
+RAY_OOM_USAGE = re.compile(r"was ([\d.]+)GB / ([\d.]+)GB \(([\d.]+)\), which exceeds the memory "
+                           r"usage threshold of ([\d.]+)")
+MEMORY_KILLED = "Ray's memory monitor killed the ClientApp"
+MEMORY_FIX = ("run fewer ClientApps at once on the machine (raise client-resources-num-cpus), "
+              "train with a smaller batch-size, give the machine more memory, or set a "
+              "higher RAY_memory_usage_threshold (Ray's default 0.95) in the environment "
+              "that starts Ray")
+
 
 # A node's error reply that waiting does not change (docs/RELIABILITY.md, "A run that
 # trained nothing fails"): its own policy refuses the run (Flower's code for a mod's
@@ -144,17 +158,39 @@ def attributed_failures(failures: list) -> list[dict[str, Any]]:
     return out
 
 
+def memory_killed(reason: str) -> str | None:
+    """The cause and its fix when an error reply's ``reason`` is Ray's memory monitor
+    killing the ClientApp (:data:`RAY_OOM`), without Ray's long report (its top memory
+    users); None for any other reason."""
+    if not RAY_OOM.search(reason):
+        return None
+    usage = RAY_OOM_USAGE.search(reason)
+    at = "" if usage is None else (
+        f" (the machine's memory at {float(usage.group(1)):.2f} of "
+        f"{float(usage.group(2)):.2f} GB, {100 * float(usage.group(3)):.1f} %, over its "
+        f"threshold of {100 * float(usage.group(4)):.0f} %)")
+    return f"{MEMORY_KILLED}{at}: {MEMORY_FIX}"
+
+
+def telling(reasons: list[str]) -> str:
+    """The one of a round's failure ``reasons`` that best says why it trained nothing:
+    Ray's memory monitor where it killed a ClientApp (the other failures then follow
+    from it: Flower hands later messages to the killed actor), else the first."""
+    return next((r for r in reasons if MEMORY_KILLED in r), reasons[0])
+
+
 def describe_failure(failure) -> str:
     """One line for the round record's ``failure_reasons``."""
     if isinstance(failure, NodeFailed):
         pid = "" if failure.partition is None else f" (partition {failure.partition})"
         return f"node {failure.node}{pid}: {describe_failure(failure.cause)}"
     if isinstance(failure, Exception) and failure.args and isinstance(failure.args[0], Error):
-        return f"error {failure.args[0].code}: {failure.args[0].reason}"
+        reason = failure.args[0].reason
+        return f"error {failure.args[0].code}: {memory_killed(reason) or reason}"
     if isinstance(failure, ValueError) and str(failure) == NO_REPLY:
         return "no reply within client-timeout (Flower returned none)"
     if isinstance(failure, ValueError) and (reply := ERROR_REPLY.fullmatch(str(failure))):
-        return f"error reply: {reply.group(1)}"
+        return f"error reply: {memory_killed(reply.group(1)) or reply.group(1)}"
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
     proxy, res = failure

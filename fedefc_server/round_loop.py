@@ -45,7 +45,7 @@ from common.twin import delivered
 from . import checkpoint
 from .attendance import describe, missed_training
 from .curves import write_curves
-from .failures import RunFailed
+from .failures import RunFailed, telling
 from .link_watch import LinkLost, LinkWatchGrid
 from .pipeline import RoundOutcome, RoundPipeline
 from .resumes import note_interruption
@@ -63,7 +63,7 @@ def untrained_reason(record: dict[str, Any]) -> str:
     for key, what in (("failure_reasons", "failed"), ("rejected_reasons", "refused")):
         reasons = [r if isinstance(r, str) else r["reason"] for r in record.get(key) or []]
         if reasons:
-            parts.append(f"{len(reasons)} {what}, e.g. {reasons[0]}")
+            parts.append(f"{len(reasons)} {what}, e.g. {telling(reasons)}")
     if record.get("secure_aggregation_halted"):
         parts.append("secure aggregation halted")
     return "; ".join(parts)

@@ -951,3 +951,28 @@ def test_the_documented_loopback_rule_keeps_other_accounts_off_the_port():
         finally:
             subprocess.run(["nft", "delete", "table", "inet", table], check=True)
     assert allowed == {"root": True, "www-data": True, "nobody": False}
+
+
+def test_a_private_simulation_superlink_keeps_its_state_in_memory_not_sqlite(
+        monkeypatch, tmp_path):
+    """Under load a SuperLink's sqlite file reported "database is locked" (issue 60):
+    the private simulation SuperLink, never restarted, is started with Flower's
+    in-memory state, which Flower's own factory serves without sqlite."""
+    from flwr.server.superlink.linkstate import InMemoryLinkState, LinkStateFactory
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+
+    from fedefc_cli import flower
+
+    started = []
+    sim = flower.LocalSimulation(tmp_path / "sim")
+    monkeypatch.setattr(sim.procs, "start", lambda name, cmd, *a: started.append(cmd))
+    monkeypatch.setattr(flower, "wait_for_port", lambda *a: None)
+    sim._start()
+    cmd = started[0]
+    assert Path(cmd[0]).name == "flower-superlink"
+    database = cmd[cmd.index("--database") + 1]
+    assert database == flower.MEMORY_STATE and cmd.count("--database") == 1
+    state = LinkStateFactory(database, NoOpFederationManager(), ObjectStoreFactory()).state()
+    assert isinstance(state, InMemoryLinkState)
+    assert not list((tmp_path / "sim").glob("*.db"))

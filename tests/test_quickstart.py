@@ -791,7 +791,6 @@ def test_submit_follows_a_run_that_outlived_a_superlink_restart_to_its_end(monke
     monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
     monkeypatch.setattr(flower, "_follow_log", lambda *a: shown.append(a[6:]) or next(streams))
     monkeypatch.setattr(flower, "final_row", lambda *a: next(statuses))
-    monkeypatch.setattr(flower, "REATTACH_S", 0.0)
     assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 0
     assert shown == [([],), (first,)]  # the second stream skips what the first showed
     assert "the SuperLink answers again and run 12 is running: following its log again" in \
@@ -816,7 +815,6 @@ def test_submit_never_reports_a_live_run_as_failed(monkeypatch, capsys, tmp_path
     monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
     monkeypatch.setattr(flower, "_follow_log", lambda *a: next(streams))
     monkeypatch.setattr(flower, "final_row", lambda *a: next(rows))
-    monkeypatch.setattr(flower, "REATTACH_S", 0.0)
     assert main(["deploy", "submit", "fedefc", "--max-resumes", "0",
                  "--set", f"out-dir={tmp_path}/r"]) == code
     err = capsys.readouterr().err
@@ -848,6 +846,53 @@ def test_submit_reads_the_end_of_a_run_that_finished_while_its_log_stream_was_go
     err = capsys.readouterr().err
     assert code == EXIT_DEGRADED, err
     assert "completed DEGRADED: partition 0 missed 1 of 3 rounds" in err
+
+
+def test_a_run_whose_app_gave_up_is_reported_without_waiting_for_flowers_status(
+        monkeypatch, capsys, tmp_path):
+    """On a busy coordinator the log stream can end before Flower marks a run finished
+    (a Control API call that failed): submit asked for SETTLE_S and then followed the
+    log again until Flower caught up, although the ServerApp's RUN FAILED line had
+    decided the outcome. Now a log holding it is neither waited on (its row is the
+    first flwr ls gives) nor followed again."""
+    stream = ["INFO : waiting for the federation",
+              "ERROR : RUN FAILED: every node that connected was refused"]
+    follows, settles = [], []
+    monkeypatch.setattr(deploy_submit, "wait_for_superlink", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_submit, "active_runs", lambda *a, **k: [])
+    monkeypatch.setattr(flower, "flwr_json", lambda *a: {"success": True, "run-id": 12})
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: follows.append(a) or stream)
+    monkeypatch.setattr(flower, "final_row", lambda *a: settles.append(a[5]) or (
+        {"status": "running", "status-details": "N/A"}, None))
+    assert main(["deploy", "submit", "fedefc", "--set", f"out-dir={tmp_path}/r"]) == 1
+    assert len(follows) == 1 and settles == [0.0]
+    err = capsys.readouterr().err
+    assert ("run 12 failed (its ServerApp gave up; Flower still said running): it did not "
+            "complete. Reason: every node that connected was refused") in err
+    assert "following its log again" not in err
+
+
+def test_a_run_not_yet_finished_is_asked_about_for_settle_s_before_following_again(
+        monkeypatch, tmp_path):
+    """The pause between two follows of a live run's log is final_row's SETTLE_S of
+    asking flwr ls, no fixed sleep of submit's own; final_row gives the first row it
+    gets when told to settle for 0 s, and a finished row at once otherwise."""
+    rows = iter([{"status": "running"}, {"status": "finished:failed"}])
+    asked = []
+    monkeypatch.setattr(flower, "run_row", lambda *a: asked.append(a) or next(rows))
+    monkeypatch.setattr(flower.time, "sleep", lambda s: pytest.fail(f"slept {s} s"))
+    assert flower.final_row("c", "12", {}, tmp_path, None, 0.0) == ({"status": "running"},
+                                                                    None)
+    assert flower.final_row("c", "12", {}, tmp_path) == ({"status": "finished:failed"}, None)
+    assert len(asked) == 2
+    streams = iter([["INFO : [round 1/3] acc 0.3"], ["INFO : [round 3/3] acc 0.6"]])
+    ends = iter([({"status": "running"}, None), ({"status": "finished:completed"}, None)])
+    settles = []
+    monkeypatch.setattr(flower, "_follow_log", lambda *a: next(streams))
+    monkeypatch.setattr(flower, "final_row", lambda *a: settles.append(a[5]) or next(ends))
+    lines, row, _ = flower.follow_to_end("c", "12", {}, tmp_path, None, None, print, None)
+    assert row["status"] == "finished:completed" and lines[-1].endswith("acc 0.6")
+    assert settles == [flower.SETTLE_S, flower.SETTLE_S]
 
 
 def test_a_log_followed_again_shows_only_what_is_new():
