@@ -46,6 +46,12 @@ class DatasetError(ValueError):
     """A dataset is missing or malformed; the message names the path and the fix."""
 
 
+class PrivateDataError(DatasetError):
+    """A node's private data is missing or malformed; the message names node, path and fix
+    (raised by :mod:`fedefc_client.private_data` and, for its ``verified`` mask, by
+    :mod:`common.sample_roles`)."""
+
+
 @dataclass(frozen=True)
 class Samples:
     """Decoded samples: uint8 (N, C, H, W) images or float32 (N, D) features, int64

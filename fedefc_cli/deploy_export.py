@@ -86,9 +86,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from common.data_plan import data_plan  # lazy: torch, 1.9 s of CPU
     from common.methods import load_run_config  # lazy: torch, 1.9 s of CPU
-    from fedefc_client.local_data import checked_in_partition  # lazy: torch, 1.9 s of CPU
+    from common.sample_roles import SampleRoles, verified_labels  # lazy: torch, 1.9 s of CPU
     cfg = load_run_config(merged_config(args.preset, args.overrides))
-    if args.images and cfg.validation_labels == "verified":
+    if args.images and verified_labels(cfg):
         raise UsageError("validation-labels=\"verified\" with --images: an image folder "
                          "cannot mark verified samples; export an .npz per node (without "
                          "--images)")
@@ -113,7 +113,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "choose a folder you can write to") from None
     for pid, (idx, path) in enumerate(zip(fed.client_indices, paths)):
         x, y = fed.data.train_x[torch.as_tensor(idx)].numpy(), fed.noisy_labels[idx]
-        checked = checked_in_partition(cfg, pid, len(idx), fed.data.num_classes)
+        checked = SampleRoles.build(cfg, pid, len(idx), fed.data.num_classes).checked_mask()
         if checked is not None:
             y = y.copy()
             y[checked] = fed.true_labels[idx][checked]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from logging import INFO
 
 import numpy as np
@@ -29,7 +30,6 @@ from flwr.client import NumPyClient
 from flwr.common.logger import log
 
 from common.config import RunConfig
-from common.fedefc_plan import twin_reads_slice
 from common.messages import Declaration, EvaluateReply, FitConfig, FitReply, carries_accuracy
 from common.methods import load_object, method_of
 from common.params import get_weights, set_weights
@@ -38,7 +38,7 @@ from common.training import BatchTransform, configure_threads, evaluate
 from common.twin import halves, paired
 
 from .job import LocalJob
-from .local_data import LocalData, partition_sizes, twin_data
+from .local_data import LocalData, partition_sizes
 from .local_update import Update, twin
 
 
@@ -144,22 +144,22 @@ class MethodClient(NumPyClient):
     def fit_twin(self, weights, probe: LocalJob | None) -> tuple[list, float | None]:
         """The twin's local update (:func:`.local_update.twin`) on all of the client's
         data but its guard slice where the guard reads the clients
-        (:func:`.local_data.twin_data`), with the Q its probe's update trained with; its
-        seed is the probe's. Returns the twin's weights and, where the round asks for A_k
-        and the guard reads the clients, the RECEIVED twin's reading on the guard slice,
-        read as the probe's share is read (through the Q the client trained with last
-        round, :attr:`.job.LocalJob.prior_q`): the delivered model's guard signal
-        (docs/FEDEFC.md §3.4, §3.8)."""
+        (:meth:`common.sample_roles.SampleRoles.twin`), with the Q its probe's update
+        trained with; its seed is the probe's. Returns the twin's weights and, where the
+        round asks for A_k and the guard reads the clients, the RECEIVED twin's reading on
+        the guard slice, read as the probe's share is read (through the Q the client
+        trained with last round, :attr:`.job.LocalJob.prior_q`): the delivered model's
+        guard signal (docs/FEDEFC.md §3.4, §3.8)."""
         local = self.local
         model = model_for(self.cfg, local.data.task, local.x.device, "twin")
         set_weights(model, weights)
         if probe is None:  # no samples
             return get_weights(model), None
-        reads_slice = twin_reads_slice(self.cfg)
-        job = LocalJob(self.cfg, twin_data(local, reads_slice), model, probe.phase,
+        roles = local.roles.twin()
+        job = LocalJob(self.cfg, replace(local, roles=roles), model, probe.phase,
                        probe.server_round, probe.seed, config=probe.config)
         job.prior_q = probe.prior_q
-        reading = (job.validation_accuracy() if reads_slice and
+        reading = (job.validation_accuracy() if roles.twin_slice and
                    carries_accuracy(probe.phase, self.cfg.guarded) else None)
         twin(job, probe.last_q)
         return get_weights(model), reading

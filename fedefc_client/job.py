@@ -26,7 +26,7 @@ from common.training import (
 )
 from common.transition import cross_fitted_accuracy
 
-from .local_data import LocalData, guard_slice
+from .local_data import LocalData
 from .node_state import load_vector
 
 NOISE_MODEL = "noise-model"  # context.state: the Q this client trained with last (guarded runs)
@@ -94,48 +94,27 @@ class LocalJob:
                            c.precision)
 
     @property
-    def slicing(self) -> bool:
-        """Phase 2 of a run with ``validation-phase-2 = "guard-slice"``: half the share is
-        trained on, the other half (:func:`local_data.guard_slice`) kept out, for the
-        guard and Q alone (docs/FEDEFC.md §3.6)."""
-        return self.phase == 2 and self.cfg.validation_phase_2 == "guard-slice"
-
-    @property
     def guard_positions(self) -> np.ndarray | None:
-        """The samples A_k is read on: the validation share, or its guard slice while
-        :attr:`slicing`; None without a share."""
-        val = self.local.validation
-        return guard_slice(val) if val is not None and self.slicing else val
+        """The samples A_k is read on this round: the validation share, or its guard
+        slice in phase 2 with ``validation-phase-2 = "guard-slice"`` (docs/FEDEFC.md
+        §3.6); None without a share (:meth:`common.sample_roles.SampleRoles.guard`)."""
+        return self.local.roles.guard(self.phase)
 
     @property
     def held_back(self) -> np.ndarray | None:
-        """Positions not trained on in this round: the validation share in phase 1, and
-        in phase 2 unless ``validation-phase-2 = "train"`` (docs/FEDEFC.md §3.1), or only
-        its guard slice with ``"guard-slice"`` (§3.6); beside a verified share also the
-        estimation share, in both phases (§3.7)."""
-        val = self.guard_positions
-        if val is None or self.phase is None:
-            return None
-        if self.phase == 2 and self.cfg.validation_phase_2 == "train":
-            return None
-        est = self.local.estimation
-        return val if est is None else np.union1d(val, est)
+        """Positions not trained on in this round (docs/FEDEFC.md §3.1, §3.6, §3.7;
+        :meth:`common.sample_roles.SampleRoles.held_back`)."""
+        return self.local.roles.held_back(self.phase)
 
     def estimation_positions(self) -> np.ndarray:
         """The samples whose predictions estimate the client's noise matrix in phase 2:
         the validation share while it is kept out of training (``validation-phase-2 =
         "estimate"``: predictions the model did not fit, as cleanlab's out-of-sample
         probabilities are), its guard slice with ``"guard-slice"`` (§3.6), else all of
-        the client's samples (docs/FEDEFC.md §4). A share of verified labels is never
-        counted: its labels carry no noise to estimate, so Q comes from the estimation
-        share where the run keeps one (``estimation-share``), else from the samples
-        trained on (docs/FEDEFC.md §3.7)."""
-        held = self.held_back
-        if self.local.estimation is not None:
-            return self.local.estimation
-        if self.cfg.validation_labels == "verified" and self.local.validation is not None:
-            return np.flatnonzero(self.trainable(np.ones(len(self.labels), dtype=bool)))
-        return np.arange(len(self.labels)) if held is None else held
+        the client's samples (docs/FEDEFC.md §4); beside a verified share, whose labels
+        carry no noise to estimate, the estimation share or else the samples trained on
+        (docs/FEDEFC.md §3.7; :meth:`common.sample_roles.SampleRoles.counted`)."""
+        return self.local.roles.counted(self.phase)
 
     def trainable(self, keep: np.ndarray | None = None) -> np.ndarray | None:
         """The mask of the samples trained on: ``keep`` (all when None) less
@@ -168,7 +147,7 @@ class LocalJob:
             return self.global_accuracy()
         probs = self.probs[val]
         # verified labels are true labels: the model is scored as it is (§3.7)
-        if self.phase == 2 and self.cfg.validation_labels == "observed":
+        if self.phase == 2 and not self.local.roles.verified:
             if self.cfg.guard_score == "cross-fit":
                 return cross_fitted_accuracy(probs, self.labels[val], self.cfg.count_rule,
                                              self.cfg.weighting,

@@ -12,12 +12,8 @@ what the run expects.
 
 from __future__ import annotations
 
-from common.data_files import DatasetError, Samples, describe_shape, read_samples
+from common.data_files import DatasetError, PrivateDataError, Samples, describe_shape, read_samples
 from common.models import TaskShape
-
-
-class PrivateDataError(DatasetError):
-    """A node's private data is missing or malformed; the message names node, path and fix."""
 
 
 def expected_text(task: TaskShape) -> str:

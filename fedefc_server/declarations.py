@@ -7,9 +7,9 @@ FedAvg weighs a reply by its sample count, so a count is a claim the server must
    they are a partition of the run's dataset or its own data (:class:`Declaration`, the
    ``get_properties`` message).
 2. A partition of the run's dataset must declare its sizes in the run's data plan: its
-   samples minus the ones it holds out for federated evaluation
-   (:func:`common.data_plan.training_size`, which the client's own split follows), and
-   the held-out ones (:func:`common.data_plan.held_out_count`). Any other declaration
+   samples minus the ones it holds out for federated evaluation, and the held-out ones
+   (:func:`common.sample_roles.declared_sizes`, the counts of the roles the client's
+   own split draws, :class:`common.sample_roles.SampleRoles`). Any other declaration
    (private data; any data where the server knows no plan) may declare at most the
    run's bound (:meth:`SizeRule.for_run`): ``max-client-samples`` of each; when that is
    0, the largest training and held-out sizes of a partition in the data plan. With the
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config import ConfigError, RunConfig
-from common.data_plan import DataPlan, held_out_count, secure_weight, training_size
+from common.data_plan import DataPlan, secure_weight
 from common.messages import Declaration as Keys
+from common.sample_roles import declared_sizes
 
 from .allowlist import AllowedNode
 
@@ -120,8 +121,8 @@ class SizeRule:
         if plan is None:
             return cls(cfg.num_clients, None, cfg.max_client_samples or None,
                        secure_weight=weight)
-        sizes = [training_size(cfg, len(ix)) for ix in plan.client_indices]
-        held = [held_out_count(cfg, len(ix)) for ix in plan.client_indices]
+        counts = [declared_sizes(cfg, len(ix)) for ix in plan.client_indices]
+        sizes, held = [size for size, _ in counts], [out for _, out in counts]
         if cfg.max_client_samples:
             return cls(cfg.num_clients, sizes, cfg.max_client_samples, held,
                        secure_weight=weight)

@@ -6,8 +6,8 @@ model the run would deliver, with its standard error (docs/FEDEFC.md §3.1-§3.4
 from __future__ import annotations
 
 from common.config import RunConfig
-from common.data_plan import validation_count
 from common.messages import FitReply
+from common.sample_roles import share_count
 
 from .accuracy import aggregate_accuracy
 from .clean_set import CleanSet
@@ -29,9 +29,8 @@ def client_mean(result: Aggregated, key: str, cfg: RunConfig
 
 def share_sizes(result: Aggregated, cfg: RunConfig, num_classes: int) -> list[int]:
     """The replying clients' validation shares, in samples, which their sample counts
-    fix (``common/data_plan.py: validation_count``)."""
-    cap = cfg.validation_max_per_class * num_classes
-    return [validation_count(cfg.validation_fraction, cap, res.num_examples)
+    fix (:func:`common.sample_roles.share_count`)."""
+    return [share_count(cfg, res.num_examples, num_classes)
             for _, res in result.replies if res.num_examples > 1]
 
 

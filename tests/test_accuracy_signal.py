@@ -32,6 +32,7 @@ from common.methods import (
 from common.models import ClassifierShape
 from common.params import get_weights
 from common.runtime import initial_model, model_for
+from common.sample_roles import SampleRoles
 from common.training import BatchTransform, predict_proba
 from common.transition import column_normalize, estimate_transition, shrink_to_identity
 from fedefc_cli.grid import Grid
@@ -39,12 +40,7 @@ from fedefc_cli.run_configs import CONFIGS_DIR, inexact_resume_note, resume_conf
 from fedefc_client import local_data
 from fedefc_client.client import MethodClient
 from fedefc_client.job import LocalJob
-from fedefc_client.local_data import (
-    held_out_positions,
-    node_data,
-    partition_data,
-    validation_positions,
-)
+from fedefc_client.local_data import node_data, partition_data
 from fedefc_client.local_update import POOLED_COUNTS, fedefc
 from fedefc_server.prestopping_server import PrestoppingServer
 
@@ -67,19 +63,19 @@ def rows_of(x: torch.Tensor) -> set[bytes]:
 def test_the_share_is_a_seeded_fraction_of_the_training_part():
     cfg = silo()
     assert validation_share(cfg) == 0.4
-    val = validation_positions(cfg, 3, 50, 10)
+    val = SampleRoles.build(cfg, 3, 50, 10).share
     assert len(val) == 20 and len(np.unique(val)) == 20 and list(val) == sorted(val)
     assert 0 <= val.min() and val.max() < 50
-    assert np.array_equal(val, validation_positions(silo(), 3, 50, 10))  # a pure function
-    assert not np.array_equal(val, validation_positions(cfg, 4, 50, 10))  # per partition
-    assert not np.array_equal(val, validation_positions(silo(seed=1), 3, 50, 10))  # per seed
-    assert len(validation_positions(silo(**{"validation-fraction": 0.3}), 3, 50, 10)) == 15
-    assert len(validation_positions(silo(**{"validation-fraction": 0.01}), 3, 50, 10)) == 1
-    assert len(validation_positions(silo(**{"validation-fraction": 0.99}), 3, 50, 10)) == 49
-    assert validation_positions(cfg, 3, 1, 10) is None  # a single sample is trained on
+    assert np.array_equal(val, SampleRoles.build(silo(), 3, 50, 10).share)  # a pure function
+    assert not np.array_equal(val, SampleRoles.build(cfg, 4, 50, 10).share)  # per partition
+    assert not np.array_equal(val, SampleRoles.build(silo(seed=1), 3, 50, 10).share)  # per seed
+    assert len(SampleRoles.build(silo(**{"validation-fraction": 0.3}), 3, 50, 10).share) == 15
+    assert len(SampleRoles.build(silo(**{"validation-fraction": 0.01}), 3, 50, 10).share) == 1
+    assert len(SampleRoles.build(silo(**{"validation-fraction": 0.99}), 3, 50, 10).share) == 49
+    assert SampleRoles.build(cfg, 3, 1, 10).share is None  # a single sample is trained on
     capped = silo(**{"validation-max-per-class": 1})  # at most 1 x 10 classes
-    assert len(validation_positions(capped, 3, 50, 10)) == 10
-    assert len(validation_positions(capped, 3, 20, 10)) == 8  # the fraction, below the cap
+    assert len(SampleRoles.build(capped, 3, 50, 10).share) == 10
+    assert len(SampleRoles.build(capped, 3, 20, 10).share) == 8  # the fraction, below the cap
 
 
 @pytest.mark.parametrize("keys", [
@@ -89,7 +85,7 @@ def test_no_share_without_a_held_out_signal_of_a_prestopping_method(keys):
     """FedAvg and the methods without a phase switch train on everything; so does FedEFC
     with the paper's signal (its results stay those of docs/RESULTS.md)."""
     cfg = silo(**keys)
-    assert validation_share(cfg) == 0.0 and validation_positions(cfg, 3, 50, 10) is None
+    assert validation_share(cfg) == 0.0 and SampleRoles.build(cfg, 3, 50, 10).share is None
     assert partition_data(cfg, 3, CPU).validation is None
 
 
@@ -100,7 +96,7 @@ def test_the_share_lies_in_the_training_part_never_in_the_evaluation_hold_out(tm
     cfg = silo(evaluation="both")
     idx = data_plan(cfg).client_indices[2]
     local = partition_data(cfg, 2, CPU)
-    train, held = held_out_positions(cfg, 2, len(idx))
+    train = SampleRoles.build(cfg, 2, len(idx), 10).train
     assert len(local) == len(train) == training_size(cfg, len(idx))
     val = local.validation
     assert len(val) == round(cfg.validation_fraction * len(train))
@@ -124,7 +120,7 @@ def test_a_private_nodes_share_is_disjoint_from_its_hold_out(tmp_path):
                            "input-shape": "4", "num-clients": 3, "fraction": 1.0,
                            "accuracy-signal": "held-out"})
     local = node_data(cfg, 2, {"data-path": str(path)}, NODE, CPU)
-    train, held = held_out_positions(cfg, 2, 60)
+    train = SampleRoles.build(cfg, 2, 60, 3).train
     assert len(local) == 48 and len(local.held_out) == 12
     assert len(local.validation) == 19  # round(0.4 * 48)
     shared = rows_of(local.x[torch.as_tensor(local.validation)])

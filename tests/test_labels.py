@@ -30,6 +30,7 @@ import torch
 from PIL import Image
 
 from common.methods import load_run_config
+from common.sample_roles import SampleRoles
 from fedefc_cli import labels
 from fedefc_cli.labels import (
     LabelsError,
@@ -43,7 +44,7 @@ from fedefc_cli.labels import (
     write_checked,
 )
 from fedefc_cli.main import main
-from fedefc_client.local_data import held_out_positions, node_data
+from fedefc_client.local_data import node_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -277,8 +278,7 @@ def test_the_node_keeps_the_checked_samples_as_its_verified_share(tmp_path):
             keys.update({"test-path": str(data), "normalization": "none"})
         cfg = load_run_config(keys)
         local = node_data(cfg, 1, {"data-path": str(data)}, "node", torch.device("cpu"))
-        split = held_out_positions(cfg, 1, 60)
-        train = np.arange(60) if split is None else split[0]
+        train = SampleRoles.build(cfg, 1, 60, 3).train
         share_rows = {int(train[i]) for i in local.validation}
         assert share_rows == checked & set(train.tolist())
         if evaluation == "server":

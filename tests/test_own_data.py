@@ -28,11 +28,12 @@ from common.models import ClassifierShape, ModelError, TaskShape, classifier_sha
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
+from common.sample_roles import SampleRoles
 from common.training import BatchTransform, predict_logits
 from fedefc_cli.main import main
 from fedefc_client.client import MethodClient
 from fedefc_client.client_app import app as client_app
-from fedefc_client.local_data import held_out_positions, node_data, partition_data
+from fedefc_client.local_data import node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
 from fedefc_server import server_app
 from fedefc_server.strategy import RoundStrategy
@@ -177,13 +178,13 @@ def test_k_classes_through_noise_partition_training_and_federated_evaluation(tmp
 
 def test_held_out_samples_are_a_seeded_fraction_disjoint_from_training():
     cfg = load_run_config({"evaluation": "both", "local-test-fraction": 0.3})
-    train, held = held_out_positions(cfg, 4, 50)
+    roles = SampleRoles.build(cfg, 4, 50, 10)
+    train, held = roles.train, roles.held_out
     assert len(held) == 15 and sorted(np.concatenate([train, held]).tolist()) == list(range(50))
-    again = held_out_positions(cfg, 4, 50)
-    assert np.array_equal(held, again[1])
-    assert not np.array_equal(held, held_out_positions(cfg, 5, 50)[1])  # per partition
-    assert held_out_positions(cfg, 4, 1)[1].size == 0  # a single sample is trained on
-    assert held_out_positions(load_run_config({}), 4, 50) is None  # server evaluation only
+    assert np.array_equal(held, SampleRoles.build(cfg, 4, 50, 10).held_out)
+    assert not np.array_equal(held, SampleRoles.build(cfg, 5, 50, 10).held_out)  # per partition
+    assert SampleRoles.build(cfg, 4, 1, 10).held_out.size == 0  # a single sample is trained on
+    assert SampleRoles.build(load_run_config({}), 4, 50, 10).held_out is None  # server only
 
 
 def test_private_node_features_normalize_with_their_own_training_part(tmp_path):
@@ -194,7 +195,8 @@ def test_private_node_features_normalize_with_their_own_training_part(tmp_path):
     cfg = load_run_config({"dataset": "npz", "evaluation": "federated", "num-classes": 3,
                            "input-shape": "4", "num-clients": 3})
     local = node_data(cfg, 2, {"data-path": path, "cache-dir": str(tmp_path / "c")}, NODE, CPU)
-    train, held = held_out_positions(cfg, 2, 40)
+    roles = SampleRoles.build(cfg, 2, 40, 3)
+    train, held = roles.train, roles.held_out
     np.testing.assert_array_equal(local.labels, y[train])
     np.testing.assert_allclose(local.spec.mean, x[train].mean(0))
     np.testing.assert_allclose(local.spec.std, x[train].std(0))

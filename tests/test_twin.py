@@ -152,8 +152,8 @@ def truth(cfg, local, start, seed, q=None, slice_out=True) -> list[np.ndarray]:
         keep[local.validation[::2]] = False
     model = model_for(cfg, local.data.task, CPU, "truth")
     set_weights(model, start)
-    job = LocalJob(cfg, replace(local, validation=None, estimation=None), model,
-                   1 if q is None else 2, 9, seed)
+    everything = replace(local.roles, share=None, estimation=None)
+    job = LocalJob(cfg, replace(local, roles=everything), model, 1 if q is None else 2, 9, seed)
     loss = {} if q is None else {"loss_fn": partial(
         forward_corrected_loss, q=torch.as_tensor(q, dtype=torch.float32))}
     job.train(keep=keep, **loss)

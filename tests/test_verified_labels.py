@@ -13,12 +13,13 @@ from common.data_files import DatasetError
 from common.data_plan import data_plan
 from common.methods import load_run_config
 from common.runtime import initial_model
+from common.sample_roles import SampleRoles
 from common.training import BatchTransform, predict_proba
 from common.transition import estimate_transition
 from fedefc_cli.main import main
 from fedefc_cli.run_configs import toml_value
 from fedefc_client.job import LocalJob
-from fedefc_client.local_data import node_data, partition_data, validation_positions
+from fedefc_client.local_data import node_data, partition_data
 from fedefc_client.local_update import fedefc
 from fedefc_client.private_data import PrivateDataError
 
@@ -46,7 +47,7 @@ def test_a_partitions_share_carries_its_true_labels_and_nothing_else_changes():
     val = local.validation
     assert len(val) == 50
     np.testing.assert_array_equal(val, observed.validation)
-    np.testing.assert_array_equal(val, validation_positions(cfg, 2, len(idx), 10))
+    np.testing.assert_array_equal(val, SampleRoles.build(cfg, 2, len(idx), 10).share)
     np.testing.assert_array_equal(local.labels[val], plan.true_labels[idx][val])
     assert np.any(observed.labels[val] != plan.true_labels[idx][val])  # there was noise
     rest = np.setdiff1d(np.arange(len(idx)), val)
