@@ -233,9 +233,9 @@ class ModelGuard:
         if verdict == "best":
             self.kept = received
         elif verdict == "unclear":
-            log(INFO, "PHASE-2 GUARD: %d rounds of %s did not beat %.4f (round %d), but %s "
-                "does not tell the models it read apart (its best leads its lowest, %.4f, "
-                "by less than %g standard error(s)): no verdict, training goes on",
+            log(INFO, "PHASE-2 GUARD: %d rounds of %s did not beat %.4f (round %d), but the "
+                "signal (%s) does not tell the models it read apart (its best leads its "
+                "lowest, %.4f, by less than %g standard error(s)): no verdict, training goes on",
                 r.patience, trained_on, r.best_a, r.best_round, self.signal, r.low_a,
                 MARGIN)
         elif verdict == "fell back":
@@ -263,8 +263,8 @@ class ModelGuard:
         own = read_output is not None and proposed is not None
         self.delivered = Delivered(t, final if own else None, (
             "the last model: " + ("it reads best" if final >= r.best_a else
-                                  f"{self.signal} does not tell the models it read "
-                                  "apart")
+                                  f"the signal ({self.signal}) does not tell the "
+                                  "models it read apart")
             + ("" if own else f" (read through the model round {t} received)")))
         return proposed
 
@@ -324,8 +324,8 @@ class ModelGuard:
                        "cross-entropy (guard-fallback = \"train\", docs/FEDEFC.md §3.7)")
         if r.unclear:
             out.append(f"{len(r.unclear)} verdict(s) of the phase-2 guard (rounds "
-                       f"{', '.join(map(str, r.unclear))}) found that {self.signal} does not "
-                       "tell the models it read apart (its best leads its lowest by less "
+                       f"{', '.join(map(str, r.unclear))}) found that the signal "
+                       f"({self.signal}) does not tell the models it read apart (its best leads its lowest by less "
                        f"than {MARGIN:g} standard error(s)): it did not choose, and training "
                        "went on (docs/FEDEFC.md §3.4)")
         if r.fired is not None and r.fired < rounds:
@@ -364,5 +364,5 @@ class BestRead(ModelGuard):
             return self.restore("at the end of the run it read above the last model")
         self.delivered = Delivered(t, reading, "the last model: " + (
             "it reads best" if reading >= self.rule.best_a else
-            f"{self.signal} does not tell the models it read apart"))
+            f"the signal ({self.signal}) does not tell the models it read apart"))
         return model
