@@ -325,9 +325,9 @@ class ModelGuard:
         if r.unclear:
             out.append(f"{len(r.unclear)} verdict(s) of the phase-2 guard (rounds "
                        f"{', '.join(map(str, r.unclear))}) found that the signal "
-                       f"({self.signal}) does not tell the models it read apart (its best leads its lowest by less "
-                       f"than {MARGIN:g} standard error(s)): it did not choose, and training "
-                       "went on (docs/FEDEFC.md §3.4)")
+                       f"({self.signal}) does not tell the models it read apart (its best "
+                       f"leads its lowest by less than {MARGIN:g} standard error(s)): it did "
+                       "not choose, and training went on (docs/FEDEFC.md §3.4)")
         if r.fired is not None and r.fired < rounds:
             out.append(f"{trained_on} did not beat the reading of the model round "
                        f"{r.best_round} received ({r.best_a:.4f}, {self.signal}) in "
