@@ -139,15 +139,21 @@ def test_the_archive_depends_on_the_files_alone(tmp_path):
         assert hashlib.sha256(fh.read()).hexdigest() == first["sha256"]
 
 
-def committed_repo(tmp_path):
-    """A repository whose results/g holds two runs (commit 1), then only their tables
-    (commit 2, the run folders removed); return it and the tables' folder."""
+def repo_with_runs(tmp_path):
+    """A repository whose first commit holds results/g with two runs; (repo, grid folder)."""
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q")
     grid = make_grid_folder(repo / "results")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "runs")
+    return repo, grid
+
+
+def committed_repo(tmp_path):
+    """A repository whose results/g holds two runs (commit 1), then only their tables
+    (commit 2, the run folders removed); return it and the tables' folder."""
+    repo, grid = repo_with_runs(tmp_path)
     g = tmp_path / "g.toml"
     g.write_text(GRID)
     records = publish(grid, grid, Grid.load(g))
@@ -185,12 +191,7 @@ def test_a_copy_that_is_not_the_manifests_is_refused_and_nothing_lands(tmp_path)
 def test_runs_changed_since_their_commit_are_archived_instead(tmp_path):
     """Git's commit holds what was committed: a run changed on disk since (or one never
     committed) makes the manifest name an archive of the folder as it is."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    grid = make_grid_folder(repo / "results")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "runs")
+    repo, grid = repo_with_runs(tmp_path)
     (grid / "fedavg/iid/seed0/metrics.jsonl").write_text("{\"round\": 1, \"test_acc\": 0.9}\n")
     publish(grid, grid, None)
     entry = json.loads((grid / MANIFEST).read_text())
