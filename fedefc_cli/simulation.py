@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,9 @@ from common.data_plan import data_plan
 from common.methods import load_object, load_run_config, method_of
 from common.params import get_weights
 from common.private_files import make_private_dir
+from common.results import RESULT_FILES, read_records
 from common.runtime import initial_model
-from fedefc_server import checkpoint
+from fedefc_server import checkpoint, curves
 
 from .errors import LaunchError
 from .flower import LocalSimulation
@@ -57,14 +59,25 @@ def preflight_in_child(run_config: dict[str, Any]) -> None:
 
 
 RAY_START_TIMEOUT = "The current node timed out during startup"  # Ray's fixed 30 s wait
+RAY_START_ATTEMPTS = 3  # a run whose Ray did not start is started at most twice more
+RAY_START_PAUSE_S = 15  # times the attempt: a busy machine gets time to settle
 
 
 def ray_failed_to_start(run_log: str, out_dir: Path) -> bool:
     """The run failed because Ray's node did not register within Ray's fixed 30 s (a
-    busy machine: the raylet or the GCS too slow to start), before any round: nothing
-    trained, nothing recorded, so starting the run again loses nothing."""
-    return (RAY_START_TIMEOUT in run_log and not (out_dir / "metrics.jsonl").exists()
+    busy machine: the raylet or the GCS too slow to start), before round 1. The ServerApp
+    evaluates the initial model (round 0) while Ray starts, so round 0 may be recorded;
+    nothing was trained, so starting the run again loses nothing."""
+    trained = any(r.get("round", 0) > 0 for r in read_records(out_dir))
+    return (RAY_START_TIMEOUT in run_log and not trained
             and not (out_dir / checkpoint.FILE).exists())
+
+
+def clear_unstarted_run(out_dir: Path) -> None:
+    """Remove what a run that never reached round 1 wrote (its config, its round-0
+    record), so that the next attempt finds an unused out-dir; ``run.log`` stays."""
+    for name in ("config.json", *RESULT_FILES, curves.FILE):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
@@ -78,12 +91,12 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
     the out-dir. ``checked``: the caller already ran :func:`preflight_in_child`;
     ``ray_address``: the clients run on that Ray cluster's nodes (:mod:`.ray_cluster`),
     else on this machine. A run whose Ray did not start in time
-    (:func:`ray_failed_to_start`) is started once more, saying so."""
+    (:func:`ray_failed_to_start`) is started again, at most twice, saying so."""
     if not checked:
         preflight_in_child(run_config)
     out_dir = Path(run_config["out-dir"])
     kept = log_path or make_private_dir(out_dir) / "run.log"
-    for attempt in (1, 2):
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
         start = kept.stat().st_size if kept.exists() else 0
         with tempfile.TemporaryDirectory(prefix="fedefc-flwr-") as tmp:
             with LocalSimulation(Path(tmp), ray_address) as sim:
@@ -94,10 +107,14 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
                 break
             run_log = (kept.read_bytes()[start:].decode(errors="replace")
                        if kept.exists() else "")
-            if attempt == 1 and ray_failed_to_start(run_log, out_dir):
+            if attempt < RAY_START_ATTEMPTS and ray_failed_to_start(run_log, out_dir):
+                pause = RAY_START_PAUSE_S * attempt
                 print(f"fedefc: run {run_id}: Ray's node did not start within Ray's 30 s "
-                      "(a busy machine), before round 1; starting the run again",
+                      f"(a busy machine), before round 1; starting the run again in {pause} s "
+                      f"(attempt {attempt + 1} of {RAY_START_ATTEMPTS})",
                       file=sys.stderr, flush=True)
+                clear_unstarted_run(out_dir)
+                time.sleep(pause)
                 continue
             link_tail = sim.log_path.read_text(errors="replace")[-3000:]
             run_tail = f"Run log tail ({kept}):\n{run_log[-4000:]}\n" if run_log else ""

@@ -38,6 +38,7 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import parse_config_args
 from packaging.requirements import Requirement
 
+from common.results import check_output_dir
 from fedefc_cli import (
     app_signing,
     deploy_export,
@@ -862,16 +863,20 @@ def test_a_failed_simulation_names_flowers_reason_and_the_run_logs_tail(tmp_path
     assert text.index("ValueError: bad") < text.index("SuperLink log tail:\nuvicorn started")
 
 
-@pytest.mark.parametrize("trained", [False, True], ids=["before-round-1", "after-a-round"])
-def test_a_run_whose_ray_did_not_start_in_time_is_started_once_more(tmp_path, monkeypatch,
-                                                                     capsys, trained):
+@pytest.mark.parametrize("recorded", [None, 0, 1],
+                         ids=["nothing-recorded", "round-0-recorded", "after-a-round"])
+def test_a_run_whose_ray_did_not_start_in_time_is_started_again(tmp_path, monkeypatch,
+                                                                capsys, recorded):
     """Ray waits a fixed 30 s for its node to register; on a busy machine it may not (the
-    suite's simulation job failed so, twice). Before round 1 nothing is lost and the run
-    starts again, once, saying so; a run that recorded a round is never started again."""
+    suite's simulation job failed so, twice in a row, while the ServerApp had already
+    recorded round 0). Before round 1 nothing is lost: the run starts again, in a folder
+    cleared of what the failed attempt wrote, saying so; a run that recorded a round is
+    never started again."""
     out, run_log = tmp_path / "out", tmp_path / "run.log"
     out.mkdir()
-    if trained:
-        (out / "metrics.jsonl").write_text('{"round": 1}\n')
+    if recorded is not None:
+        (out / "config.json").write_text("{}")
+        (out / "metrics.jsonl").write_text(json.dumps({"round": recorded}) + "\n")
     attempts = []
 
     def attempt(log_path):
@@ -880,20 +885,47 @@ def test_a_run_whose_ray_did_not_start_in_time_is_started_once_more(tmp_path, mo
             with open(log_path, "a") as log:
                 log.write(f"Exception: {simulation.RAY_START_TIMEOUT}. This could ...\n")
             return 5, "finished:failed (Simulation failed with exception: crashed)"
+        check_output_dir(out)  # what the ServerApp checks before it writes
         (out / "summary.json").write_text(json.dumps({"final_acc": 0.5}))
         return 6, "finished:completed"
 
     monkeypatch.setattr(simulation, "LocalSimulation", fake_simulation(tmp_path, attempt))
+    monkeypatch.setattr(simulation, "RAY_START_PAUSE_S", 0)
     job = {"out-dir": str(out), "num-clients": 2}
-    if trained:
+    if recorded == 1:
         with pytest.raises(LaunchError, match="run 5 ended 'finished:failed"):
             simulation.run_simulation_job(job, log_path=run_log, checked=True)
-        assert attempts == [1]
+        assert attempts == [1] and (out / "metrics.jsonl").exists()
     else:
         assert simulation.run_simulation_job(job, log_path=run_log,
                                              checked=True)["final_acc"] == 0.5
         assert attempts == [1, 2]
-        assert "run 5: Ray's node did not start within Ray's 30 s" in capsys.readouterr().err
+        assert ("run 5: Ray's node did not start within Ray's 30 s (a busy machine), before "
+                "round 1; starting the run again in 0 s (attempt 2 of 3)"
+                in capsys.readouterr().err)
+
+
+def test_a_run_whose_ray_never_starts_gives_up_after_three_attempts(tmp_path, monkeypatch):
+    """Three attempts, then the error with the last attempt's log: a machine too busy
+    for Ray is named, not waited on for ever."""
+    out, run_log = tmp_path / "out", tmp_path / "run.log"
+    out.mkdir()
+    attempts = []
+
+    def attempt(log_path):
+        attempts.append(len(attempts) + 1)
+        with open(log_path, "a") as log:
+            log.write(f"attempt {len(attempts)}: {simulation.RAY_START_TIMEOUT}\n")
+        return len(attempts), "finished:failed (Simulation failed with exception: crashed)"
+
+    monkeypatch.setattr(simulation, "LocalSimulation", fake_simulation(tmp_path, attempt))
+    monkeypatch.setattr(simulation, "RAY_START_PAUSE_S", 0)
+    with pytest.raises(LaunchError, match="run 3 ended 'finished:failed") as err:
+        simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2},
+                                      log_path=run_log, checked=True)
+    assert attempts == [1, 2, 3]
+    assert "attempt 3: The current node" in str(err.value)
+    assert "attempt 2: The current node" not in str(err.value)  # only the last attempt's
 
 
 # -- the compose demo's script (it runs Docker, so only its refusals run here) ---------------
