@@ -33,6 +33,8 @@
    the next start. Here every start is kept and polled once a second (the SuperExec's
    own loop), so an exited app is reaped within a second.
 
+Their console lines carry the time they were written (:mod:`common.flower_log`).
+
 Each repair patches one name of Flower's (``start_client_internal._pull_and_store_message``
 and ``._push_messages``; ``subprocess_executor.subprocess`` and
 ``SubprocessExecutor.reconcile``): pinned to flwr 1.42.0 and checked by
@@ -157,7 +159,10 @@ def main(argv: list[str]) -> None:
                  "[Flower's flags]")
     role, rest = argv[0], argv[1:]
     name, entry = ROLES[role]
+    from common.flower_log import timestamp_flower_lines  # lazy: `fedefc` loads no flwr
+
     repair(role)
+    timestamp_flower_lines()
     sys.argv = [os.path.join(os.path.dirname(sys.executable), name), *rest]
     package, func = entry.split(":")
     sys.exit(getattr(importlib.import_module(package), func)())

@@ -13,27 +13,32 @@ text stays where the log is kept (``flwr log RUN_ID CONNECTION``; ``fedefc run``
   actor) into the first, then one line counting the rest;
 - Flower's header of its run history (``[SUMMARY]``) and blank log lines, shown not at
   all.
+
+Flower's lines may carry their time (:mod:`common.flower_log`); a repeat is a repeat
+whatever its time.
 """
 
 from __future__ import annotations
 
 import re
 
-BLANK = re.compile(r"^\s*(?:(?:DEBUG|INFO|WARNING|ERROR)\s*:)?\s*$")
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")  # common/flower_log.py
+LEVEL = rf"(?:DEBUG|INFO|WARNING|ERROR)(?:\s+{STAMP.pattern})?\s*:"  # Flower's line prefix
+BLANK = re.compile(rf"^\s*(?:{LEVEL})?\s*$")
 TRACEBACK = "Traceback (most recent call last):"
 CHAINED = ("During handling of the above exception, another exception occurred:",
            "The above exception was the direct cause of the following exception:")
 EXIT_CODE = re.compile(r"\bExit Code: \d+")
 HELP_PAGE = "For more information, visit:"
-HEADER = re.compile(r"^\s*(?:INFO\s*:)?\s*\[SUMMARY\]\s*$")
+HEADER = re.compile(rf"^\s*(?:{LEVEL})?\s*\[SUMMARY\]\s*$")
 ACTOR = re.compile(r"^\(\w+ pid=\d+\)\s*")  # Ray's prefix of an actor's line
 SECONDS = re.compile(r"\d+(?:\.\d+)?(?= ?(?:s|seconds)\b)")
 
 
 def repeat_key(text: str) -> str:
     """A line as :class:`LogView` compares it with the one before: without Ray's actor
-    prefix, its durations ``2.37 seconds`` made equal."""
-    return SECONDS.sub("#", ACTOR.sub("", text.strip()))
+    prefix and Flower's time, its durations ``2.37 seconds`` made equal."""
+    return SECONDS.sub("#", STAMP.sub("", ACTOR.sub("", text.strip())))
 
 
 class LogView:
@@ -59,7 +64,7 @@ class LogView:
             if HELP_PAGE in text:
                 return self._fold_exit()
             if not EXIT_CODE.search(text) and (BLANK.match(text) or not re.match(
-                    r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:DEBUG|INFO|WARNING|ERROR)\s*:", text)):
+                    rf"^\s*(?:\(\w+ pid=\d+\)\s*)?{LEVEL}", text)):
                 self.exit_block.append(text)
                 return []
             return [*self._fold_exit(), *self.feed(text)]

@@ -19,6 +19,8 @@ from flwr.client import Client
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
+from common.flower_log import timestamp_flower_lines
+
 from .audit import audit_mod
 from .error_reply import error_reply_mod
 from .node import identity_mod
@@ -44,4 +46,5 @@ def client_fn(context: Context) -> Client:
     return make(context)
 
 
+timestamp_flower_lines()
 app = ClientApp(client_fn=client_fn, mods=[*NODE_MODS, run_mods])

@@ -49,6 +49,7 @@ from common.config import OWN_DATASETS, ConfigError, RunConfig
 from common.data_files import shape_text
 from common.data_plan import data_plan
 from common.datasets import load_dataset, task_shape
+from common.flower_log import timestamp_flower_lines
 from common.methods import load_object, load_run_config, method_of, short_run_warning
 from common.models import TaskShape, classifier_shape
 from common.params import get_weights
@@ -254,6 +255,7 @@ def build(context: Context, grid: Grid, link: LinkWatchGrid | None = None
     return loop, ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.client_timeout or None)
 
 
+timestamp_flower_lines()
 app = ServerApp()
 
 

@@ -294,6 +294,12 @@ def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs, own_d
     server_log = (work / "cli" / "run.log").read_text()
     assert missing.format(NODES - 1, "<node-config:data-path>") in server_log
     assert str(path) not in server_log
+    # Flower's lines say when they were written (common/flower_log.py): the ServerApp's
+    # stream, a SuperNode's log and its SuperExec's
+    stamp = r"(?m)^INFO \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}: +"
+    assert re.search(stamp + r"\[round 1/3\]", server_log), server_log[-2000:]
+    for name in ("supernode.log", "superexec.log"):
+        assert re.search(stamp, (work / "node-0" / name).read_text()), name
     # each node declared its partition's size once, when first seen
     sizes = {str(k): len(partition_data(cfg, k, CPU)) for k in range(NODES)}
     recs = records(insecure_run.out)

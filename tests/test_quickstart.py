@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.common.logger import ConsoleHandler
 
 from common.methods import load_run_config
 from fedefc_cli import deploy_flags, deploy_submit, flower
@@ -958,6 +960,39 @@ def test_what_a_person_is_shown_of_a_log_folds_what_repeats():
     assert [again.feed(line) for line in tb * 2][-1] == [
         "  [the same traceback again, 3 lines: KeyError: 'k']"]
     assert LogView("x").feed("INFO : client 1 round 2: noise") == [None]
+
+
+def flower_stamped(lines: list[str]) -> list[str]:
+    """``lines`` as Flower's own console handler writes them with its ``timestamps``
+    option (common/flower_log.py), one second apart; a line without a level stays."""
+    handler = ConsoleHandler(timestamps=True, colored=False)
+    out = []
+    for k, line in enumerate(lines):
+        level = re.match(r"^(DEBUG|INFO|WARNING|ERROR) :\s*(.*)$", line)
+        if level is None:
+            out.append(line)
+            continue
+        record = logging.LogRecord("flwr", getattr(logging, level[1]), __file__, 1,
+                                   level[2], None, None)
+        record.created, record.msecs = 1_796_000_000.0 + k, 0.0
+        out.append(handler.format(record))
+    return out
+
+
+def test_a_log_whose_lines_carry_flowers_time_folds_the_same():
+    """Issue 60's stumble 9: Flower's lines now say when (every process the project starts
+    turns on Flower's timestamps). The chatter's copies differ in their time only: still
+    one line and a count; the exit block and the traceback fold as before."""
+    stamped = flower_stamped(FAILED_RUN_LOG)
+    assert re.match(r"INFO \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,000: +\[round 1/3\]", stamped[0])
+    out = io.BytesIO()
+    flower.copy_lines(iter(f"{line}\n".encode() for line in stamped), out, False,
+                      view=LogView("flwr log 7 site"))
+    assert out.getvalue().decode().splitlines() == [
+        stamped[0], stamped[1], "  [the line above 21 more times]", stamped[24], stamped[25],
+        "  [a traceback of 42 lines, folded (the whole text: flwr log 7 site)] "
+        "fedefc_server.failures.RunFailed: round 2: no node trained (2 sampled)",
+        f"{stamped[68]} An unhandled exception occurred in the ServerApp."]
 
 
 def test_submit_names_an_out_dir_collision_as_the_other_runs_folder(monkeypatch, capsys,
