@@ -68,9 +68,9 @@ class LocalDeployment(ProcessGroup):
 
     def _start(self) -> None:
         folder, env = state_dir(self.work_dir / "superlink")
-        self.procs.start("flower-superlink", [flower_bin("flower-superlink"), *superlink_flags(
+        self.procs.start("flower-superlink", repaired("superlink", superlink_flags(
             "127.0.0.1", self.port, str(folder / "state.db"), self.tls, self.node_auth,
-            self.link_secret)], env, folder, folder / "superlink.log")
+            self.link_secret)), env, folder, folder / "superlink.log")
         wait_for_port("127.0.0.1", self.port, self.procs)
         self.procs.start("superlink's flower-superexec", superexec_command(
             self.address, self.ca_cert, self.link_secret, self.link_trusted_keys, folder),

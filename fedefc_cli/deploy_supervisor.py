@@ -29,7 +29,7 @@ from .deploy_flags import (
     supernode_flags,
 )
 from .errors import UsageError
-from .flower import COLOUR, flower_bin, flwr_env, free_port
+from .flower import COLOUR, flwr_env, free_port
 from .flower_repairs import command as repaired
 from .procs import Processes, wait_for_port
 
@@ -279,8 +279,8 @@ def superlink_pair(args: argparse.Namespace, state: Path | None = None) -> Pair:
               if args.superexec_secret else None)
     state = Path(state or args.state_dir or STATE_ROOT / "superlink").expanduser().resolve()
     local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # SAN has it
-    main = [flower_bin("flower-superlink"), *superlink_flags(
-        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret)]
+    main = repaired("superlink", superlink_flags(
+        args.host, args.port, str(state / "state.db"), tls, args.node_auth, secret))
     superexec = superexec_command(f"{local}:{args.port}", tls.ca_cert if tls else None,
                                   secret, args.trusted_keys, state)
     summary = (f"SuperLink on {args.host}:{args.port} ({'TLS' if tls else 'insecure'}"

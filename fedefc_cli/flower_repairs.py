@@ -1,12 +1,15 @@
-"""``flower-supernode`` and ``flower-superexec`` of Flower 1.42, with three repairs.
+"""``flower-superlink``, ``flower-supernode`` and ``flower-superexec`` of Flower 1.42,
+with four repairs.
 
+    python -m fedefc_cli.flower_repairs superlink [flower-superlink's flags]
     python -m fedefc_cli.flower_repairs supernode [flower-supernode's flags]
     python -m fedefc_cli.flower_repairs superexec [flower-superexec's flags]
 
 ``fedefc deploy supernode|superlink``, their service units and
-:class:`.deploy_local.LocalDeployment` start every SuperNode and SuperExec this way
-(:func:`command`): Flower's own process, in this process, with these repairs
-(docs/RELIABILITY.md, "A SuperLink restart mid-round"):
+:class:`.deploy_local.LocalDeployment` start every SuperLink, SuperNode and SuperExec
+this way (:func:`command`): Flower's own process, in this process, with these repairs
+(docs/RELIABILITY.md, "A SuperLink restart mid-round" and "The SuperLink's database
+under load"):
 
 1. **A message of a run that stopped is dropped with its task.** A SuperNode receives a
    message in steps (the message, its objects, the confirmation), after it has stored
@@ -32,12 +35,17 @@
    ``subprocess.Popen`` and drops it, so one that exited stays a defunct process until
    the next start. Here every start is kept and polled once a second (the SuperExec's
    own loop), so an exited app is reaped within a second.
+4. **A SuperLink's writer waits a minute for another, not 5 s.** Flower opens every
+   sqlite connection of the SuperLink's state with ``busy_timeout = 5000``; on a machine
+   so loaded that the writer holding the lock is not scheduled for 5 s, the next writer
+   fails with ``database is locked`` and a node's message or a run's step is lost. Here
+   the pragma is :data:`BUSY_TIMEOUT_MS`, the rest of Flower's pragmas kept.
 
 Their console lines carry the time they were written (:mod:`common.flower_log`).
 
 Each repair patches one name of Flower's (``start_client_internal._pull_and_store_message``
 and ``._push_messages``; ``subprocess_executor.subprocess`` and
-``SubprocessExecutor.reconcile``): pinned to flwr 1.42.0 and checked by
+``SubprocessExecutor.reconcile``; ``sql_mixin.SQLITE_PRAGMAS``): pinned to flwr 1.42.0 and checked by
 tests/test_flower_repairs.py against Flower's own functions, so that an upgrade that
 moves them fails loudly.
 """
@@ -53,9 +61,11 @@ from collections.abc import Callable
 from typing import Any
 
 ROLES = {  # role -> (Flower's executable, the entry point it runs)
+    "superlink": ("flower-superlink", "flwr.superlink.cli:flower_superlink"),
     "supernode": ("flower-supernode", "flwr.supernode.cli:flower_supernode"),
     "superexec": ("flower-superexec", "flwr.supercore.cli:flower_superexec"),
 }
+BUSY_TIMEOUT_MS = 60_000  # how long a SuperLink's writer waits for another (Flower's: 5 s)
 
 
 def command(role: str, flags: list[str]) -> list[str]:
@@ -144,9 +154,21 @@ def repair_superexec(module: Any) -> None:
     module.SubprocessExecutor.reconcile = reaping
 
 
+def repair_superlink(module: Any) -> None:
+    """Repair 4 on ``module`` (``flwr.supercore.sql_mixin``): every sqlite connection of
+    the SuperLink's state waits :data:`BUSY_TIMEOUT_MS` for another writer."""
+    pragmas = dict(module.SQLITE_PRAGMAS)
+    if "busy_timeout" not in pragmas:
+        raise RuntimeError("flwr's SQLITE_PRAGMAS has no busy_timeout: the repair is pinned "
+                           "to flwr 1.42.0")
+    module.SQLITE_PRAGMAS = tuple({**pragmas, "busy_timeout": str(BUSY_TIMEOUT_MS)}.items())
+
+
 def repair(role: str) -> None:
     """Apply the repairs of ``role``'s process to Flower's modules in this process."""
-    if role == "supernode":
+    if role == "superlink":
+        repair_superlink(importlib.import_module("flwr.supercore.sql_mixin"))
+    elif role == "supernode":
         repair_supernode(importlib.import_module("flwr.supernode.start_client_internal"))
     else:
         repair_superexec(importlib.import_module(
@@ -155,11 +177,11 @@ def repair(role: str) -> None:
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in ROLES:
-        sys.exit("usage: python -m fedefc_cli.flower_repairs supernode|superexec "
+        sys.exit("usage: python -m fedefc_cli.flower_repairs superlink|supernode|superexec "
                  "[Flower's flags]")
     role, rest = argv[0], argv[1:]
     name, entry = ROLES[role]
-    from common.flower_log import timestamp_flower_lines  # lazy: `fedefc` loads no flwr
+    from common.flower_log import timestamp_flower_lines  # lazy: flwr, 0.8 s for `fedefc`
 
     repair(role)
     timestamp_flower_lines()

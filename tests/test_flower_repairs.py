@@ -217,11 +217,59 @@ def test_the_superexec_reaps_an_app_process_that_exited(repaired):
         "exited True", f"defunct after reconcile {not repaired}"], out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("repaired", [False, True], ids=["flower", "repaired"])
+def test_a_superlink_writer_waits_out_a_writer_held_up_longer_than_5_s(tmp_path, monkeypatch,
+                                                                       repaired):
+    """Issue 60: under load a SuperLink's sqlite state failed with "database is locked".
+    Another connection holds the write lock 7 s (a writer not scheduled for that long);
+    a write through Flower's own state (its engine, its connect hook) fails after 5 s
+    with Flower's pragmas and goes through, once the lock is free, with the repair."""
+    import sqlite3
+
+    from flwr.supercore import sql_mixin
+    from flwr.supercore.object_store.sql_object_store import SqlObjectStore
+
+    monkeypatch.setattr(sql_mixin, "SQLITE_PRAGMAS", sql_mixin.SQLITE_PRAGMAS)  # restored after
+    if repaired:
+        flower_repairs.repair_superlink(sql_mixin)
+    db = tmp_path / "state.db"
+    store = SqlObjectStore(str(db))
+    store.initialize()
+    (row,) = store.query("PRAGMA busy_timeout")
+    assert list(row.values()) == [60_000 if repaired else 5_000]  # sqlite's own word
+    assert dict(sql_mixin.SQLITE_PRAGMAS)["journal_mode"] == "WAL"  # the rest kept
+
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock
+    outcome = {}
+
+    def write():
+        try:
+            store.clear()  # a write: it needs the lock
+            outcome["done"] = True
+        except Exception as err:  # noqa: BLE001 - what the SuperLink's request would get
+            outcome["done"] = str(err)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(7.0)  # the lock holder is held up 7 s (or until the writer gave up)
+    holder.execute("COMMIT")
+    writer.join(120.0)
+    if repaired:
+        assert outcome == {"done": True}
+    else:
+        assert "database is locked" in str(outcome["done"])
+
+
 def test_command_runs_flowers_own_process_with_the_repairs():
     """The entry points the repairs start are Flower's, and the names they patch exist
     (an upgrade of flwr that moves them fails here)."""
     assert flower_repairs.command("supernode", ["--insecure"])[1:] == [
         "-m", "fedefc_cli.flower_repairs", "supernode", "--insecure"]
+    from flwr.supercore import sql_mixin
+    assert "busy_timeout" in dict(sql_mixin.SQLITE_PRAGMAS)
+    from flwr.superlink.cli import flower_superlink
+    assert callable(flower_superlink)
     for name in ("_pull_and_store_message", "_push_messages"):
         assert callable(getattr(start_client_internal, name))
     assert subprocess_executor.SubprocessExecutor.reconcile
