@@ -24,7 +24,18 @@ its grid file (``clean-labels/cross-silo`` is ``configs/grids/cross-silo.toml`` 
   final (± the sample standard deviation) / last 10 / best, and against the grid's
   baseline per seed the final and last 10 differences, T_e and the guard's rounds;
 - ``paired [rows="R1|R2|..."]``: ``paired.md``'s table of every row against the baseline
-  (last 10 over the planned rounds: :mod:`.paired`).
+  (last 10 over the planned rounds: :mod:`.paired`);
+- ``grids G1|G2|... rows="R1|R2|..." [pooled="yes"] [own="yes"] [common="yes"]``: the
+  ``paired`` table of the rows over several grids, a line per grid and row (the grid's
+  name and its chance envelope, final / last 10, on its first line; the runs beyond
+  chance and what chance alone gives in one cell); ``pooled``: a line
+  per row over all the grids' runs, each run beyond its own grid's envelope, chance
+  alone summed over the grids (the probability: Poisson-binomial); ``own``: after a row
+  the grid pairs with another (``pair-with``), the row against that one ("against its
+  pair-with row"); ``common``:
+  only the columns and seeds every row ran;
+- ``cells rows="R1|R2|..."``: per column and seed the baseline ran, each row's final −
+  baseline.
 
 The text between the markers is the command's to rewrite; the prose around them is not.
 """
@@ -41,7 +52,16 @@ import numpy as np
 from common.errors import ConfigError
 
 from .grid import Grid
-from .paired import paired_summary
+from .paired import (
+    Pair,
+    _chance_cells,
+    _chance_head,
+    _summary,
+    _where_baseline_fell,
+    chance_envelope,
+    paired_differences,
+    paired_summary,
+)
 from .raw_archive import TREE_RESULTS
 from .report import Finished, finished_runs, markdown_table, table_stats
 from .run_configs import APP_DIR
@@ -160,6 +180,98 @@ def seeds(grid: Grid, finished: Finished, column: str, rows: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _pairs_of(grid: Grid, finished: Finished, rows: list[str], own: bool, common: bool
+              ) -> dict[str, list[Pair]]:
+    """The rows' paired runs (``own``: each followed by its ``pair-with`` comparison;
+    ``common``: only the cells every row ran)."""
+    pairs = paired_differences(grid, finished)
+    mine = {grid.pair_with[r]: r for r in rows if own and r in grid.pair_with}
+    theirs = paired_differences(grid, finished, {r: a for a, r in mine.items()}) if mine else {}
+    chosen: dict[str, list[Pair]] = {}
+    for row in rows:
+        if row not in pairs:
+            raise DocsError(f"grid {grid.name}: no run of {row!r} has a run of "
+                            f"{grid.baseline!r} of its column and seed")
+        chosen[row] = pairs[row]
+        if row in theirs:
+            chosen[f"{row}, against its pair-with row"] = theirs[row]
+    if common:
+        cells = set.intersection(*({(p.column, p.seed) for p in runs}
+                                   for runs in chosen.values()))
+        chosen = {r: [p for p in runs if (p.column, p.seed) in cells]
+                  for r, runs in chosen.items()}
+    return chosen
+
+
+def _at_least(rates: list[float], k: int) -> float:
+    """The probability that at least ``k`` of independent events of ``rates`` happen."""
+    dist = [1.0]
+    for rate in rates:
+        dist = [a * (1 - rate) + b * rate for a, b in zip(dist + [0.0], [0.0] + dist)]
+    return float(sum(dist[k:]))
+
+
+def grids(loaded: list[tuple[str, Grid, Finished]], rows: list[str], pooled: bool = False,
+          own: bool = False, common: bool = False) -> str:
+    """The ``grids`` block (the module's docstring) of ``loaded``: (name, grid, runs)."""
+    base = loaded[0][1].baseline
+    per_grid = []
+    for key, grid, finished in loaded:
+        pairs = _pairs_of(grid, finished, rows, own, common)
+        per_grid.append((key, pairs, chance_envelope(grid, paired_differences(grid, finished))))
+    envelopes = [env for _, _, env in per_grid if env is not None]
+    extra = ""
+    if envelopes:
+        extra = " beyond chance" + ("; chance alone, P" if "chance alone" in
+                                    _chance_head(envelopes[0]) else "") + " |"
+    blank = " |" if extra else ""
+    head = (f" final − {base}: mean, least, > 1 below | last 10 | {base} fell ≥ 3: "
+            f"runs, final |{extra}")
+    lines = ["| row (runs) |" + head if pooled
+             else f"| grid{' (chance envelope)' if extra else ''} | row (runs) |" + head]
+    lines.append("|---" * (lines[0].count("|") - 1) + "|")
+    if pooled:
+        for row in per_grid[0][1]:
+            runs = [p for _, pairs, _ in per_grid for p in pairs[row]]
+            cells = blank
+            if extra and len(envelopes) == len(per_grid):
+                beyond = sum(env.beyond(pairs[row]) for _, pairs, env in per_grid)
+                rates = [env.held_out_rate() for _, pairs, env in per_grid
+                         for _ in pairs[row]]
+                cells = f" {beyond} |"
+                if None not in rates and "chance alone" in extra:
+                    cells = f" {beyond}; {sum(rates):.1f}, {_at_least(rates, beyond):.2f} |"
+            lines.append(f"| {row} ({len(runs)}) | {_summary([p.final for p in runs])} | "
+                         f"{_summary([p.last10 for p in runs])} | "
+                         f"{_where_baseline_fell(runs)} |{cells}")
+        return "\n".join(lines)
+    for key, pairs, env in per_grid:
+        label = key if env is None else f"{key} ({env.final:+.1f} / {env.last10:+.1f})"
+        for row, runs in pairs.items():
+            cells = (_chance_cells(env, runs).replace(" | ", "; ", 1) if env is not None
+                     else blank)
+            lines.append(f"| {label} | {row} ({len(runs)}) | "
+                         f"{_summary([p.final for p in runs])} | "
+                         f"{_summary([p.last10 for p in runs])} | "
+                         f"{_where_baseline_fell(runs)} |{cells}")
+            label = ""
+    return "\n".join(lines)
+
+
+def cells(grid: Grid, finished: Finished, rows: list[str]) -> str:
+    """The ``cells`` block (the module's docstring)."""
+    base = grid.baseline
+    lines = [f"| column (seed) | {' | '.join(rows)} |", "|---" * (len(rows) + 1) + "|"]
+    for column in grid.columns:
+        for seed in sorted(s for (r, c, s) in finished if (r, c) == (base, column)):
+            diffs = [finished.get((row, column, seed)) for row in rows]
+            lines.append(f"| {column} ({seed}) | " + " | ".join(
+                "" if run is None else
+                _diff(100 * run.final_acc - 100 * finished[(base, column, seed)].final_acc)
+                for run in diffs) + " |")
+    return "\n".join(lines)
+
+
 def render_block(spec: str) -> str:
     """The text of the block whose opening marker says ``spec``."""
     try:
@@ -167,13 +279,19 @@ def render_block(spec: str) -> str:
         opts = dict(option.split("=", 1) for option in options)
     except ValueError:
         raise DocsError(f"block {spec!r}: write KIND GRID [key=\"value\" ...]") from None
-    needs = {"table": (), "compare": ("row",), "seeds": ("column", "rows"), "paired": ()}
+    needs = {"table": (), "compare": ("row",), "seeds": ("column", "rows"), "paired": (),
+             "grids": ("rows",), "cells": ("rows",)}
     if kind not in needs:
         raise DocsError(f"no kind {kind!r}; kinds: {', '.join(needs)}")
     missing = [f'{name}="..."' for name in needs[kind] if name not in opts]
     if missing:
         raise DocsError(f"a {kind} block needs {', '.join(missing)}")
+    if kind == "grids":
+        return grids([(k, *load(k)) for k in key.split("|")], opts["rows"].split("|"),
+                     **{o: opts.get(o) == "yes" for o in ("pooled", "own", "common")})
     grid, finished = load(key)
+    if kind == "cells":
+        return cells(grid, finished, opts["rows"].split("|"))
     if kind == "table":
         return markdown_table(grid, table_stats(grid, finished)).split("\n", 2)[2]
     if kind == "compare":

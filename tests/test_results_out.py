@@ -26,7 +26,16 @@ from fedefc_cli.raw_archive import (
     write_archive,
 )
 from fedefc_cli.report import finished_runs
-from fedefc_cli.results_docs import DOCS, DocsError, compare, render_docs, seeds
+from fedefc_cli.results_docs import (
+    DOCS,
+    DocsError,
+    _at_least,
+    cells,
+    compare,
+    grids,
+    render_docs,
+    seeds,
+)
 from fedefc_cli.run_table import (
     RUNS_FILE,
     RunRecord,
@@ -279,8 +288,28 @@ def test_the_docs_blocks_by_hand(tmp_path):
             "–, 15/18 |") in table
 
 
+def test_the_grids_and_cells_blocks_by_hand(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text(GRID)
+    grid = Grid.load(path)
+    runs = finished_runs(grid, [
+        record("FedAvg", 0, 0.80, 0.79, best=0.84), record("FedAvg", 1, 0.70, 0.71),
+        record("FedEFC", 0, 0.83, 0.80), record("FedEFC", 1, 0.68, 0.72)])
+    # per seed: final +3.0, -2.0 (mean +0.5, one run > 1 below); last 10 +1.0, +1.0;
+    # FedAvg's seed 0 ended 4 below its best (memorized): 1 run, +3.0
+    table = grids([("a", grid, runs), ("b", grid, runs)], ["FedEFC"])
+    assert "| a | FedEFC (2) | +0.5, -2.0, 1 | +1.0, +1.0, 0 | 1, +3.0 |" in table
+    assert "| b | FedEFC (2) | +0.5, -2.0, 1 | +1.0, +1.0, 0 | 1, +3.0 |" in table
+    pooled = grids([("a", grid, runs), ("b", grid, runs)], ["FedEFC"], pooled=True)
+    assert pooled.endswith("| FedEFC (4) | +0.5, -2.0, 2 | +1.0, +1.0, 0 | 2, +3.0 |")
+    assert cells(grid, runs, ["FedEFC"]).endswith("| IID (0) | +3.0 |\n| IID (1) | −2.0 |")
+    # two runs beyond chance at 1/2 each: at least one 3/4, both 1/4
+    assert _at_least([0.5, 0.5], 1) == pytest.approx(0.75)
+    assert _at_least([0.5, 0.5], 2) == pytest.approx(0.25)
+
+
 @pytest.mark.parametrize("spec, error", [
-    ("nosuch cross-silo", r"no kind 'nosuch'; kinds: table, compare, seeds, paired"),
+    ("nosuch cross-silo", r"no kind 'nosuch'; kinds: table, compare, seeds, paired, grids, cells"),
     ("compare cross-silo", r'a compare block needs row="..."'),
     ("table no-such-grid", r"no summary table results/no-such-grid/runs.csv"),
     ('compare cross-silo row="FedProx"', r"no run of 'FedProx' has a run of 'FedAvg'"),
