@@ -265,14 +265,19 @@ def record(row, seed, final, last10, best=None, t_e=None, guard=(None, None)):
                      "")
 
 
-def test_the_docs_blocks_by_hand(tmp_path):
+def hand_grid(tmp_path, *records):
+    """The grid GRID and its finished runs ``records`` (:func:`record`)."""
     path = tmp_path / "g.toml"
     path.write_text(GRID)
     grid = Grid.load(path)
-    runs = finished_runs(grid, [
-        record("FedAvg", 0, 0.80, 0.79, best=0.84), record("FedAvg", 1, 0.70, 0.71),
+    return grid, finished_runs(grid, list(records))
+
+
+def test_the_docs_blocks_by_hand(tmp_path):
+    grid, runs = hand_grid(
+        tmp_path, record("FedAvg", 0, 0.80, 0.79, best=0.84), record("FedAvg", 1, 0.70, 0.71),
         record("FedEFC", 1, 0.735, 0.72, t_e=12, guard=(15, 18)),
-        record("FedEFC", 0, 0.83, 0.80, t_e=10)])
+        record("FedEFC", 0, 0.83, 0.80, t_e=10))
     text = compare(grid, runs, "FedEFC")
     # means over seeds 0-1: FedAvg (80 + 70) / 2 = 75.0, (79 + 71) / 2 = 75.0, best (84 +
     # 70) / 2 = 77.0; FedEFC 78.25 -> 78.2 (78.25 is stored below it), 76.0, 78.25;
@@ -289,12 +294,9 @@ def test_the_docs_blocks_by_hand(tmp_path):
 
 
 def test_the_grids_and_cells_blocks_by_hand(tmp_path):
-    path = tmp_path / "g.toml"
-    path.write_text(GRID)
-    grid = Grid.load(path)
-    runs = finished_runs(grid, [
-        record("FedAvg", 0, 0.80, 0.79, best=0.84), record("FedAvg", 1, 0.70, 0.71),
-        record("FedEFC", 0, 0.83, 0.80), record("FedEFC", 1, 0.68, 0.72)])
+    grid, runs = hand_grid(
+        tmp_path, record("FedAvg", 0, 0.80, 0.79, best=0.84), record("FedAvg", 1, 0.70, 0.71),
+        record("FedEFC", 0, 0.83, 0.80), record("FedEFC", 1, 0.68, 0.72))
     # per seed: final +3.0, -2.0 (mean +0.5, one run > 1 below); last 10 +1.0, +1.0;
     # FedAvg's seed 0 ended 4 below its best (memorized): 1 run, +3.0
     table = grids([("a", grid, runs), ("b", grid, runs)], ["FedEFC"])
