@@ -34,6 +34,7 @@ from .datasets import Dataset, load_dataset
 from .disk_cache import Arrays, DataCache
 from .noise import apply_noise, empirical_transition, noise_matrix, reference_noise
 from .partition import bernoulli_dirichlet, iid
+from .sample_roles import training_size
 from .seeds import derive_seed
 
 REFERENCE_SEED = 42  # the reference code's noise seed, the same for every trial
@@ -130,23 +131,6 @@ def _plan_from_arrays(data: Dataset, arrays: Arrays) -> DataPlan:
                          coordinator_indices=arrays["coordinator_indices"])
 
 
-def held_out_count(cfg: RunConfig, n: int) -> int:
-    """How many of a client's ``n`` samples it holds out for federated evaluation:
-    round(local-test-fraction * n), at most n - 1; 0 without federated evaluation
-    (docs/OWN-DATA.md, "Federated evaluation")."""
-    if not cfg.federated_evaluation:
-        return 0
-    return min(int(round(cfg.local_test_fraction * n)), max(n - 1, 0))
-
-
-def training_size(cfg: RunConfig, n: int) -> int:
-    """The samples a client with ``n`` samples trains on: the size it declares and
-    every reply of it counts (docs/PRIVACY.md, "Weights bound to facts"). The
-    validation share of the held-out accuracy signal is part of it (docs/FEDEFC.md
-    §3.1): a reply's weight is the client's data size in every round."""
-    return n - held_out_count(cfg, n)
-
-
 def secure_weight(cfg: RunConfig, plan: DataPlan | None) -> int | None:
     """M, the sample count that weighs 1 in every secure sum of the run (SecAgg+'s
     ``max_weight``): ``max-client-samples`` when set, else the largest training size of
@@ -160,16 +144,6 @@ def secure_weight(cfg: RunConfig, plan: DataPlan | None) -> int | None:
     if plan is None:
         return None
     return max(training_size(cfg, len(ix)) for ix in plan.client_indices)
-
-
-def validation_count(share: float, cap: int, m: int) -> int:
-    """How many of the ``m`` samples a client trains on form its validation share
-    (docs/FEDEFC.md §3.1): round(share * m), at most ``cap`` (0: no cap), at least 1 and
-    at most m - 1."""
-    count = int(round(share * m))
-    if cap:
-        count = min(count, cap)
-    return min(max(count, 1), m - 1)
 
 
 def build_data_plan(data: Dataset, cfg: RunConfig) -> DataPlan:
@@ -211,11 +185,11 @@ def _partition_and_noise(data: Dataset, cfg: RunConfig) -> DataPlan:
     """The clients' partition on true labels and each noise group's observed labels."""
     true = data.train_y.numpy()
     k = data.num_classes
+    seed = derive_seed(cfg.seed, "partition")
     if cfg.iid:
-        parts = iid(len(true), cfg.num_clients, derive_seed(cfg.seed, "partition"))
+        parts = iid(len(true), cfg.num_clients, seed)
     else:
-        parts = bernoulli_dirichlet(true, cfg.num_clients, k, cfg.p, cfg.alpha_dir,
-                                    derive_seed(cfg.seed, "partition"))
+        parts = bernoulli_dirichlet(true, cfg.num_clients, k, cfg.p, cfg.alpha_dir, seed)
     prior = np.bincount(true, minlength=k) / len(true)
     groups = cfg.noise_group_list()
     group_of_client = np.arange(cfg.num_clients) * len(groups) // cfg.num_clients

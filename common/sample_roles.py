@@ -22,10 +22,41 @@ import numpy as np
 
 from common.config import RunConfig
 from common.data_files import PrivateDataError
-from common.data_plan import held_out_count, training_size, validation_count
 from common.fedefc_plan import twin_reads_slice
 from common.methods import validation_share
 from common.seeds import derive_seed
+
+
+# the roles drawn from a seeded generator each: the held-out part, the validation share,
+# the estimation share
+DRAWS = ("local-test", "validation", "estimation")
+
+
+def held_out_count(cfg: RunConfig, n: int) -> int:
+    """How many of a client's ``n`` samples it holds out for federated evaluation:
+    round(local-test-fraction * n), at most n - 1; 0 without federated evaluation
+    (docs/OWN-DATA.md, "Federated evaluation")."""
+    if not cfg.federated_evaluation:
+        return 0
+    return min(int(round(cfg.local_test_fraction * n)), max(n - 1, 0))
+
+
+def training_size(cfg: RunConfig, n: int) -> int:
+    """The samples a client with ``n`` samples trains on: the size it declares and
+    every reply of it counts (docs/PRIVACY.md, "Weights bound to facts"). The
+    validation share of the held-out accuracy signal is part of it (docs/FEDEFC.md
+    §3.1): a reply's weight is the client's data size in every round."""
+    return n - held_out_count(cfg, n)
+
+
+def validation_count(share: float, cap: int, m: int) -> int:
+    """How many of the ``m`` samples a client trains on form its validation share
+    (docs/FEDEFC.md §3.1): round(share * m), at most ``cap`` (0: no cap), at least 1 and
+    at most m - 1."""
+    count = int(round(share * m))
+    if cap:
+        count = min(count, cap)
+    return min(max(count, 1), m - 1)
 
 
 def declared_sizes(cfg: RunConfig, n: int) -> tuple[int, int]:
@@ -45,9 +76,9 @@ def roles_key(cfg: RunConfig) -> tuple:
 
 def share_count(cfg: RunConfig, m: int, num_classes: int) -> int:
     """How many of the ``m`` samples a client trains on form its validation share, where
-    the run keeps one (docs/FEDEFC.md §3.1, §3.6: ``common/data_plan.py:
-    validation_count`` of ``validation-fraction``, at most ``validation-max-per-class``
-    per class); the server reads it off a reply's sample count."""
+    the run keeps one (docs/FEDEFC.md §3.1, §3.6: :func:`validation_count` of
+    ``validation-fraction``, at most ``validation-max-per-class`` per class); the server
+    reads it off a reply's sample count."""
     return validation_count(cfg.validation_fraction, cfg.validation_max_per_class * num_classes,
                             m)
 
@@ -78,35 +109,38 @@ class SampleRoles:
               verified: np.ndarray | None = None, simulated: bool = True,
               where: str = "") -> SampleRoles:
         """The roles of partition ``partition_id``'s ``n`` samples, each drawn with a
-        generator seeded by (seed, a name, partition id): the held-out part
-        (``"local-test"``: round(local-test-fraction * n), at most n - 1), the
-        validation share among the m samples trained on (``"validation"``:
-        ``common/data_plan.py: validation_count`` of them; none when the run keeps no
-        share, ``common/methods.py: validation_share``, or m < 2), and with verified
-        labels the estimation share (``"estimation"``: round(estimation-share * r) of
-        the r samples outside the share, none when r < 2). With verified labels the
-        share is the samples the ``verified`` mask (over the ``n``) names, where there is
-        one; without one a ``simulated`` client (true labels known) keeps the seeded
-        share, its labels to be checked, and a node's own data is refused
-        (PrivateDataError naming ``where``)."""
+        generator seeded by (seed, its name in :data:`DRAWS`, partition id): the held-out
+        part (``"local-test"``: :func:`held_out_count`), the validation share among the
+        m samples trained on (``"validation"``: :func:`share_count` of them; none when
+        the run keeps no share, ``common/methods.py: validation_share``, or m < 2), and
+        with verified labels the estimation share (``"estimation"``:
+        round(estimation-share * r) of the r samples outside the share, none when r < 2).
+        With verified labels the share is the samples the ``verified`` mask (over the
+        ``n``) names, where there is one; without one a ``simulated`` client (true labels
+        known) keeps the seeded share, its labels to be checked, and a node's own data is
+        refused (PrivateDataError naming ``where``)."""
+        rng = {name: np.random.default_rng(derive_seed(cfg.seed, name, partition_id))
+               for name in DRAWS}
+        keeps_share, twin_slice = validation_share(cfg) != 0.0, twin_reads_slice(cfg)
         held = None
         train = np.arange(n)
         if cfg.federated_evaluation:
+            perm = rng["local-test"].permutation(n)
             count = held_out_count(cfg, n)
-            perm = np.random.default_rng(derive_seed(cfg.seed, "local-test", partition_id)
-                                         ).permutation(n)
             train, held = np.sort(perm[count:]), np.sort(perm[:count])
         m = len(train)
-        share = _seeded_share(cfg, partition_id, m, num_classes)
+        share = None
+        if keeps_share and m >= 2:
+            share = np.sort(rng["validation"].permutation(m)[:share_count(cfg, m, num_classes)])
         checked = verified_labels(cfg)
         if checked and share is not None and not (simulated and verified is None):
             share = _marked(None if verified is None else
                             verified if held is None else verified[train], m, where)
         estimation = None
         if checked and cfg.estimation_share and share is not None:
-            estimation = _estimation_share(cfg, partition_id, share, m)
+            estimation = _estimation_share(cfg.estimation_share, rng["estimation"], share, m)
         return cls(n, train, held, share, estimation, checked, cfg.validation_phase_2,
-                   twin_reads_slice(cfg))
+                   twin_slice)
 
     @property
     def declared(self) -> tuple[int, int]:
@@ -179,17 +213,6 @@ class SampleRoles:
         return mask
 
 
-def _seeded_share(cfg: RunConfig, partition_id: int, m: int,
-                  num_classes: int) -> np.ndarray | None:
-    """The seeded validation share among ``m`` samples (:meth:`SampleRoles.build`)."""
-    if validation_share(cfg) == 0.0 or m < 2:
-        return None
-    count = share_count(cfg, m, num_classes)
-    perm = np.random.default_rng(derive_seed(cfg.seed, "validation", partition_id)
-                                 ).permutation(m)
-    return np.sort(perm[:count])
-
-
 def _marked(verified: np.ndarray | None, m: int, where: str) -> np.ndarray:
     """The positions a node's ``verified`` mask over its ``m`` training samples names:
     at least one, and not all (docs/OWN-DATA.md, "Verified labels")."""
@@ -208,14 +231,13 @@ def _marked(verified: np.ndarray | None, m: int, where: str) -> np.ndarray:
     return positions
 
 
-def _estimation_share(cfg: RunConfig, partition_id: int, share: np.ndarray,
+def _estimation_share(fraction: float, rng: np.random.Generator, share: np.ndarray,
                       m: int) -> np.ndarray | None:
-    """The seeded estimation share among the ``m`` samples outside ``share``
-    (:meth:`SampleRoles.build`; at least 1, at most r - 1 of the r others)."""
+    """The estimation share among the ``m`` samples outside ``share``, drawn with
+    ``rng`` (:meth:`SampleRoles.build`; ``fraction`` of the r others, at least 1, at most
+    r - 1)."""
     rest = np.setdiff1d(np.arange(m), share)
     if len(rest) < 2:
         return None
-    count = validation_count(cfg.estimation_share, 0, len(rest))
-    perm = np.random.default_rng(derive_seed(cfg.seed, "estimation", partition_id)
-                                 ).permutation(len(rest))
-    return np.sort(rest[perm[:count]])
+    count = validation_count(fraction, 0, len(rest))
+    return np.sort(rest[rng.permutation(len(rest))[:count]])

@@ -200,6 +200,7 @@ def node_data(cfg: RunConfig, partition_id: int, node_config: dict[str, Any], no
     cache_dir = node_config.get(CACHE_DIR_KEY)
     if path is None and cache_dir is None:
         return partition_data(cfg, partition_id, device)
+    task = None
     if path is not None:
         task = task_shape(cfg, node)
         key = private_key(task, path)
@@ -209,7 +210,7 @@ def node_data(cfg: RunConfig, partition_id: int, node_config: dict[str, Any], no
         build = partial(_partition_arrays, cfg, partition_id)
     arrays = DataCache(cache_dir).get_or_build(key, build) if cache_dir else build()
     where = node if path is None else f"{node}: data-path={path!r}"
-    return _local_from_arrays(cfg, partition_id, arrays, node, device, where)
+    return _local_from_arrays(cfg, partition_id, arrays, task, device, where)
 
 
 def _partition_arrays(cfg: RunConfig, partition_id: int) -> Arrays:
@@ -232,15 +233,15 @@ def _private_arrays(path: str, task: TaskShape, node: str) -> Arrays:
     return arrays if samples.verified is None else {**arrays, "verified": samples.verified}
 
 
-def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays, node: str,
-                       device: torch.device, where: str) -> LocalData:
+def _local_from_arrays(cfg: RunConfig, partition_id: int, arrays: Arrays,
+                       task: TaskShape | None, device: torch.device, where: str) -> LocalData:
     """LocalData from prepared arrays. A partition keeps the run dataset's spec (stored
-    with it); private data gets the run's normalization or, unless the run config
-    gives it, its own training part's (docs/OWN-DATA.md, "Normalization")."""
+    with it); private data (of the run's ``task``) gets the run's normalization or,
+    unless the run config gives it, its own training part's (docs/OWN-DATA.md,
+    "Normalization")."""
     x = torch.from_numpy(arrays["x"])
     labels = arrays["labels"]
     simulated = "num_classes" in arrays
-    task = None if simulated else task_shape(cfg, node)
     num_classes = int(arrays["num_classes"]) if simulated else task.num_classes
     roles = SampleRoles.build(cfg, partition_id, len(labels), num_classes,
                               arrays.get("verified"), simulated, where)

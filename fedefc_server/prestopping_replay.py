@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.data_plan import validation_count
+from common.sample_roles import validation_count
 
 from .prestopping import Prestopper, accuracy_standard_error, min_gain_z
 

@@ -128,7 +128,7 @@ class PrestoppingServer(MethodServer):
         """How far A(t) must rise above A_max to count: ``prestopping-min-gain`` standard
         errors of A(t) (``auto``: one where the shares are large enough, docs/FEDEFC.md
         §3.3), from the replying clients' share sizes, which their sample counts fix
-        (``common/data_plan.py: validation_count``)."""
+        (``common/sample_roles.py: validation_count``)."""
         setting = self.cfg.min_gain_setting
         shares = share_sizes(result, self.cfg, self.model_shape.num_classes)
         z = min_gain_z(setting, shares)

@@ -18,7 +18,7 @@ import torch
 from cleanlab.count import compute_confident_joint
 from flwr.app import RecordDict
 
-from common.data_plan import data_plan, training_size
+from common.data_plan import data_plan
 from common.methods import (
     METHODS,
     changed_keys,
@@ -32,7 +32,7 @@ from common.methods import (
 from common.models import ClassifierShape
 from common.params import get_weights
 from common.runtime import initial_model, model_for
-from common.sample_roles import SampleRoles
+from common.sample_roles import SampleRoles, training_size
 from common.training import BatchTransform, predict_proba
 from common.transition import column_normalize, estimate_transition, shrink_to_identity
 from fedefc_cli.grid import Grid

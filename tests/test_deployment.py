@@ -40,11 +40,12 @@ import torch
 import yaml
 
 from common.data_files import write_npz
-from common.data_plan import data_plan, training_size
+from common.data_plan import data_plan
 from common.disk_cache import DataCache
 from common.methods import load_run_config
 from common.models import TaskShape
 from common.runtime import initial_model
+from common.sample_roles import training_size
 from common.training import BatchTransform, evaluate
 from fedefc_cli.deploy_flags import TLSFiles, superexec_flags, superlink_flags, supernode_flags
 from fedefc_cli.deploy_local import DEPLOY_DIR, LocalDeployment, NodeSpec

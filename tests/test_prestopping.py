@@ -5,9 +5,9 @@ import pytest
 from flwr.common import Code, FitRes, Parameters, Status
 
 from common.config import ConfigError
-from common.data_plan import validation_count
 from common.methods import load_run_config
 from common.models import ClassifierShape
+from common.sample_roles import validation_count
 from fedefc_server.method_server import Aggregated
 from fedefc_server.prestopping import (
     Prestopper,

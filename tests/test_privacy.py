@@ -29,11 +29,12 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from common.config import ConfigError
-from common.data_plan import data_plan, training_size
+from common.data_plan import data_plan
 from common.methods import load_run_config
 from common.params import get_weights
 from common.results import RunRecorder
 from common.runtime import initial_model
+from common.sample_roles import training_size
 from common.secure_means import SLOTS, decode_tail, encode_tail, tail_scale
 from common.training import BatchTransform, predict_proba
 from common.twin import paired

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from common.data_files import PrivateDataError
-from common.data_plan import held_out_count, training_size
 from common.methods import load_run_config
-from common.sample_roles import SampleRoles, declared_sizes
+from common.sample_roles import SampleRoles, declared_sizes, held_out_count, training_size
 from common.seeds import derive_seed
 
 BASE = {"num-clients": 5, "fraction": 1.0, "accuracy-signal": "held-out",

@@ -45,11 +45,12 @@ import fedefc_server.server_app
 import fedefc_server.strategy
 import fedefc_server.validation
 from common.config import ConfigError, secagg_shares
-from common.data_plan import data_plan, held_out_count
+from common.data_plan import data_plan
 from common.faults import parse_faults, parse_server_faults
 from common.methods import load_run_config
 from common.params import get_weights
 from common.runtime import initial_model
+from common.sample_roles import held_out_count
 from common.secure_means import encode_tail, tail_scale
 from common.update_bound import quantizer_range, secure_range
 from common.verifiable_shares import COMPLAINTS

@@ -8,7 +8,7 @@ on full MNIST"), so T_e never comes. This script replays the rule with a minimum
 a round counts as progress only when A(t) > A_max + z * SE(t), where SE(t) is the
 standard error of the unweighted mean of the clients' accuracies on their shares,
 sqrt(A(t) (1 - A(t)) * sum_k 1 / n_k) / K (n_k: client k's share size, from its reply's
-sample count and the run's validation keys, ``common/data_plan.py: validation_count``).
+sample count and the run's validation keys, ``common/sample_roles.py: validation_count``).
 The run is a pure function of its config and seed, so every recorded run whose T_e the
 rule leaves unchanged would end exactly as recorded; only the runs it changes need
 running again. It first replays the strict rule (z = 0) and checks it gives every
