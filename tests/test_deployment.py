@@ -49,7 +49,7 @@ from common.sample_roles import training_size
 from common.training import BatchTransform, evaluate
 from fedefc_cli.deploy_flags import TLSFiles, superexec_flags, superlink_flags, supernode_flags
 from fedefc_cli.deploy_local import DEPLOY_DIR, LocalDeployment, NodeSpec
-from fedefc_cli.flower import flower_bin
+from fedefc_cli.flower import COLOUR, flower_bin
 from fedefc_cli.main import main
 from fedefc_cli.procs import stop_tree
 from fedefc_cli.run_configs import (
@@ -299,8 +299,9 @@ def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs, own_d
     # stream, a SuperNode's log and its SuperExec's
     stamp = r"(?m)^INFO \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}: +"
     assert re.search(stamp + r"\[round 1/3\]", server_log), server_log[-2000:]
-    for name in ("supernode.log", "superexec.log"):
-        assert re.search(stamp, (work / "node-0" / name).read_text()), name
+    for name in ("supernode.log", "superexec.log"):  # Flower colours them: COLOUR
+        assert re.search(stamp, COLOUR.sub(b"", (work / "node-0" / name).read_bytes()
+                                           ).decode()), name
     # each node declared its partition's size once, when first seen
     sizes = {str(k): len(partition_data(cfg, k, CPU)) for k in range(NODES)}
     recs = records(insecure_run.out)
