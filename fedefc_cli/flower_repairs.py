@@ -45,9 +45,9 @@ Their console lines carry the time they were written (:mod:`common.flower_log`).
 
 Each repair patches one name of Flower's (``start_client_internal._pull_and_store_message``
 and ``._push_messages``; ``subprocess_executor.subprocess`` and
-``SubprocessExecutor.reconcile``; ``sql_mixin.SQLITE_PRAGMAS``): pinned to flwr 1.42.0 and checked by
-tests/test_flower_repairs.py against Flower's own functions, so that an upgrade that
-moves them fails loudly.
+``SubprocessExecutor.reconcile``; ``sql_mixin.SQLITE_PRAGMAS``): pinned to flwr 1.42.0
+and checked by tests/test_flower_repairs.py against Flower's own functions, so that an
+upgrade that moves them fails loudly.
 """
 
 from __future__ import annotations

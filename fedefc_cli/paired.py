@@ -134,7 +134,7 @@ def chance_envelope(grid: Grid, pairs: dict[str, list[Pair]]) -> Envelope | None
                     _held_out(runs))
 
 
-def _chance_cells(envelope: Envelope | None, runs: list[Pair]) -> str:
+def chance_cells(envelope: Envelope | None, runs: list[Pair]) -> str:
     """The table's last cells: the runs beyond chance, and what chance alone gives."""
     if envelope is None:
         return ""
@@ -144,12 +144,14 @@ def _chance_cells(envelope: Envelope | None, runs: list[Pair]) -> str:
     return cells
 
 
-def _summary(values: list[float]) -> str:
+def difference_summary(values: list[float]) -> str:
+    """A row's differences in points: their mean, the least, how many more than
+    :data:`BELOW` points below."""
     below = sum(v < -BELOW for v in values)
     return f"{np.mean(values):+.1f}, {min(values):+.1f}, {below}"
 
 
-def _where_baseline_fell(runs: list[Pair]) -> str:
+def where_baseline_fell(runs: list[Pair]) -> str:
     """The runs whose baseline ended at least :data:`FELL` points below its own best (it
     memorized the noise), and their mean final difference."""
     fell = [p.final for p in runs if p.baseline_drop >= FELL]
@@ -170,7 +172,7 @@ def _other_machines(pairs: dict[str, list[Pair]], base: str) -> list[str]:
             "(docs/RESULTS.md, \"How far apart two runs of one method end\")."]
 
 
-def _chance_head(envelope: Envelope | None) -> str:
+def chance_head(envelope: Envelope | None) -> str:
     """The table's last column heads, where the grid names a chance row."""
     if envelope is None:
         return ""
@@ -183,16 +185,16 @@ def _chance_head(envelope: Envelope | None) -> str:
 def _summary_table(grid: Grid, pairs: dict[str, list[Pair]], envelope: Envelope | None,
                    rows: list[str] | None = None) -> list[str]:
     """The table of every row (of ``rows``, if given) against the baseline."""
-    base, extra_head = grid.baseline, _chance_head(envelope)
+    base, extra_head = grid.baseline, chance_head(envelope)
     lines = [f"| row | runs | final − {base}: mean, least, runs > {BELOW:g} below | "
              f"last 10 − {base}: mean, least, runs > {BELOW:g} below | where {base} fell "
              f"≥ {FELL:g} from its best: runs, final − {base} mean |{extra_head}",
              "|---|---|---|---|---|" + "---|" * extra_head.count("|")]
     for row in rows or pairs:
         runs = pairs[row]
-        lines.append(f"| {row} | {len(runs)} | {_summary([p.final for p in runs])} | "
-                     f"{_summary([p.last10 for p in runs])} | {_where_baseline_fell(runs)} |"
-                     f"{_chance_cells(envelope, runs)}")
+        lines.append(f"| {row} | {len(runs)} | {difference_summary([p.final for p in runs])} | "
+                     f"{difference_summary([p.last10 for p in runs])} | "
+                     f"{where_baseline_fell(runs)} |{chance_cells(envelope, runs)}")
     return lines
 
 
@@ -232,7 +234,7 @@ def write_paired(grid: Grid, finished: dict[tuple[str, str, int], RunRecord],
                       "puts beyond it in a row of that many runs, and the probability that "
                       "chance alone puts at least as many as the row has there; a row is "
                       f"worse than {base} beyond chance where that probability is small."]
-    extra_head = _chance_head(envelope)
+    extra_head = chance_head(envelope)
     lines += ["", *_summary_table(grid, pairs, envelope)]
     own = paired_differences(grid, finished, grid.pair_with) if grid.pair_with else {}
     if own:
@@ -243,9 +245,9 @@ def write_paired(grid: Grid, finished: dict[tuple[str, str, int], RunRecord],
                   + extra_head, "|---|---|---|---|---|---|" + "---|" * extra_head.count("|")]
         for row, runs in own.items():
             lines.append(f"| {row} | {grid.pair_with[row]} | {len(runs)} | "
-                         f"{_summary([p.final for p in runs])} | "
-                         f"{_summary([p.last10 for p in runs])} | "
-                         f"{_where_baseline_fell(runs)} |{_chance_cells(envelope, runs)}")
+                         f"{difference_summary([p.final for p in runs])} | "
+                         f"{difference_summary([p.last10 for p in runs])} | "
+                         f"{where_baseline_fell(runs)} |{chance_cells(envelope, runs)}")
     lines += ["", "Per column, per seed (final, last 10):", "",
               "| row | column | seed: final, last 10 |", "|---|---|---|"]
     for row, runs in [*pairs.items(), *((f"{r} − {grid.pair_with[r]}", v)

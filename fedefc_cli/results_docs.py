@@ -54,13 +54,13 @@ from common.errors import ConfigError
 from .grid import Grid
 from .paired import (
     Pair,
-    _chance_cells,
-    _chance_head,
-    _summary,
-    _where_baseline_fell,
+    chance_cells,
     chance_envelope,
+    chance_head,
+    difference_summary,
     paired_differences,
     paired_summary,
+    where_baseline_fell,
 )
 from .raw_archive import TREE_RESULTS
 from .report import Finished, finished_runs, markdown_table, table_stats
@@ -223,7 +223,7 @@ def grids(loaded: list[tuple[str, Grid, Finished]], rows: list[str], pooled: boo
     extra = ""
     if envelopes:
         extra = " beyond chance" + ("; chance alone, P" if "chance alone" in
-                                    _chance_head(envelopes[0]) else "") + " |"
+                                    chance_head(envelopes[0]) else "") + " |"
     blank = " |" if extra else ""
     head = (f" final − {base}: mean, least, > 1 below | last 10 | {base} fell ≥ 3: "
             f"runs, final |{extra}")
@@ -241,19 +241,19 @@ def grids(loaded: list[tuple[str, Grid, Finished]], rows: list[str], pooled: boo
                 cells = f" {beyond} |"
                 if None not in rates and "chance alone" in extra:
                     cells = f" {beyond}; {sum(rates):.1f}, {_at_least(rates, beyond):.2f} |"
-            lines.append(f"| {row} ({len(runs)}) | {_summary([p.final for p in runs])} | "
-                         f"{_summary([p.last10 for p in runs])} | "
-                         f"{_where_baseline_fell(runs)} |{cells}")
+            lines.append(f"| {row} ({len(runs)}) | {difference_summary([p.final for p in runs])} | "
+                         f"{difference_summary([p.last10 for p in runs])} | "
+                         f"{where_baseline_fell(runs)} |{cells}")
         return "\n".join(lines)
     for key, pairs, env in per_grid:
         label = key if env is None else f"{key} ({env.final:+.1f} / {env.last10:+.1f})"
         for row, runs in pairs.items():
-            cells = (_chance_cells(env, runs).replace(" | ", "; ", 1) if env is not None
+            cells = (chance_cells(env, runs).replace(" | ", "; ", 1) if env is not None
                      else blank)
             lines.append(f"| {label} | {row} ({len(runs)}) | "
-                         f"{_summary([p.final for p in runs])} | "
-                         f"{_summary([p.last10 for p in runs])} | "
-                         f"{_where_baseline_fell(runs)} |{cells}")
+                         f"{difference_summary([p.final for p in runs])} | "
+                         f"{difference_summary([p.last10 for p in runs])} | "
+                         f"{where_baseline_fell(runs)} |{cells}")
             label = ""
     return "\n".join(lines)
 

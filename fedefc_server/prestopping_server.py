@@ -182,9 +182,10 @@ class PrestoppingServer(MethodServer):
     def summary_fields(self) -> dict[str, Any]:
         """T_e, A_max, the minimum gain of the rule (the setting, and the standard errors
         it asked for in the last round the rule saw), the accuracy signal the run used
-        with the share it kept and whose labels the share holds, how its clients pooled their counts and estimated Q, and
-        the phase-2 guard, what it read, the model the run delivers and why, and the twin
-        (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3, §3.4, §3.8, §3.9, §4.7, §4.8)."""
+        with the share it kept and whose labels the share holds, how its clients pooled
+        their counts and estimated Q, and the phase-2 guard, what it read, the model the
+        run delivers and why, and the twin (``auto`` resolved: docs/FEDEFC.md §3.1, §3.3,
+        §3.4, §3.8, §3.9, §4.7, §4.8)."""
         g = self.guard
         r = None if g is None else g.rule
         return {"t_e": self.prestopper.t_e, "A_max": self.prestopper.a_max,

@@ -282,8 +282,9 @@ class PartitionRegistry:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the partitions' declared sizes and the federation's
-        class map, fixed for the run, and the nodes :meth:`exclude` left out, which stay out of a resumed run (Flower keeps
-        a node's id while it stays connected to its SuperLink)."""
+        class map, fixed for the run, and the nodes :meth:`exclude` left out, which stay
+        out of a resumed run (Flower keeps a node's id while it stays connected to its
+        SuperLink)."""
         return {"declared_sizes": {str(p): n for p, n in self.declared.items()},
                 "declared_held_out": {str(p): n for p, n in self.held_out.items()},
                 "excluded_nodes": {c: list(held) for c, held in self._excluded.items()},
