@@ -17,7 +17,7 @@ from .deploy_supervisor import state_dir
 from .errors import LaunchError
 from .flower import RunOutcome, flower_bin, flwr_env, flwr_json, free_port, submit_run
 from .flower_repairs import command as repaired
-from .procs import ProcessGroup, wait_for_port
+from .procs import STARTUP_S, ProcessGroup, wait_for_port
 from .run_configs import APP_DIR
 
 DEPLOY_DIR = APP_DIR / "deploy"
@@ -110,7 +110,7 @@ class LocalDeployment(ProcessGroup):
         res = flwr_json(["supernode", "ls", self.CONNECTION], self.cli_env, self.cli_dir)
         return sum(1 for n in res.get("nodes", []) if n.get("status") == "online")
 
-    def wait_online(self, count: int, timeout: float = 120.0) -> None:
+    def wait_online(self, count: int, timeout: float = STARTUP_S) -> None:
         """Wait until ``count`` SuperNodes are online (raise if a process dies first)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

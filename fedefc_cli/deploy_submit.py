@@ -9,6 +9,7 @@ and exit non-zero, with the reason, unless it completed (:class:`.flower.RunOutc
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import shlex
@@ -65,6 +66,7 @@ def default_flwr_home() -> Path:
 
 REFUSED_S = 30.0  # how long a first ask waits for a SuperLink whose port refuses (one
 # started just before, as in the quick start, can take that long to listen on a busy machine)
+STARTING_S = 600.0  # how long it waits while a SuperLink on this machine is starting there
 
 
 def connection_address(connection: str, env: dict[str, str]) -> tuple[str, int] | None:
@@ -92,6 +94,35 @@ def port_refuses(address: tuple[str, int] | None) -> bool:
         return False
 
 
+def is_this_machine(host: str) -> bool:
+    """Whether ``host`` names this machine through a loopback address."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def starting_superlink(address: tuple[str, int] | None) -> int | None:
+    """The pid of a process on this machine that serves or starts a SuperLink on the port
+    of ``address`` (``fedefc deploy superlink`` or its ``flower-superlink``: a command line
+    that names a superlink and ``--port PORT``, no supernode), read from ``/proc``; None
+    where there is none, ``address`` is another machine's, or ``/proc`` is absent (then
+    only :data:`REFUSED_S` applies)."""
+    if address is None or not is_this_machine(address[0]):
+        return None
+    port = str(address[1])
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # the process ended while we looked
+            continue
+        text = " ".join(words)
+        if "superlink" in text and "supernode" not in text and any(
+                flag == "--port" and value == port for flag, value in zip(words, words[1:])):
+            return int(cmdline.parent.name)
+    return None
+
+
 def flwr_words(message: str) -> str:
     """flwr's error text without its progress lines, as one sentence without a closing
     full stop (it ends its own with two)."""
@@ -105,19 +136,30 @@ def wait_for_superlink(connection: str, env: dict[str, str], cwd: Path,
     before, as in the quick start, may need a few seconds); LaunchError after ``timeout``,
     or after ``refused_s`` while nothing listens at its address (the port refuses: no
     SuperLink there, or the connection's address is wrong), said at the first refusal.
-    Returns what ``flwr ls`` said (its runs)."""
+    While a SuperLink on this machine is starting on that port (:func:`starting_superlink`:
+    a busy machine can take minutes), the wait goes on as long as that process lives, up
+    to :data:`STARTING_S`, and ``refused_s`` counts from its end. Returns what ``flwr ls``
+    said (its runs)."""
     start = time.monotonic()
     address = connection_address(connection, env)
     where = f"{address[0]}:{address[1]}" if address else connection
-    said = False
+    said: set[int | None] = set()
+    refused_since = start
     while True:
         if port_refuses(address):
-            if not said:
+            pid = starting_superlink(address)
+            if pid not in said:
                 print(f"fedefc deploy: nothing listens on {where} (connection {connection!r} "
-                      f"refused); waiting up to {refused_s:.0f} s for a SuperLink to start "
-                      "there", file=sys.stderr, flush=True)
-                said = True
-            if time.monotonic() - start > refused_s:
+                      "refused); " + (f"waiting up to {refused_s:.0f} s for a SuperLink to "
+                                      "start there" if pid is None else
+                                      f"the SuperLink on this machine (pid {pid}) is "
+                                      "starting there: waiting for it"),
+                      file=sys.stderr, flush=True)
+                said.add(pid)
+            now = time.monotonic()
+            if pid is not None and now - start < STARTING_S:
+                refused_since = now
+            if now - refused_since > refused_s:
                 raise LaunchError(
                     f"nothing listens on {where}, the address of connection {connection!r}: "
                     f"the connection was refused for {refused_s:.0f} s. Is the SuperLink "

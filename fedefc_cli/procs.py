@@ -147,7 +147,12 @@ class ProcessGroup:
         self.procs.stop()
 
 
-def wait_for_port(host: str, port: int, procs: Processes, timeout: float = 60.0) -> None:
+STARTUP_S = 600.0  # how long a started process may take to serve: its death ends the wait
+# sooner, and a busy machine (a full test suite on two cores) can take minutes
+
+
+def wait_for_port(host: str, port: int, procs: Processes, timeout: float = STARTUP_S
+                  ) -> None:
     """Wait until ``host:port`` accepts connections (raise if a process dies first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

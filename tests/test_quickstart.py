@@ -625,6 +625,63 @@ def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, 
     assert deploy_submit.flwr_words(said).endswith("connection configuration")
 
 
+STAND_IN = """
+import socket, sys, time
+time.sleep(float(sys.argv[1]))
+if sys.argv[2] == "listen":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", int(sys.argv[-1])))
+        s.listen()
+        time.sleep(120)
+"""
+
+
+def stand_in(role: str, port: int, delay: float, then: str, *flags: str
+             ) -> subprocess.Popen:
+    """A process whose command line reads like a SuperLink's (``role`` ``--port PORT``):
+    after ``delay`` s it listens on ``port`` (``then="listen"``) or exits."""
+    return subprocess.Popen([sys.executable, "-c", STAND_IN, str(delay), then, role,
+                             *flags, "--port", str(port)])
+
+
+def test_the_wait_lasts_while_a_superlink_on_this_machine_is_starting(monkeypatch, capsys,
+                                                                       tmp_path):
+    """CI's trial: under a full suite the quick start's SuperLink took more than the 30 s
+    of ``refused_s`` to listen, and submit gave up beside it. A SuperLink process on this
+    machine for that port now keeps the wait going while it lives (here it listens after
+    3 s, six times ``refused_s``); one that exits ends the wait ``refused_s`` later; a
+    SuperNode pointed at that port is no SuperLink."""
+    port = free_port()
+    write_connection(tmp_path, "site", f"127.0.0.1:{port}")
+    env = {"FLWR_HOME": str(tmp_path)}
+    asked: list = []
+    monkeypatch.setattr(deploy_submit, "flwr_json",
+                        lambda args, env, cwd: asked.append(args) or {"success": True})
+    node = stand_in("flower-supernode", free_port(), 60, "exit", "--superlink",
+                    f"127.0.0.1:{port}")
+    link = stand_in("superlink", port, 3, "listen", "--host", "127.0.0.1")
+    try:
+        assert deploy_submit.starting_superlink(("127.0.0.1", port)) == link.pid
+        assert deploy_submit.starting_superlink(("192.0.2.1", port)) is None
+        deploy_submit.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
+    finally:
+        link.kill()
+        link.wait()
+    assert asked == [["ls", "site"]]
+    assert f"the SuperLink on this machine (pid {link.pid}) is starting there: waiting " \
+           "for it" in capsys.readouterr().err
+    early = stand_in("superlink", port, 2, "exit")
+    began = time.monotonic()
+    try:
+        with pytest.raises(LaunchError, match="refused for 0 s"):
+            deploy_submit.wait_for_superlink("site", env, tmp_path, timeout=3600,
+                                             refused_s=0.5)
+    finally:
+        node.kill()
+        node.wait()
+    assert early.wait() == 0 and time.monotonic() - began >= 2.0
+
+
 def test_a_node_that_never_answered_is_named_with_what_to_do(tmp_path, capsys):
     """Issue 49's trial: the resumed run failed after 300 s naming node 0 as failed to
     declare, and neither the error nor the docs said that the node was stuck and that
