@@ -594,6 +594,17 @@ def test_a_serverapp_that_raised_is_told_by_its_own_exception(monkeypatch, tmp_p
     assert flower.flower_reason({"status": "running", "status-details": "N/A"}) is None
 
 
+def site_connection(monkeypatch, home: Path) -> tuple[int, dict[str, str], list]:
+    """A connection 'site' to a free local port in ``home``, its env, and the list of
+    what flwr is asked (each ask answered as a SuperLink that is up)."""
+    port = free_port()
+    write_connection(home, "site", f"127.0.0.1:{port}")
+    asked: list = []
+    monkeypatch.setattr(deploy_submit, "flwr_json",
+                        lambda args, env, cwd: asked.append(args) or {"success": True})
+    return port, {"FLWR_HOME": str(home)}, asked
+
+
 def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, capsys,
                                                                    tmp_path):
     """Issue 49's trial: a connection whose port refused waited 60 s and printed flwr's
@@ -601,12 +612,7 @@ def test_a_port_that_refuses_is_reported_at_once_and_ends_the_wait(monkeypatch, 
     a SuperLink to start there lasts ``refused_s`` (not the 60 s of one that does not
     answer yet), and flwr is not asked while nothing listens; once something listens,
     flwr is asked as before."""
-    port = free_port()
-    write_connection(tmp_path, "site", f"127.0.0.1:{port}")
-    env = {"FLWR_HOME": str(tmp_path)}
-    asked: list = []
-    monkeypatch.setattr(deploy_submit, "flwr_json",
-                        lambda args, env, cwd: asked.append(args) or {"success": True})
+    port, env, asked = site_connection(monkeypatch, tmp_path)
     with pytest.raises(LaunchError) as err:
         deploy_submit.wait_for_superlink("site", env, tmp_path, timeout=3600, refused_s=0.5)
     assert f"nothing listens on 127.0.0.1:{port}, the address of connection 'site'" in \
@@ -639,9 +645,16 @@ if sys.argv[2] == "listen":
 def stand_in(role: str, port: int, delay: float, then: str, *flags: str
              ) -> subprocess.Popen:
     """A process whose command line reads like a SuperLink's (``role`` ``--port PORT``):
-    after ``delay`` s it listens on ``port`` (``then="listen"``) or exits."""
-    return subprocess.Popen([sys.executable, "-c", STAND_IN, str(delay), then, role,
+    after ``delay`` s it listens on ``port`` (``then="listen"``) or exits. Returned once
+    its command line is its own (a busy machine can take a while from fork to exec)."""
+    proc = subprocess.Popen([sys.executable, "-c", STAND_IN, str(delay), then, role,
                              *flags, "--port", str(port)])
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + patience(60)
+    while role.encode() not in cmdline.read_bytes():
+        assert time.monotonic() < deadline, f"the stand-in {role} did not start"
+        time.sleep(0.05)
+    return proc
 
 
 def test_the_wait_lasts_while_a_superlink_on_this_machine_is_starting(monkeypatch, capsys,
@@ -651,12 +664,7 @@ def test_the_wait_lasts_while_a_superlink_on_this_machine_is_starting(monkeypatc
     machine for that port now keeps the wait going while it lives (here it listens after
     3 s, six times ``refused_s``); one that exits ends the wait ``refused_s`` later; a
     SuperNode pointed at that port is no SuperLink."""
-    port = free_port()
-    write_connection(tmp_path, "site", f"127.0.0.1:{port}")
-    env = {"FLWR_HOME": str(tmp_path)}
-    asked: list = []
-    monkeypatch.setattr(deploy_submit, "flwr_json",
-                        lambda args, env, cwd: asked.append(args) or {"success": True})
+    port, env, asked = site_connection(monkeypatch, tmp_path)
     node = stand_in("flower-supernode", free_port(), 60, "exit", "--superlink",
                     f"127.0.0.1:{port}")
     link = stand_in("superlink", port, 3, "listen", "--host", "127.0.0.1")
