@@ -9,6 +9,7 @@ and exit non-zero, with the reason, unless it completed (:class:`.flower.RunOutc
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import re
@@ -94,8 +95,10 @@ def port_refuses(address: tuple[str, int] | None) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
 def is_this_machine(host: str) -> bool:
-    """Whether ``host`` names this machine through a loopback address."""
+    """Whether ``host`` names this machine through a loopback address (looked up once per
+    host: :func:`wait_for_superlink` asks every second)."""
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):
