@@ -59,8 +59,8 @@ def preflight_in_child(run_config: dict[str, Any]) -> None:
 
 
 RAY_START_TIMEOUT = "The current node timed out during startup"  # Ray's fixed 30 s wait
-RAY_START_ATTEMPTS = 3  # a run whose Ray did not start is started at most twice more
-RAY_START_PAUSE_S = 15  # times the attempt: a busy machine gets time to settle
+RAY_START_ATTEMPTS = 4  # a run whose Ray did not start is started at most three times more
+RAY_START_PAUSE_S = 15  # doubled after each attempt: a busy machine gets time to settle
 
 
 def ray_failed_to_start(run_log: str, out_dir: Path) -> bool:
@@ -91,7 +91,7 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
     the out-dir. ``checked``: the caller already ran :func:`preflight_in_child`;
     ``ray_address``: the clients run on that Ray cluster's nodes (:mod:`.ray_cluster`),
     else on this machine. A run whose Ray did not start in time
-    (:func:`ray_failed_to_start`) is started again, at most twice, saying so."""
+    (:func:`ray_failed_to_start`) is started again, at most three times, saying so."""
     if not checked:
         preflight_in_child(run_config)
     out_dir = Path(run_config["out-dir"])
@@ -108,7 +108,7 @@ def run_simulation_job(run_config: dict[str, Any], client_cpus: int = 1,
             run_log = (kept.read_bytes()[start:].decode(errors="replace")
                        if kept.exists() else "")
             if attempt < RAY_START_ATTEMPTS and ray_failed_to_start(run_log, out_dir):
-                pause = RAY_START_PAUSE_S * attempt
+                pause = RAY_START_PAUSE_S * 2 ** (attempt - 1)
                 print(f"fedefc: run {run_id}: Ray's node did not start within Ray's 30 s "
                       f"(a busy machine), before round 1; starting the run again in {pause} s "
                       f"(attempt {attempt + 1} of {RAY_START_ATTEMPTS})",

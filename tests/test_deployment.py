@@ -29,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -229,17 +230,32 @@ def tls_walkthrough_job(data_dir: Path, base: Path) -> dict:  # noqa: ARG001 - i
 
 @pytest.fixture(scope="module")
 def runs(own_data, tmp_path_factory) -> dict[str, Future]:
-    """The three jobs, run concurrently: their processes spend most of their time waiting
-    on Flower's polling intervals, so overlapping them saves wall time. Each test takes
-    the result it needs, so a failing job fails its own tests only. The repository root
-    goes on the processes' PYTHONPATH, so that they import the model (tests/own_models.py)."""
-    jobs = {"insecure": insecure_job, "tls": tls_job, "simulation": simulation_job,
-            "quickstart": quick_start_job, "tls-walkthrough": tls_walkthrough_job}
-    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(len(jobs)) as pool:
+    """The five jobs, run concurrently: their processes spend most of their time waiting
+    on Flower's polling intervals, so overlapping them saves wall time. The simulation
+    goes first, and the deployments start once its clients have answered round 1: Ray
+    waits a fixed 30 s for its node, which four deployments starting beside it made it
+    miss three times in a row (docs/RELIABILITY.md, "A simulation whose Ray did not start
+    in time"). Each test takes the result it needs, so a failing job fails its own tests
+    only. The repository root goes on the processes' PYTHONPATH, so that they import the
+    model (tests/own_models.py)."""
+    jobs = {"insecure": insecure_job, "tls": tls_job, "quickstart": quick_start_job,
+            "tls-walkthrough": tls_walkthrough_job}
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(len(jobs) + 1) as pool:
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                                  os.environ.get("PYTHONPATH")])))
-        yield {name: pool.submit(fn, own_data, tmp_path_factory.mktemp(f"run-{name}"))
-               for name, fn in jobs.items()}
+        base = tmp_path_factory.mktemp("run-simulation")
+        started = {"simulation": pool.submit(simulation_job, own_data, base)}
+        wait_for_round_1(base / "out", started["simulation"])
+        yield started | {name: pool.submit(fn, own_data, tmp_path_factory.mktemp(f"run-{name}"))
+                         for name, fn in jobs.items()}
+
+
+def wait_for_round_1(out: Path, job: Future) -> None:
+    """Until the run writing ``out`` has recorded a round after round 0 (its clients ran,
+    so its Ray has started) or its job has ended."""
+    metrics = out / "metrics.jsonl"
+    while not job.done() and not (metrics.exists() and len(metrics.read_text().splitlines()) > 1):
+        time.sleep(1)
 
 
 def held_out_total(data: Path) -> int:

@@ -901,13 +901,13 @@ def test_a_run_whose_ray_did_not_start_in_time_is_started_again(tmp_path, monkey
                                              checked=True)["final_acc"] == 0.5
         assert attempts == [1, 2]
         assert ("run 5: Ray's node did not start within Ray's 30 s (a busy machine), before "
-                "round 1; starting the run again in 0 s (attempt 2 of 3)"
+                "round 1; starting the run again in 0 s (attempt 2 of 4)"
                 in capsys.readouterr().err)
 
 
-def test_a_run_whose_ray_never_starts_gives_up_after_three_attempts(tmp_path, monkeypatch):
-    """Three attempts, then the error with the last attempt's log: a machine too busy
-    for Ray is named, not waited on for ever."""
+def test_a_run_whose_ray_never_starts_gives_up_after_four_attempts(tmp_path, monkeypatch):
+    """Four attempts, 15, 30 and 60 s apart, then the error with the last attempt's log:
+    a machine too busy for Ray is named, not waited on for ever."""
     out, run_log = tmp_path / "out", tmp_path / "run.log"
     out.mkdir()
     attempts = []
@@ -918,14 +918,16 @@ def test_a_run_whose_ray_never_starts_gives_up_after_three_attempts(tmp_path, mo
             log.write(f"attempt {len(attempts)}: {simulation.RAY_START_TIMEOUT}\n")
         return len(attempts), "finished:failed (Simulation failed with exception: crashed)"
 
+    pauses = []
     monkeypatch.setattr(simulation, "LocalSimulation", fake_simulation(tmp_path, attempt))
-    monkeypatch.setattr(simulation, "RAY_START_PAUSE_S", 0)
-    with pytest.raises(LaunchError, match="run 3 ended 'finished:failed") as err:
+    monkeypatch.setattr(simulation.time, "sleep", pauses.append)
+    with pytest.raises(LaunchError, match="run 4 ended 'finished:failed") as err:
         simulation.run_simulation_job({"out-dir": str(out), "num-clients": 2},
                                       log_path=run_log, checked=True)
-    assert attempts == [1, 2, 3]
-    assert "attempt 3: The current node" in str(err.value)
-    assert "attempt 2: The current node" not in str(err.value)  # only the last attempt's
+    assert attempts == [1, 2, 3, 4]
+    assert pauses == [15, 30, 60]  # doubling: a busy machine gets longer to settle
+    assert "attempt 4: The current node" in str(err.value)
+    assert "attempt 3: The current node" not in str(err.value)  # only the last attempt's
 
 
 # -- the compose demo's script (it runs Docker, so only its refusals run here) ---------------
