@@ -20,6 +20,7 @@ import copy
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,24 @@ def records(out: Path) -> list[dict]:
     """A run's metrics.jsonl ([] before its first record)."""
     path = out / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_round(out: Path, rnd: int, timeout: float | None = None,
+                   ended: Callable[[], bool] = lambda: False) -> None:
+    """Until the run writing ``out`` has recorded round ``rnd`` or a later one, or
+    ``ended()`` says its job is over (whatever it recorded); TimeoutError after
+    ``timeout`` (default ``patience(1800)``). A line still being written, or a file a
+    restarted attempt just removed, is read again at the next look."""
+    timeout = patience(1800) if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ended() or any(r["round"] >= rnd for r in records(out)):
+                return
+        except (json.JSONDecodeError, FileNotFoundError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"round {rnd} not recorded in {out} within {timeout:.0f} s")
 
 
 def simulate(data_dir: Path, out: Path, method: str, **keys) -> tuple[dict, list[dict]]:

@@ -29,7 +29,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,7 +63,7 @@ from fedefc_cli.simulation import run_simulation_job
 from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
-from tests.helpers import RUN_LIMIT_S, patience, records
+from tests.helpers import RUN_LIMIT_S, patience, records, wait_for_round
 from tests.test_quickstart import run_quick_start, run_tls_walkthrough, section
 
 NODES = 3
@@ -245,17 +244,9 @@ def runs(own_data, tmp_path_factory) -> dict[str, Future]:
                                                                  os.environ.get("PYTHONPATH")])))
         base = tmp_path_factory.mktemp("run-simulation")
         started = {"simulation": pool.submit(simulation_job, own_data, base)}
-        wait_for_round_1(base / "out", started["simulation"])
+        wait_for_round(base / "out", 1, ended=started["simulation"].done)
         yield started | {name: pool.submit(fn, own_data, tmp_path_factory.mktemp(f"run-{name}"))
                          for name, fn in jobs.items()}
-
-
-def wait_for_round_1(out: Path, job: Future) -> None:
-    """Until the run writing ``out`` has recorded a round after round 0 (its clients ran,
-    so its Ray has started) or its job has ended."""
-    metrics = out / "metrics.jsonl"
-    while not job.done() and not (metrics.exists() and len(metrics.read_text().splitlines()) > 1):
-        time.sleep(1)
 
 
 def held_out_total(data: Path) -> int:

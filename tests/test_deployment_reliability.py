@@ -30,7 +30,7 @@ from fedefc_cli.procs import descendants, stop_tree
 from fedefc_cli.run_configs import APP_DIR, write_run_config
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
-from tests.helpers import RUN_LIMIT_S, patience, records, small_job
+from tests.helpers import RUN_LIMIT_S, patience, records, small_job, wait_for_round
 from tests.test_quickstart import processes_with_home
 
 pytestmark = pytest.mark.flower  # every test here runs a deployment
@@ -41,16 +41,6 @@ def job(data_dir: Path, out: Path, **extra) -> dict:
     """No allowlist: open-deployment (ignored by the reference simulation)."""
     return small_job(data_dir, out, **{"num-clients": NODES, "open-deployment": "true",
                                        **extra})
-
-
-def wait_for_round(out: Path, rnd: int, timeout: float | None = None) -> None:
-    timeout = patience(1800) if timeout is None else timeout
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(r["round"] >= rnd for r in records(out)):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"round {rnd} not recorded in {out} within {timeout:.0f} s")
 
 
 def nodes(base: Path) -> list[NodeSpec]:
