@@ -34,7 +34,9 @@ under load"):
 3. **A SuperExec reaps its app processes.** It starts each ServerApp or ClientApp with
    ``subprocess.Popen`` and drops it, so one that exited stays a defunct process until
    the next start. Here every start is kept and polled once a second (the SuperExec's
-   own loop), so an exited app is reaped within a second.
+   own loop), so an exited app is reaped within a second. Flower's own app commands are
+   not started this way at all but forked from the SuperExec's zygote, which reaps them
+   (:mod:`.app_zygote`: torch and Flower imported once, not once per message).
 4. **A SuperLink's writer waits a minute for another, not 5 s.** Flower opens every
    sqlite connection of the SuperLink's state with ``busy_timeout = 5000``; on a machine
    so loaded that the writer holding the lock is not scheduled for 5 s, the next writer
@@ -59,6 +61,8 @@ import sys
 import types
 from collections.abc import Callable
 from typing import Any
+
+from .app_zygote import ZYGOTE_SWITCH, Zygote, task_of
 
 ROLES = {  # role -> (Flower's executable, the entry point it runs)
     "superlink": ("flower-superlink", "flwr.superlink.cli:flower_superlink"),
@@ -135,7 +139,8 @@ def repair_supernode(module: Any) -> None:
 
 def repair_superexec(module: Any) -> None:
     """Repair 3 (module docstring) on ``flwr.supercore.superexec.executor.
-    subprocess_executor``: the executor's processes are kept and reaped."""
+    subprocess_executor``: the executor's processes are kept and reaped; Flower's own app
+    commands are forked from the SuperExec's zygote (:mod:`.app_zygote`)."""
     started: list[subprocess.Popen] = []
 
     class Kept(subprocess.Popen):
@@ -144,12 +149,20 @@ def repair_superexec(module: Any) -> None:
             started.append(self)
 
     reconcile = module.SubprocessExecutor.reconcile
+    zygote = Zygote() if os.environ.get(ZYGOTE_SWITCH, "on") != "off" else None
+
+    def launch(args: list[str], **kwargs: Any) -> None:
+        task = task_of(args) if zygote else None
+        if task is None:
+            Kept(args, **kwargs)
+        else:
+            zygote.start(*task, quiet=kwargs.get("stdout") == subprocess.DEVNULL)
 
     def reaping(self) -> None:
         started[:] = [proc for proc in started if proc.poll() is None]
         reconcile(self)
 
-    module.subprocess = types.SimpleNamespace(Popen=Kept, DEVNULL=subprocess.DEVNULL,
+    module.subprocess = types.SimpleNamespace(Popen=launch, DEVNULL=subprocess.DEVNULL,
                                               PIPE=subprocess.PIPE)
     module.SubprocessExecutor.reconcile = reaping
 

@@ -74,10 +74,35 @@ def write_launchers(folder: Path, trusted_keys: str, python: str = sys.executabl
     load_trusted_keys(keys)  # refuse a bad file before anything starts
     for role, (_, _, name) in ROLES.items():
         path = bin_dir / name
-        path.write_text(f"#!/bin/sh\nexec {shlex.quote(python)} -m fedefc_cli.trusted_apps "
-                        f"{role} {shlex.quote(keys)} \"$@\"\n")
+        path.write_text(launcher_text(role, keys, python))
         path.chmod(0o755)
     return bin_dir
+
+
+def launcher_text(role: str, keys: str, python: str = sys.executable) -> str:
+    """The launcher of ``role`` (:func:`write_launchers`)."""
+    return (f"#!/bin/sh\nexec {shlex.quote(python)} -m fedefc_cli.trusted_apps {role} "
+            f"{shlex.quote(keys)} \"$@\"\n")
+
+
+def launcher_args(path: str) -> list[str] | None:
+    """``[ROLE, TRUSTED_KEYS]`` of the launcher at ``path`` if :func:`write_launchers`
+    wrote it for this interpreter, else None: what the SuperExec's zygote
+    (:mod:`.app_zygote`) runs in place of the launcher, through :func:`launched`."""
+    try:
+        text = Path(path).read_text()
+        words = shlex.split(text.splitlines()[1])
+    except (OSError, UnicodeDecodeError, IndexError, ValueError):
+        return None
+    if len(words) != 7 or words[4] not in ROLES:
+        return None
+    return words[4:6] if text == launcher_text(*words[4:6]) else None
+
+
+def launched() -> None:
+    """A launcher's process, forked by the zygote: ``sys.argv`` is the launcher's path,
+    then :func:`main`'s arguments (``ROLE TRUSTED_KEYS [Flower's args...]``)."""
+    main(sys.argv[1:])
 
 
 def superexec_argv(superexec: list[str], trusted_keys: str | None, folder: Path) -> list[str]:

@@ -275,6 +275,19 @@ def trained_reply(node: FakeProxy, arrays: list[np.ndarray], num_examples: int |
                         {"partition-id": node.partition_id, **metrics})
 
 
+def processes() -> list[tuple[int, str, int, int]]:
+    """(pid, state, parent pid, process group) of every process now (``/proc/PID/stat``;
+    state ``Z``: exited, not reaped)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found.append((int(stat.parent.name), fields[0], int(fields[1]), int(fields[2])))
+    return found
+
+
 def records(out: Path) -> list[dict]:
     """A run's metrics.jsonl ([] before its first record)."""
     path = out / "metrics.jsonl"

@@ -63,7 +63,7 @@ from fedefc_cli.simulation import run_simulation_job
 from fedefc_client.cache import partition_key, private_key
 from fedefc_client.local_data import check_node_config, node_data, partition_data
 from fedefc_client.private_data import PrivateDataError, load_private_data
-from tests.helpers import RUN_LIMIT_S, patience, records, wait_for_round
+from tests.helpers import RUN_LIMIT_S, patience, processes, records, wait_for_round
 from tests.test_quickstart import run_quick_start, run_tls_walkthrough, section
 
 NODES = 3
@@ -102,15 +102,7 @@ def job(data: Path, out_dir: Path, **extra) -> dict:
 
 def group_members(pgids: list[int]) -> list[str]:
     """Live processes (not zombies) in any of the process groups ``pgids``."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) in pgids and fields[0] != "Z":
-            alive.append(stat.parent.name)
-    return alive
+    return [str(pid) for pid, state, _, group in processes() if group in pgids and state != "Z"]
 
 
 @dataclass
@@ -309,6 +301,11 @@ def test_insecure_deployment_reaches_phase_2_and_stops_every_process(runs, own_d
     for name in ("supernode.log", "superexec.log"):  # Flower colours them: COLOUR
         assert re.search(stamp, COLOUR.sub(b"", (work / "node-0" / name).read_bytes()
                                            ).decode()), name
+    # every SuperExec forked its app processes from its zygote (fedefc_cli/app_zygote.py)
+    execs = sorted(work.glob("*/superexec.log"))
+    assert len(execs) == NODES + 2
+    assert all(" torch, flwr.supernode.cli, flwr.superlink.cli imported in " in p.read_text()
+               for p in execs), execs
     # each node declared its partition's size once, when first seen
     sizes = {str(k): len(partition_data(cfg, k, CPU)) for k in range(NODES)}
     recs = records(insecure_run.out)

@@ -211,6 +211,7 @@ def test_the_coordinators_signed_app_runs_on_a_node_that_checks(runs):
     found = runs["nodes"].result()
     assert found["ok"].completed and found["ok-marks"] == ["clientapp", "serverapp"]
     assert "app signed by trusted key 'coordinator'" in found["node-log"]
+    assert "torch, flwr.supernode.cli, flwr.superlink.cli imported in" in found["node-log"]
 
 
 @pytest.mark.parametrize("attack,reason", [

@@ -30,7 +30,8 @@ from fedefc_cli.procs import descendants, stop_tree
 from fedefc_cli.run_configs import APP_DIR, write_run_config
 from fedefc_cli.simulation import run_simulation_job
 from fedefc_server import checkpoint
-from tests.helpers import RUN_LIMIT_S, patience, records, small_job, wait_for_round
+from tests.helpers import (RUN_LIMIT_S, patience, processes, records, small_job,
+                           wait_for_round)
 from tests.test_quickstart import processes_with_home
 
 pytestmark = pytest.mark.flower  # every test here runs a deployment
@@ -106,7 +107,7 @@ def kill_serverapp_after(dep: LocalDeployment, out: Path, rnd: int) -> None:
                      if label == "superlink's flower-superexec")
     for pid in descendants(superexec.pid)[1:]:
         try:
-            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if program(pid) == "flwr-serverapp":
                 os.kill(pid, signal.SIGKILL)
         except (OSError, ProcessLookupError):
             pass
@@ -157,8 +158,15 @@ def cmdline(pid: int) -> list[str]:
 
 def program(pid: int) -> str | None:
     """The Flower executable process ``pid`` runs (``flower-supernode`` also for Flower's
-    SuperNode started through fedefc_cli.flower_repairs), if any."""
+    SuperNode started through fedefc_cli.flower_repairs, ``flwr-clientapp`` also for a
+    ClientApp forked by fedefc_cli.app_zygote), if any."""
     words = cmdline(pid)
+    if words[1:3] == ["-m", "fedefc_cli.app_zygote"]:  # a task forked by the zygote
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return None
+        return name if name.startswith("flwr-") else None
     if words[1:3] == ["-m", "fedefc_cli.flower_repairs"] and len(words) > 3:
         return f"flower-{words[3]}"
     return next((Path(w).name for w in words[:2] if Path(w).name.startswith(("flower-",
@@ -249,15 +257,7 @@ class Supervised:
     def defunct(self) -> list[int]:
         """Exited processes of this federation that their parent has not reaped."""
         ours = set(processes_with_home(self.home))
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] == "Z" and int(fields[1]) in ours:
-                found.append(int(stat.parent.name))
-        return found
+        return [pid for pid, state, parent, _ in processes() if state == "Z" and parent in ours]
 
     def assert_completed(self, out: Path, rounds: int, said: str) -> None:
         """The run in ``out`` completed every round with every node, and no app process

@@ -39,7 +39,7 @@ def run_config(out_dir: Path, args: argparse.Namespace) -> dict:
         "dataset": '"mnist-embedded"', "model": '"lenet"', "num-clients": args.clients,
         "fraction": 1.0, "rounds": args.rounds, "local-epochs": 1, "batch-size": 32,
         "start-round": 2, "gamma-thr": 2, "rho": 0.4, "zeta": 0.4,
-        "accuracy-signal": '"global"',
+        "accuracy-signal": '"global"', "open-deployment": "true",  # no allowlist
         "client-threads": args.client_threads,
     }.items()]
     return resolve_run_config(None, overrides, str(out_dir))

@@ -11,6 +11,10 @@ process per message). On it, one after the other:
   round) carrying as many float32 values as LeNet has weights, and does nothing with
   them.
 
+Then FedEFC once more on a second federation whose SuperExecs start a fresh process per
+task as Flower's do (``FEDEFC_APP_ZYGOTE=off``; the first forks each app process from
+its zygote, which imported torch and Flower once: fedefc_cli/app_zygote.py).
+
 Printed: each app's seconds per round (round 1 apart: it holds the node registry and
 FedEFC's data preparation), the messages each SuperNode received (they must match), the
 ratio FedEFC / floor and the difference per round, FedEFC's local update (the slowest
@@ -32,6 +36,7 @@ with ``flwr run``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -44,6 +49,7 @@ from pathlib import Path
 
 from common.methods import load_run_config
 from common.models import TaskShape, build_model
+from fedefc_cli.app_zygote import ZYGOTE_SWITCH
 from fedefc_cli.deploy_local import LocalDeployment, NodeSpec
 from fedefc_cli.run_configs import APP_DIR, resolve_run_config
 
@@ -55,7 +61,7 @@ def fedefc_config(out: Path, args: argparse.Namespace) -> dict:
         "dataset": '"mnist-embedded"', "model": '"lenet"', "num-clients": args.clients,
         "fraction": 1.0, "rounds": args.rounds, "local-epochs": 1, "batch-size": 32,
         "start-round": 2, "gamma-thr": 2, "rho": 0.4, "zeta": 0.4, "client-threads": 1,
-        "accuracy-signal": '"global"',
+        "accuracy-signal": '"global"', "open-deployment": "true",  # no allowlist
     }.items()]
     return resolve_run_config(None, overrides, str(out))
 
@@ -93,12 +99,25 @@ def run(dep: LocalDeployment, run_config: dict, app_dir: Path) -> tuple[float, d
     return wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-def message_cpu(kind: str, app: Path, work: Path) -> dict[str, float]:
-    """CPU seconds of a fresh process handling one message of ``kind`` (noop | fedefc)
-    from the app copy ``app``: its import, its handling (clientapp_message.py)."""
+@contextlib.contextmanager
+def zygote_off():
+    """The federations started inside: their SuperExecs start a process per task, as
+    Flower's do (fedefc_cli/app_zygote.py)."""
+    os.environ[ZYGOTE_SWITCH] = "off"
+    try:
+        yield
+    finally:
+        del os.environ[ZYGOTE_SWITCH]
+
+
+def message_cpu(kind: str, app: Path, work: Path, forked: bool = False) -> dict[str, float]:
+    """CPU seconds of a fresh process (``forked``: one forked from the zygote, what it
+    imported already there) handling one message of ``kind`` (noop | fedefc) from the app
+    copy ``app``: its import, its handling (clientapp_message.py)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app), str(APP_DIR)])}
     out = subprocess.run([sys.executable, str(Path(__file__).with_name("clientapp_message.py")),
-                          kind, str(work / "cache"), str(work / f"out-{time.monotonic_ns()}")],
+                          kind, str(work / "cache"), str(work / f"out-{time.monotonic_ns()}"),
+                          *(["--forked"] if forked else [])],
                          env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -107,14 +126,15 @@ def per_message(apps: dict[str, Path], work: Path, repeats: int) -> None:
     """Per message, in CPU seconds (what load does not change much): the no-op's and each
     FedEFC copy's ClientApp process, interleaved, after one warm-up each (data cache,
     bytecode), medians."""
-    kinds = {"Flower's floor (noop)": ("noop", NOOP_APP), **{n: ("fedefc", a)
-                                                             for n, a in apps.items()}}
-    for kind, app in kinds.values():
-        message_cpu(kind, app, work)
+    kinds = {"Flower's floor (noop)": ("noop", NOOP_APP, False),
+             **{n: ("fedefc", a, False) for n, a in apps.items()},
+             "FedEFC, forked from the zygote": ("fedefc", APP_DIR, True)}
+    for kind, app, forked in kinds.values():
+        message_cpu(kind, app, work, forked)
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
     for _ in range(repeats):
-        for name, (kind, app) in kinds.items():
-            samples[name].append(message_cpu(kind, app, work))
+        for name, (kind, app, forked) in kinds.items():
+            samples[name].append(message_cpu(kind, app, work, forked))
     print(f"\nCPU seconds of one message's app process (median of {repeats}):")
     print(f"{'':36} import  handling  total  above the floor")
     floor = None
@@ -160,6 +180,11 @@ def main() -> int:
                 out = work / f"fedefc-{i}"
                 wall, msgs = run(dep, fedefc_config(out, args), app)
                 results[name] = (rounds_of(out), wall, msgs)
+        with zygote_off(), LocalDeployment(work / "federation-off", nodes) as dep:
+            dep.wait_online(args.clients)
+            out = work / "fedefc-off"
+            wall, msgs = run(dep, fedefc_config(out, args), APP_DIR)
+            results[f"FedEFC, {ZYGOTE_SWITCH}=off"] = (rounds_of(out), wall, msgs)
     floor = results["Flower's floor (noop)"]
     floor_later = statistics.mean(r["round_s"] for r in floor[0][1:])
     print(f"\nmodel: LeNet, {floats} float32 values per message; {args.clients} nodes, "

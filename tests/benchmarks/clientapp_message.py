@@ -1,17 +1,26 @@
 """One ClientApp message in this fresh process, as a SuperNode's app process handles it:
 import the ClientApp module, then handle one training message (FedEFC: after the node
 registry's query, its data from the disk cache). Prints the CPU seconds of each part as
-JSON. Run by bench_flower_floor.py (``PYTHONPATH``: the app's folder, then this checkout).
+JSON. FedEFC's handling counts from the end of the import: with the harness's imports
+(torch and the model, which a FedEFC ClientApp imports on its first message; the test
+grid); the no-op's counts the message alone (the no-op app never imports torch). Run by bench_flower_floor.py (``PYTHONPATH``: the app's folder, then this checkout).
+With ``--forked``, what the zygote imported (fedefc_cli/app_zygote.py: PRELOAD) is
+imported before the clock starts, as in an app process forked from it.
 
-    python tests/benchmarks/clientapp_message.py noop|fedefc CACHE_DIR OUT_DIR
+    python tests/benchmarks/clientapp_message.py noop|fedefc CACHE_DIR OUT_DIR [--forked]
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 
+if "--forked" in sys.argv:
+    from fedefc_cli.app_zygote import PRELOAD
+    for name in PRELOAD:
+        importlib.import_module(name)
 start = time.process_time()
 kind, cache_dir, out_dir = sys.argv[1:4]
 if kind == "fedefc":
@@ -24,6 +33,7 @@ imported = time.process_time()
 import numpy as np  # noqa: E402
 from flwr.app import ArrayRecord, Message, RecordDict  # noqa: E402
 from flwr.common import FitIns, GetPropertiesIns, ndarrays_to_parameters  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from common.methods import load_run_config  # noqa: E402
 from common.models import TaskShape, build_model  # noqa: E402
@@ -32,7 +42,7 @@ from fedefc_cli.run_configs import resolve_run_config  # noqa: E402
 from tests.helpers import InProcessGrid  # noqa: E402
 
 
-def fedefc_message() -> float:
+def fedefc_message() -> None:
     overrides = [f"{k}={v}" for k, v in {
         "dataset": '"mnist-embedded"', "model": '"lenet"', "num-clients": 3, "fraction": 1.0,
         "rounds": 5, "local-epochs": 1, "batch-size": 32, "start-round": 2, "gamma-thr": 2,
@@ -43,11 +53,9 @@ def fedefc_message() -> float:
     grid = InProcessGrid(client_app.app, run_config, 3)
     grid.contexts[1000].node_config["cache-dir"] = cache_dir
     proxy = grid.manager().all()["1000"]
-    begin = time.process_time()
     proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id="0")
     proxy.fit(FitIns(ndarrays_to_parameters(weights), {"round": 1, "seed": 5, "phase": 1}),
               timeout=None, group_id="1")
-    return time.process_time() - begin
 
 
 def noop_message() -> float:
@@ -59,5 +67,10 @@ def noop_message() -> float:
     return time.process_time() - begin
 
 
-handled = fedefc_message() if kind == "fedefc" else noop_message()
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as Flower's
+if kind == "fedefc":
+    fedefc_message()
+    handled = time.process_time() - imported
+else:
+    handled = noop_message()
 print(json.dumps({"import_cpu_s": imported - start, "message_cpu_s": handled}))
