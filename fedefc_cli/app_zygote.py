@@ -38,6 +38,8 @@ import time
 import traceback
 from typing import Any
 
+from .trusted_apps import launcher_args
+
 # Flower's app executables the zygote runs (their console-script entry points)
 ENTRIES = {
     "flwr-clientapp": "flwr.supernode.cli:flwr_clientapp",
@@ -58,8 +60,6 @@ def task_of(args: list[str]) -> tuple[str, list[str]] | None:
     found = shutil.which(args[0])
     if found == os.path.join(os.path.dirname(sys.executable), args[0]):
         return ENTRIES[args[0]], args
-    from .trusted_apps import launcher_args  # lazy: only where a launcher is on PATH
-
     launcher = launcher_args(found) if found else None
     return (TRUSTED_ENTRY, [found, *launcher, *args[1:]]) if launcher else None
 
@@ -137,10 +137,15 @@ def run_task(entry: str, argv: list[str], quiet: bool) -> int:
 def serve() -> int:
     """The zygote: preload, then fork a child per request until stdin closes. Returns in
     a child with the child's exit status."""
-    start = time.monotonic()
+    start, imported = time.monotonic(), []
     for name in PRELOAD:
-        importlib.import_module(name)
-    print(f"app zygote {os.getpid()}: {', '.join(PRELOAD)} imported in "
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except Exception as err:  # pylint: disable=broad-exception-caught - a task says it
+            print(f"app zygote {os.getpid()}: {name} not imported ({err!r}); each task "
+                  "imports it, and fails as a fresh process would", file=sys.stderr)
+    print(f"app zygote {os.getpid()}: {', '.join(imported) or 'nothing'} imported in "
           f"{time.monotonic() - start:.1f} s; app processes fork from here "
           f"({ZYGOTE_SWITCH}=off: a fresh process per task)", file=sys.stderr, flush=True)
     signal.signal(signal.SIGCHLD, reap)

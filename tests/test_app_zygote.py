@@ -138,3 +138,19 @@ def test_a_trusted_launcher_forked_by_the_zygote_runs_the_launchers_check(tmp_pa
     finally:
         zygote.proc.stdin.close()
         zygote.proc.wait(patience(60))
+
+
+def test_a_zygote_whose_preload_fails_still_runs_every_task(tmp_path):
+    """A module the zygote could not import (a broken torch, a missing package) is said
+    in its log, and each task imports it itself: tasks are never lost."""
+    serve = ("import sys; from fedefc_cli import app_zygote as z; "
+             "z.PRELOAD = ('no_such_module_fedefc', 'json'); sys.exit(z.serve())")
+    request = json.dumps({"entry": TASK, "argv": ["flwr-clientapp", str(tmp_path / "a"), "0"],
+                          "quiet": False})
+    out = subprocess.run([sys.executable, "-c", serve], input=request + "\n", text=True,
+                         capture_output=True, timeout=patience(300),
+                         cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr
+    wait_for(tmp_path / "a.end")
+    assert "no_such_module_fedefc not imported (ModuleNotFoundError(" in out.stderr
+    assert ": json imported in " in out.stderr and "task output a" in out.stdout
