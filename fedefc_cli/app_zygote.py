@@ -38,13 +38,10 @@ import time
 import traceback
 from typing import Any
 
-from .trusted_apps import launcher_args
+from .trusted_apps import ROLES, launcher_args
 
-# Flower's app executables the zygote runs (their console-script entry points)
-ENTRIES = {
-    "flwr-clientapp": "flwr.supernode.cli:flwr_clientapp",
-    "flwr-serverapp": "flwr.superlink.cli:flwr_serverapp",
-}
+# Flower's app executables the zygote runs -> their console-script entry points
+ENTRIES = {name: entry for _, entry, name in ROLES.values()}
 TRUSTED_ENTRY = "fedefc_cli.trusted_apps:launched"  # a launcher of --trusted-keys
 PRELOAD = ("torch", "flwr.supernode.cli", "flwr.superlink.cli")
 PR_SET_NAME = 15  # prctl(2)
